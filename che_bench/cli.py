@@ -1,0 +1,60 @@
+"""Entry point of the ``che-bench`` command.
+
+Every subcommand lives in its own module under ``che_bench.commands`` and exposes
+``register(subparsers)``, which adds its parser and sets ``handler``; adding a
+subcommand is one module plus one entry in ``COMMAND_MODULES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from che_bench.errors import CheBenchError
+
+COMMAND_MODULES = (
+    "che_bench.commands.tasks",
+    "che_bench.commands.encodings",
+    "che_bench.commands.run",
+    "che_bench.commands.reports",
+    "che_bench.commands.sweep",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        sys.stderr.write(f"che-bench: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="che-bench", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subparsers.required = True
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # a subcommand not built yet
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except CheBenchError as exc:
+        sys.stderr.write(f"che-bench: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("che-bench: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""One module per ``che-bench`` subcommand (see ``che_bench.cli``)."""
