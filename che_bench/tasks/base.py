@@ -3,6 +3,9 @@
 A task turns a length ``n`` into a batch of (inputs, targets, mask) with token ids
 exactly as in the reference CHE code, and can recompute targets and mask from the
 inputs alone (``solve``, the oracle), independently of the sampler.
+
+Subclasses implement ``_sample`` and ``_solve``; the public ``sample`` and ``solve``
+validate their arguments first, so every task rejects bad lengths the same way.
 """
 
 from __future__ import annotations
@@ -40,13 +43,23 @@ class Task(abc.ABC):
     output_size: int
     #: Smallest length the sampler accepts.
     min_length: ClassVar[int] = 1
+    #: Largest length the sampler accepts (None: unbounded); set by tasks whose
+    #: parameters cap it, e.g. the number of distinct keys of the recall probe.
+    max_length: int | None = None
     #: True when the target depends only on the multiset of input tokens.
     permutation_invariant: ClassVar[bool] = False
+    #: ``output_length(n)`` as a short formula, for listings ("1", "n+1", "ceil(n/2)").
+    output_length_formula: ClassVar[str]
 
     @property
     def chance(self) -> float:
         """Accuracy of uniform guessing over the output classes."""
         return 1.0 / self.output_size
+
+    @property
+    def input_symbols(self) -> tuple[str, ...]:
+        """A readable name for every input id (index = id), for printing samples."""
+        return tuple(str(i) for i in range(self.input_size))
 
     def input_length(self, n: int) -> int:
         """Number of input tokens for requested length ``n`` (``n`` except where a task says)."""
@@ -56,19 +69,47 @@ class Task(abc.ABC):
     def output_length(self, n: int) -> int:
         """Number of output positions for requested length ``n``."""
 
-    @abc.abstractmethod
+    def ceiling(self, n: int) -> float | None:
+        """Best accuracy a model that only sees the multiset of input tokens can reach
+        at length ``n``: 1.0 for permutation-invariant tasks, None where unknown
+        (the recall probes override this with their exact or simulated value)."""
+        self.check_length(n)
+        return 1.0 if self.permutation_invariant else None
+
     def sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch:
         """A batch of ``batch_size`` sequences of requested length ``n``."""
+        self.check_length(n)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise CheBenchError(f"batch size must be a positive integer, got {batch_size!r}")
+        return self._sample(int(n), int(batch_size), rng)
+
+    def solve(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(targets, mask) recomputed from ``inputs`` ``[B, n_in]`` alone (the oracle)."""
+        inputs = np.asarray(inputs)
+        if inputs.ndim != 2 or inputs.shape[1] == 0 or not np.issubdtype(inputs.dtype, np.integer):
+            raise CheBenchError(f"{self.name}: inputs must be a non-empty 2-D integer array")
+        if inputs.size and (inputs.min() < 0 or inputs.max() >= self.input_size):
+            raise CheBenchError(f"{self.name}: input ids must lie in 0..{self.input_size - 1}")
+        return self._solve(inputs.astype(np.int64))
 
     @abc.abstractmethod
-    def solve(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(targets, mask) recomputed from ``inputs`` alone (the oracle)."""
+    def _sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch:
+        """``sample`` after validation."""
+
+    @abc.abstractmethod
+    def _solve(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``solve`` after validation."""
 
     def check_length(self, n: int) -> None:
         """Raise a clear error for a length the task does not define."""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < self.min_length:
             raise CheBenchError(
                 f"task {self.name!r} needs an integer length >= {self.min_length}, got {n!r}"
+            )
+        if self.max_length is not None and n > self.max_length:
+            raise CheBenchError(
+                f"task {self.name!r} with {self.params()} supports lengths up to "
+                f"{self.max_length}, got {n}"
             )
 
     def params(self) -> dict:
@@ -78,3 +119,47 @@ class Task(abc.ABC):
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
         return f"{type(self).__name__}({args})"
+
+
+def check_int_param(task_name: str, name: str, value: object, minimum: int) -> int:
+    """``value`` as an int if it is an integer >= ``minimum``, else a CheBenchError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise CheBenchError(
+            f"task {task_name!r}: parameter {name!r} must be an integer >= {minimum}, got {value!r}"
+        )
+    return int(value)
+
+
+def check_choice_param(task_name: str, name: str, value: object, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``, else a CheBenchError listing them."""
+    if value not in choices:
+        raise CheBenchError(
+            f"task {task_name!r}: parameter {name!r} must be one of {', '.join(choices)}, got {value!r}"
+        )
+    return str(value)
+
+
+def all_positions(targets: np.ndarray) -> np.ndarray:
+    """The all-ones accuracy mask of most tasks."""
+    return np.ones(targets.shape, dtype=bool)
+
+
+def single_class(classes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(targets [B, 1], all-ones mask) from one class per row: the single-output tasks."""
+    targets = np.asarray(classes).astype(np.int64).reshape(-1, 1)
+    return targets, all_positions(targets)
+
+
+def through_first(targets: np.ndarray, terminator: int) -> np.ndarray:
+    """Accuracy mask keeping each row's positions up to and including its first ``terminator``."""
+    first = np.argmax(targets == terminator, axis=1)
+    return np.arange(targets.shape[1])[None, :] <= first[:, None]
+
+
+def first_index(rows: np.ndarray, token: int | np.ndarray, what: str) -> np.ndarray:
+    """Per row, the index of the first ``token`` (one id, or one per row as ``[B, 1]``);
+    CheBenchError if a row has none."""
+    found = rows == token
+    if not found.any(axis=1).all():
+        raise CheBenchError(f"malformed input: a row has no {what} (id {token})")
+    return np.argmax(found, axis=1)

@@ -1,0 +1,92 @@
+"""``che-bench tasks`` (list the tasks) and ``che-bench sample`` (print samples of one task)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+
+from che_bench.errors import CheBenchError
+from che_bench.tasks import get_task, list_tasks
+
+#: Shown in place of target positions the accuracy mask drops.
+MASKED = "·"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    listing = subparsers.add_parser("tasks", help="list the tasks with their sizes and chance levels")
+    listing.set_defaults(handler=list_handler)
+
+    sample = subparsers.add_parser("sample", help="print samples of one task")
+    sample.add_argument("--task", required=True, help="task name (aliases and paper labels work)")
+    sample.add_argument("--length", required=True, type=int, help="requested length n")
+    sample.add_argument("--count", type=int, default=4, help="number of samples (default 4)")
+    sample.add_argument("--seed", type=int, default=0, help="numpy seed (default 0)")
+    sample.add_argument("--format", choices=("text", "jsonl"), default="text")
+    sample.add_argument(
+        "--param", action="append", default=[], metavar="KEY=VALUE",
+        help="task parameter, e.g. --param value_mode=iid (repeatable)",
+    )
+    sample.set_defaults(handler=sample_handler)
+
+
+def parse_task_params(items: list[str]) -> dict:
+    """``["num_keys=64", "value_mode=iid"]`` -> ``{"num_keys": 64, "value_mode": "iid"}``;
+    values are read as JSON (numbers, true/false) and otherwise kept as strings."""
+    params = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise CheBenchError(f"task parameter {item!r} is not of the form KEY=VALUE")
+        try:
+            params[key] = json.loads(text.lower() if text.lower() in ("true", "false") else text)
+        except json.JSONDecodeError:
+            params[key] = text
+    return params
+
+
+def list_handler(args: argparse.Namespace) -> int:
+    table = Table(title="che-bench tasks (reference parameters)", box=box.SIMPLE_HEAD)
+    for column in ("task", "level", "in size", "out size", "out length", "chance", "perm-inv",
+                   "min n"):
+        left = column in ("task", "level", "out length")
+        table.add_column(column, justify="left" if left else "right", no_wrap=True)
+    for name in list_tasks():
+        task = get_task(name)
+        table.add_row(
+            name, task.level, str(task.input_size), str(task.output_size),
+            task.output_length_formula, f"{task.chance:.2%}",
+            "yes" if task.permutation_invariant else "no", str(task.min_length),
+        )
+    console = Console()
+    if not console.is_terminal:  # piped: print the full table, not one cut to 80 columns
+        natural = Measurement.get(console, console.options.update_width(10_000), table)
+        console = Console(width=natural.maximum)
+    console.print(table)
+    return 0
+
+
+def sample_handler(args: argparse.Namespace) -> int:
+    if args.count < 1:
+        raise CheBenchError(f"--count must be at least 1, got {args.count}")
+    task = get_task(args.task, **parse_task_params(args.param))
+    batch = task.sample(args.length, args.count, np.random.default_rng(args.seed))
+    if args.format == "jsonl":
+        for inputs, targets, mask in zip(batch.inputs, batch.targets, batch.mask):
+            record = {"task": task.name, "length": args.length, "input": inputs.tolist(),
+                      "target": targets.tolist(), "mask": mask.astype(int).tolist()}
+            print(json.dumps(record))
+        return 0
+    symbols = task.input_symbols
+    print(f"{task!r}  n={args.length}  input tokens={task.input_length(args.length)}  "
+          f"output positions={task.output_length(args.length)}  ({MASKED} = not scored)")
+    for index, (inputs, targets, mask) in enumerate(zip(batch.inputs, batch.targets, batch.mask)):
+        shown = [str(t) if keep else MASKED for t, keep in zip(targets.tolist(), mask.tolist())]
+        print(f"[{index}] {' '.join(symbols[t] for t in inputs.tolist())}")
+        print(f"  -> {' '.join(shown)}")
+    return 0

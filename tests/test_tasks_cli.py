@@ -1,0 +1,79 @@
+"""``che-bench tasks`` and ``che-bench sample``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from che_bench.cli import main
+from che_bench.commands.tasks import parse_task_params
+from che_bench.tasks import get_task, list_tasks
+
+
+def test_tasks_lists_all_seventeen_with_their_formulas(capsys):
+    assert main(["tasks"]) == 0
+    out = capsys.readouterr().out
+    for name in list_tasks():
+        assert name in out
+    assert len(list_tasks()) == 17
+    for formula in ("n+1", "2n", "ceil(n/2)", "0.39%"):
+        assert formula in out
+
+
+def test_sample_jsonl_matches_the_sampler_and_the_oracle(capsys):
+    args = ["sample", "--task", "stack_manipulation", "--length", "9", "--count", "3", "--seed", "4",
+            "--format", "jsonl"]
+    assert main(args) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(records) == 3
+    batch = get_task("stack_manipulation").sample(9, 3, np.random.default_rng(4))
+    assert [r["input"] for r in records] == batch.inputs.tolist()
+    assert [r["target"] for r in records] == batch.targets.tolist()
+    assert [r["mask"] for r in records] == batch.mask.astype(int).tolist()
+    assert all(r["task"] == "stack_manipulation" and r["length"] == 9 for r in records)
+
+
+def test_sample_text_shows_symbols_and_masked_positions(capsys):
+    assert main(["sample", "--task", "binary_addition", "--length", "7", "--count", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "+" in out and "·" in out and "n=7" in out
+    assert out.count("->") == 2
+
+
+def test_sample_text_with_task_parameters(capsys):
+    args = ["sample", "--task", "recall", "--length", "8", "--param", "num_keys=8",
+            "--param", "value_mode=iid", "--param", "num_values=4"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "value_mode='iid'" in out and "k" in out and "v" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sample", "--task", "no_such_task", "--length", "5"],
+        ["sample", "--task", "parity_check", "--length", "0"],
+        ["sample", "--task", "induction", "--length", "2"],
+        ["sample", "--task", "parity_check", "--length", "5", "--count", "0"],
+        ["sample", "--task", "parity_check", "--length", "5", "--param", "vocab_size=3"],
+        ["sample", "--task", "parity_check", "--length", "5", "--param", "novalue"],
+    ],
+)
+def test_bad_sample_arguments_exit_with_code_two(args, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("che-bench: error:") and err.count("\n") == 1
+
+
+def test_argparse_errors_exit_with_code_two():
+    with pytest.raises(SystemExit) as exc:
+        main(["sample", "--task", "parity_check", "--length", "five"])
+    assert exc.value.code == 2
+
+
+def test_parse_task_params_reads_json_scalars():
+    assert parse_task_params(["a=3", "b=true", "c=False", "d=near", "e=0.5"]) == {
+        "a": 3, "b": True, "c": False, "d": "near", "e": 0.5,
+    }
