@@ -13,10 +13,15 @@ attention of ``che_bench.model`` calls, in every layer and forward pass::
 
 Every hook is local to a query row, so chunking over rows is exact. Nothing in a
 hook may depend on the chunking (random draws happen in ``prepare``).
+
+Encodings with constrained parameters (Kerple) project them back into their valid
+range in ``prepare``; the trainer should also call ``encoding.project_()`` after every
+optimizer step (a no-op for every other encoding).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, ClassVar
 
@@ -33,6 +38,9 @@ class AttentionHook(nn.Module):
 
     #: True when ``bias`` returns a data-independent additive map (DAPE then sees 2H channels).
     carries_bias: ClassVar[bool] = False
+    #: Estimated peak number of float ``[B, H, R, T]`` maps alive inside ``scores`` (for
+    #: sizing row chunks from a memory budget; int64 index maps count twice).
+    score_maps: ClassVar[int] = 1
 
     def prepare(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Called once per forward with q, k ``[B, H, T, d_h]``; returns (q, k, ctx)."""
@@ -69,6 +77,14 @@ class PositionalEncoding(nn.Module):
         self.head_dim = dim // heads
         self.train_max_tokens = train_max_tokens
         self.hooks = nn.ModuleList([AttentionHook() for _ in range(layers)])
+        #: Resolved options (defaults filled in); subclasses record theirs here.
+        self.resolved_options: dict[str, Any] = {}
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """The encoding-specific keyword options this class accepts."""
+        common = {"self", "dim", "heads", "layers", "train_max_tokens"}
+        return [p for p in inspect.signature(cls.__init__).parameters if p not in common]
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Token embeddings ``[B, T, D]`` (already scaled by sqrt(D)) plus the encoding."""
@@ -76,7 +92,15 @@ class PositionalEncoding(nn.Module):
 
     def options(self) -> dict[str, Any]:
         """The options this instance was built with, recorded with every run."""
-        return {}
+        return dict(self.resolved_options)
+
+    def project_(self) -> None:
+        """Put constrained parameters back into their valid range (call after each optimizer
+        step). Only Kerple has such parameters; for every other encoding this does nothing."""
+        for hook in self.hooks:
+            project = getattr(hook, "project_", None)
+            if project is not None:
+                project()
 
 
 _REGISTRY: dict[str, type[PositionalEncoding]] = {}
@@ -120,8 +144,15 @@ def list_encodings() -> list[type[PositionalEncoding]]:
 def build_encoding(
     name: str, *, dim: int, heads: int, layers: int, train_max_tokens: int, **options: Any
 ) -> PositionalEncoding:
+    """Build encoding ``name``; an option it does not take is a ``CheBenchError``."""
     cls = get_encoding_class(name)
-    try:
-        return cls(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, **options)
-    except TypeError as exc:  # an option this encoding does not take
-        raise CheBenchError(f"encoding {cls.name!r}: {exc}") from None
+    unknown = sorted(set(options) - set(cls.option_names()))
+    if unknown:
+        accepted = ", ".join(cls.option_names()) or "none"
+        raise CheBenchError(
+            f"encoding {cls.name!r} does not take option(s) {', '.join(unknown)}; "
+            f"its options: {accepted}"
+        )
+    if dim % heads:
+        raise CheBenchError(f"model width {dim} is not divisible by {heads} heads")
+    return cls(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, **options)

@@ -1,0 +1,37 @@
+"""Positional encodings; importing this package registers every family.
+
+``list_encodings()`` gives the classes; each has ``name``, a one-line ``description``,
+``kind`` ("none" | "absolute" | "relative"), ``randomized``, ``carries_bias`` (an additive
+data-independent map that DAPE consumes as extra channels) and ``option_names()``.
+"""
+
+# Each module registers its encodings on import.
+from che_bench.encodings import (  # noqa: F401
+    alibi,
+    cope,
+    fire,
+    kerple,
+    learned,
+    nope,
+    relative,
+    rope,
+    sin_cos,
+    t5,
+)
+from che_bench.encodings.base import (
+    AttentionHook,
+    PositionalEncoding,
+    build_encoding,
+    canonical_encoding_name,
+    get_encoding_class,
+    list_encodings,
+)
+
+__all__ = [
+    "AttentionHook",
+    "PositionalEncoding",
+    "build_encoding",
+    "canonical_encoding_name",
+    "get_encoding_class",
+    "list_encodings",
+]

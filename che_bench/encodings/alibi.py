@@ -1,0 +1,161 @@
+"""ALiBi linear distance biases for a bidirectional encoder: plain and randomized."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.common import check_choice, toeplitz_rows, two_sided
+from che_bench.encodings.randomized import (
+    DEFAULT_NOISE_MAX_LENGTH,
+    LayerDraws,
+    RandomOptions,
+    sample_distances,
+)
+
+MODES = ("symmetric_offset", "symmetric", "two_slopes")
+
+
+def alibi_slopes(heads: int) -> list[float]:
+    """Head slopes of the ALiBi recipe: ``2^(-8h/H)`` for ``h = 1..H`` when ``H`` is a power
+    of two; otherwise the slopes of the largest power of two below ``H`` followed by every
+    other slope of the next power of two (e.g. H=6: 1/4, 1/16, 1/64, 1/256, 1/2, 1/8)."""
+
+    def geometric(count: int) -> list[float]:
+        ratio = 2 ** (-8 / count)
+        return [ratio ** (h + 1) for h in range(count)]
+
+    lower = 2 ** math.floor(math.log2(heads))
+    return geometric(lower) + geometric(2 * lower)[0::2][: heads - lower]
+
+
+class ALiBiHook(AttentionHook):
+    """``Bias[h, i, j] = -m_h * dist(i, j)`` for the requested query rows.
+
+    Modes: ``symmetric_offset`` (default, randomized-PE code): ``dist = |i - j| - 0.5`` for
+    keys left of the query and ``|i - j|`` otherwise, so left and right differ;
+    ``symmetric``: ``|i - j|`` (cannot tell left from right); ``two_slopes``: ``|i - j|`` with
+    the slopes in reverse head order for keys on the right.
+
+    Randomized: distance ``d`` becomes ``s_d`` from a sorted draw ``s_1 < ... < s_{T-1}`` of
+    ``[1, L)`` (an independent left draw with ``randomize_both_sides``); 0 stays 0.
+    """
+
+    carries_bias = True
+
+    def __init__(
+        self,
+        heads: int,
+        mode: str,
+        layer: int,
+        random: RandomOptions | None = None,
+        draws: LayerDraws | None = None,
+        both_sides: bool = False,
+    ) -> None:
+        super().__init__()
+        slopes = torch.tensor(alibi_slopes(heads))
+        self.register_buffer("left_slopes", slopes, persistent=False)
+        right = slopes.flip(0) if mode == "two_slopes" else slopes
+        self.register_buffer("right_slopes", right, persistent=False)
+        self.left_offset = 0.5 if mode == "symmetric_offset" else 0.0
+        self.layer, self.random, self.draws, self.both_sides = layer, random, draws, both_sides
+
+    def distances(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left and right distances of the keys 1..T-1 tokens away from the query."""
+        if self.random is None or not self.random.active(self.training):
+            plain = torch.arange(1, length, device=device, dtype=torch.float32)
+            return plain, plain
+        limit = self.random.noise_max_length
+        left, right = self.draws.draw(
+            self.layer, length, lambda: sample_distances(length, limit, self.both_sides)
+        )
+        return left.to(device, torch.float32), right.to(device, torch.float32)
+
+    def prepare(self, q: torch.Tensor, k: torch.Tensor):
+        return q, k, self.distances(q.shape[-2], q.device)
+
+    def bias(
+        self, rows: slice, length: int, ctx: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        left, right = ctx
+        per_offset = two_sided(
+            -self.left_slopes[:, None] * (left - self.left_offset),
+            -self.right_slopes[:, None] * right,
+        )
+        return toeplitz_rows(per_offset, rows, length)[None]
+
+
+@register()
+class ALiBiEncoding(PositionalEncoding):
+    """ALiBi with fixed slopes shared by all layers, made bidirectional.
+
+    Options: ``alibi_mode`` ("symmetric_offset" (default), "symmetric", "two_slopes"; see
+    ``ALiBiHook``).
+    """
+
+    name = "alibi"
+    description = "ALiBi distance penalty, bidirectional with a half-slope left offset."
+    kind = "relative"
+    carries_bias = True
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        heads: int,
+        layers: int,
+        train_max_tokens: int,
+        alibi_mode: str = "symmetric_offset",
+    ) -> None:
+        super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
+        check_choice("alibi_mode", alibi_mode, MODES)
+        self.hooks = nn.ModuleList(ALiBiHook(heads, alibi_mode, layer) for layer in range(layers))
+        self.resolved_options = {"alibi_mode": alibi_mode}
+
+
+@register("noisy_alibi")
+class RandomALiBiEncoding(PositionalEncoding):
+    """ALiBi over randomized distances: token distance ``d`` becomes ``s_d`` from a sorted
+    draw of distinct values in ``[1, noise_max_length)``; the +0.5 left offset is kept.
+
+    Options: ``noise_max_length`` (2048), ``randomize_at_eval`` (True), ``random_per_layer``
+    (True), ``randomize_both_sides`` (False), ``alibi_mode``.
+    """
+
+    name = "random_alibi"
+    description = "Randomized ALiBi (distances replaced by a sorted draw from [1, L))."
+    kind = "relative"
+    randomized = True
+    carries_bias = True
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        heads: int,
+        layers: int,
+        train_max_tokens: int,
+        alibi_mode: str = "symmetric_offset",
+        noise_max_length: int = DEFAULT_NOISE_MAX_LENGTH,
+        randomize_at_eval: bool = True,
+        random_per_layer: bool = True,
+        randomize_both_sides: bool = False,
+    ) -> None:
+        super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
+        check_choice("alibi_mode", alibi_mode, MODES)
+        random = RandomOptions(noise_max_length, randomize_at_eval)
+        draws = LayerDraws(random_per_layer)
+        self.hooks = nn.ModuleList(
+            ALiBiHook(heads, alibi_mode, layer, random, draws, randomize_both_sides)
+            for layer in range(layers)
+        )
+        self.resolved_options = {
+            "alibi_mode": alibi_mode,
+            "noise_max_length": noise_max_length,
+            "randomize_at_eval": randomize_at_eval,
+            "random_per_layer": random_per_layer,
+            "randomize_both_sides": randomize_both_sides,
+        }

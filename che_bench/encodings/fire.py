@@ -1,0 +1,94 @@
+"""FIRE (functional interpolation of relative positions), signed for an encoder."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.common import LengthCache, check_positive, query_positions
+
+EPS = 1e-6
+MIN_THRESHOLD = 1.0  # lower bound of |lambda * L0|: keeps the row-0 normaliser away from 0
+MIN_C = 1e-4  # lower bound of |c|: numerator and denominator must not vanish together
+
+
+class FireHook(AttentionHook):
+    """``Bias[:, i, j] = f(u_ij)`` with ``f: R -> R^H`` an MLP ``1 -> width -> H`` and::
+
+        psi(x) = log(1 + |c| x)
+        u_ij   = sign(i - j) psi(|i - j|) / (psi(max(|lambda L0|, N_side(i))) + eps)
+
+    ``N_side`` is the number of keys on the key's side of the query (``i`` on the left,
+    ``T - 1 - i`` on the right), so ``u`` lies in ``[-1, 1]`` and the left half equals causal
+    FIRE. ``c`` (init 0.1) and ``lambda`` (init 1) are learned, ``L0`` is fixed. Computed in
+    fp32; in no-grad evaluation the map of each row chunk is cached for the current length.
+    """
+
+    carries_bias = True
+
+    def __init__(self, heads: int, width: int, l0: float) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, heads))
+        self.c = nn.Parameter(torch.tensor(0.1))
+        self.lam = nn.Parameter(torch.tensor(1.0))
+        self.register_buffer("l0", torch.tensor(float(l0)))
+        self._cache = LengthCache()
+
+    def train(self, mode: bool = True) -> FireHook:
+        self._cache.clear()  # do not hold a full-length map between evaluations
+        return super().train(mode)
+
+    def relative_coordinate(self, rows: slice, length: int) -> torch.Tensor:
+        """The signed, normalised ``u [R, T]`` of the query rows, in fp32."""
+        device = self.c.device
+        query = query_positions(rows, length, device).float()[:, None]
+        key = torch.arange(length, device=device, dtype=torch.float32)[None, :]
+        c = self.c.float().abs().clamp(min=MIN_C)
+        threshold = (self.lam.float() * self.l0).abs().clamp(min=MIN_THRESHOLD)
+        delta = query - key
+        keys_on_side = torch.where(delta > 0, query, length - 1 - query)
+        normaliser = torch.log1p(c * torch.maximum(threshold, keys_on_side)) + EPS
+        return delta.sign() * torch.log1p(c * delta.abs()) / normaliser
+
+    def compute_bias(self, rows: slice, length: int) -> torch.Tensor:
+        with torch.autocast(self.c.device.type, enabled=False):
+            u = self.relative_coordinate(rows, length)
+            return self.mlp(u[..., None]).permute(2, 0, 1)[None]  # [1, H, R, T]
+
+    def bias(self, rows: slice, length: int, ctx: None) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            return self.compute_bias(rows, length)
+        versions = tuple(p._version for p in self.parameters())
+        key = (length, self.c.device, self.c.dtype, versions)
+        return self._cache.get(key, rows.indices(length), lambda: self.compute_bias(rows, length))
+
+
+@register()
+class FireEncoding(PositionalEncoding):
+    """FIRE bias in every layer (own MLP, ``c`` and ``lambda`` per layer), signed two-sided.
+
+    Options: ``fire_L0`` (default: ``train_max_tokens``, so the normaliser is constant inside
+    the training range and longer rows are interpolated), ``fire_width`` (32, MLP hidden width).
+    """
+
+    name = "fire"
+    description = "FIRE learned MLP of the log-normalised signed offset (per layer)."
+    kind = "relative"
+    carries_bias = True
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        heads: int,
+        layers: int,
+        train_max_tokens: int,
+        fire_L0: float | None = None,
+        fire_width: int = 32,
+    ) -> None:
+        super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
+        l0 = check_positive("fire_L0", train_max_tokens if fire_L0 is None else fire_L0)
+        check_positive("fire_width", fire_width)
+        self.hooks = nn.ModuleList(FireHook(heads, fire_width, l0) for _ in range(layers))
+        self.resolved_options = {"fire_L0": l0, "fire_width": fire_width}

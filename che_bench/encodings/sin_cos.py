@@ -1,0 +1,90 @@
+"""Sinusoidal absolute encodings: plain (Vaswani) and randomized (Ruoss et al.)."""
+
+from __future__ import annotations
+
+import torch
+
+from che_bench.encodings.base import PositionalEncoding, register
+from che_bench.encodings.common import check_positive, sinusoid
+from che_bench.encodings.randomized import DEFAULT_NOISE_MAX_LENGTH, RandomOptions, sample_sorted
+
+
+@register("sincos", "sinusoidal")
+class SinCosEncoding(PositionalEncoding):
+    """Adds block-layout sin|cos features of the token positions to the embeddings.
+
+    Options: ``max_time`` (10000); ``sin_cos_backward`` (False: positions ``0..T-1`` as in
+    the randomized-PE code; True: ``T..1`` as in the CHE code, so the output placeholders at
+    the end of the tape always get the same positions).
+    """
+
+    name = "sin_cos"
+    description = "Sinusoidal absolute positions (block sin|cos) added to the embeddings."
+    kind = "absolute"
+    adds_to_embedding = True
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        heads: int,
+        layers: int,
+        train_max_tokens: int,
+        max_time: float = 10000.0,
+        sin_cos_backward: bool = False,
+    ) -> None:
+        super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
+        self.max_time = check_positive("max_time", max_time)
+        self.backward = sin_cos_backward
+        self.resolved_options = {"max_time": max_time, "sin_cos_backward": sin_cos_backward}
+
+    def positions(self, length: int) -> torch.Tensor:
+        forward = torch.arange(length)
+        return length - forward if self.backward else forward
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        features = sinusoid(self.positions(x.shape[1]).to(x.device), self.dim, self.max_time)
+        return x + features.to(x.dtype)
+
+
+@register("random_sincos", "noisy_sin_cos")
+class RandomSinCosEncoding(SinCosEncoding):
+    """Sinusoidal features of sorted random positions from ``[0, noise_max_length)``,
+    drawn once per forward pass (all layers, all sequences of the batch).
+
+    Options: ``noise_max_length`` (2048), ``randomize_at_eval`` (True), ``max_time`` (10000).
+    """
+
+    name = "random_sin_cos"
+    description = "Randomized sinusoidal absolute positions (sorted draw from [0, L))."
+    randomized = True
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        heads: int,
+        layers: int,
+        train_max_tokens: int,
+        max_time: float = 10000.0,
+        noise_max_length: int = DEFAULT_NOISE_MAX_LENGTH,
+        randomize_at_eval: bool = True,
+    ) -> None:
+        super().__init__(
+            dim=dim,
+            heads=heads,
+            layers=layers,
+            train_max_tokens=train_max_tokens,
+            max_time=max_time,
+        )
+        self.random = RandomOptions(noise_max_length, randomize_at_eval)
+        self.resolved_options = {
+            "max_time": max_time,
+            "noise_max_length": noise_max_length,
+            "randomize_at_eval": randomize_at_eval,
+        }
+
+    def positions(self, length: int) -> torch.Tensor:
+        if self.random.active(self.training):
+            return sample_sorted(length, self.random.noise_max_length)
+        return torch.arange(length)
