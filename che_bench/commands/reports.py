@@ -1,0 +1,123 @@
+"""``che-bench table``, ``export``, ``plot`` and ``runs``: read the result store."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from che_bench.errors import CheBenchError
+from che_bench.reports import FORMATS
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    table = subparsers.add_parser("table", help="the CHE table of the store's complete runs")
+    table.add_argument("--compare", choices=["none", "paper"], default="none",
+                       help="paper: add the published DAPE V2 Table 6 value and the difference")
+    table.add_argument("--format", dest="fmt", choices=FORMATS, default="text")
+    table.add_argument("--task", action="append", dest="tasks", metavar="TASK",
+                       help="only this task (repeatable)")
+    _add_store_argument(table)
+    table.set_defaults(handler=table_command)
+
+    export = subparsers.add_parser("export", help="runs (or per-length accuracies) as CSV")
+    export.add_argument("--format", choices=["csv"], default="csv")
+    export.add_argument("--per-length", action="store_true",
+                        help="one row per run, split (test/train) and length")
+    export.add_argument("--out", help="output file (default: standard output)")
+    _add_store_argument(export)
+    export.set_defaults(handler=export_command)
+
+    plot = subparsers.add_parser("plot", help="accuracy against length, one line per configuration")
+    plot.add_argument("--task", action="append", dest="tasks", metavar="TASK",
+                      help="only this task (repeatable; default every task in the store)")
+    plot.add_argument("--out", required=True, help="image file, e.g. accuracy.png")
+    _add_store_argument(plot)
+    plot.set_defaults(handler=plot_command)
+
+    runs = subparsers.add_parser("runs", help="list the store's runs and their status")
+    _add_store_argument(runs)
+    runs.set_defaults(handler=runs_command)
+
+
+def _add_store_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", help="result store (default $CHE_BENCH_STORE or "
+                        "results/che-bench.sqlite)")
+
+
+def _existing_store(path: str | None):
+    """Open a store for reading; a missing file is an error rather than a new empty store."""
+    from che_bench.store import ResultStore, default_store_path
+
+    resolved = Path(path) if path else default_store_path()
+    if not resolved.exists():
+        raise CheBenchError(f"no result store at {resolved} (run `che-bench run` first or pass --store)")
+    return ResultStore(resolved)
+
+
+def _write_text(text: str, out: str | None) -> None:
+    if out is None:
+        sys.stdout.write(text)
+        return
+    try:
+        Path(out).write_text(text)
+    except OSError as exc:
+        raise CheBenchError(f"cannot write {out}: {exc.strerror or exc}") from None
+
+
+def table_command(args: argparse.Namespace) -> int:
+    from che_bench.reports import format_table
+
+    store = _existing_store(args.store)
+    sys.stdout.write(format_table(store, tasks=args.tasks, compare=args.compare, fmt=args.fmt))
+    return 0
+
+
+def export_command(args: argparse.Namespace) -> int:
+    from che_bench.reports import export_frame
+
+    store = _existing_store(args.store)
+    _write_text(export_frame(store, per_length=args.per_length).to_csv(index=False), args.out)
+    return 0
+
+
+def plot_command(args: argparse.Namespace) -> int:
+    from che_bench.plotting import plot_accuracy
+
+    store = _existing_store(args.store)
+    path = plot_accuracy(store, args.out, tasks=args.tasks)
+    print(f"wrote {path}")
+    return 0
+
+
+def runs_command(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from che_bench.reports import encoding_label
+
+    store = _existing_store(args.store)
+    runs = store.runs()
+    table = Table(title=f"runs in {store.path}")
+    numeric = {"seed", "lr", "steps", "score %", "in-dist. %"}
+    for column in ("run id", "task", "encoding", "seed", "lr", "steps", "preset", "status",
+                   "score %", "in-dist. %", "finished / error"):
+        table.add_column(column, justify="right" if column in numeric else "left", no_wrap=True)
+    styles = {"complete": "green", "failed": "red", "started": "yellow"}
+    for run in runs.itertuples(index=False):
+        status = "started (incomplete)" if run.status == "started" else run.status
+        table.add_row(
+            run.run_id, run.task, encoding_label(run.pe, run.kernel), str(run.seed), f"{run.lr:g}",
+            str(run.steps), run.preset, f"[{styles[run.status]}]{status}[/]",
+            _percent(run.score), _percent(run.train_accuracy),
+            run.error if run.status == "failed" else (run.finished_at or ""),
+        )
+    console = Console(width=None if sys.stdout.isatty() else 240)
+    console.print(table)
+    counts = runs["status"].value_counts().to_dict()
+    console.print(", ".join(f"{counts.get(s, 0)} {s}" for s in ("complete", "failed", "started")))
+    return 0
+
+
+def _percent(value: float | None) -> str:
+    return "" if value is None or value != value else f"{100 * value:.2f}"

@@ -1,0 +1,147 @@
+"""Protocol presets and the parsing of length ranges.
+
+A preset is a complete set of run settings; every field can be overridden. ``paper`` is the
+published CHE / DAPE protocol (a GPU budget), ``quick`` is sized for a laptop CPU (minutes per
+single-output task, enough to see learning, far too short to reproduce the paper's numbers) and
+``smoke`` only checks that everything runs (seconds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from che_bench.errors import CheBenchError
+
+#: Seed of the evaluation data (and of any random draws during evaluation), as in the reference
+#: range evaluation: every model sees the same test sequences.
+EVAL_SEED = 1
+
+#: Optimiser of the reference training loop: Adam after global-norm clipping.
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+GRAD_CLIP_NORM = 1.0
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {
+        "steps": 200_000,
+        "batch_size": 128,
+        "lr": 1e-4,
+        "train_max_length": 40,
+        "test_lengths": "41:500",
+        "train_eval_lengths": "auto",
+        "eval_samples": 512,
+        "eval_batch_size": 64,
+        "layers": 5,
+        "dim": 64,
+        "heads": 8,
+        "ffn": 256,
+        "dropout": 0.1,
+    },
+    "quick": {
+        "steps": 1500,
+        "batch_size": 32,
+        "lr": 1e-3,
+        "train_max_length": 40,
+        "test_lengths": "41:500:20,500",
+        "train_eval_lengths": "auto",
+        "eval_samples": 64,
+        "eval_batch_size": 32,
+        "layers": 2,
+        "dim": 64,
+        "heads": 8,
+        "ffn": 256,
+        "dropout": 0.1,
+    },
+    "smoke": {
+        "steps": 20,
+        "batch_size": 8,
+        "lr": 1e-3,
+        "train_max_length": 40,
+        "test_lengths": "41,100,200",
+        "train_eval_lengths": "auto",
+        "eval_samples": 8,
+        "eval_batch_size": 8,
+        "layers": 1,
+        "dim": 16,
+        "heads": 2,
+        "ffn": 32,
+        "dropout": 0.1,
+    },
+}
+
+#: Number of in-distribution lengths evaluated when ``train_eval_lengths`` is "auto".
+AUTO_TRAIN_EVAL_COUNT = 5
+
+
+def preset_settings(name: str) -> dict[str, Any]:
+    """A copy of the preset's settings; unknown names are a CheBenchError."""
+    if name not in PRESETS:
+        raise CheBenchError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
+    return dict(PRESETS[name])
+
+
+def parse_lengths(spec: str | int | Iterable[int]) -> tuple[int, ...]:
+    """Sorted, de-duplicated lengths from ``"41:500"`` (inclusive), ``"41:500:20"``
+    (inclusive start, stride, end included only when on the stride), comma lists of either
+    (``"41:500:20,500"``), a single int or an iterable of ints."""
+    if isinstance(spec, bool):
+        raise CheBenchError(f"bad length specification {spec!r}")
+    if isinstance(spec, int):
+        items: list[int] = [spec]
+    elif isinstance(spec, str):
+        items = []
+        for part in spec.split(","):
+            items.extend(_parse_length_part(part.strip(), spec))
+    else:
+        items = [_as_length(value, spec) for value in spec]
+    if not items:
+        raise CheBenchError(f"empty length specification {spec!r}")
+    if min(items) < 1:
+        raise CheBenchError(f"lengths must be >= 1, got {spec!r}")
+    return tuple(sorted(set(items)))
+
+
+def _parse_length_part(part: str, spec: object) -> list[int]:
+    fields = part.split(":")
+    if len(fields) == 1:
+        return [_as_length(fields[0], spec)]
+    if len(fields) not in (2, 3):
+        raise CheBenchError(f"bad length range {part!r} in {spec!r}; use START:END[:STRIDE]")
+    start, end = _as_length(fields[0], spec), _as_length(fields[1], spec)
+    stride = _as_length(fields[2], spec) if len(fields) == 3 else 1
+    if stride < 1 or start > end:
+        raise CheBenchError(f"bad length range {part!r} in {spec!r}; need START <= END, STRIDE >= 1")
+    return list(range(start, end + 1, stride))
+
+
+def _as_length(value: object, spec: object) -> int:
+    try:
+        if isinstance(value, str):
+            return int(value.strip())
+        if isinstance(value, bool) or int(value) != value:  # type: ignore[call-overload]
+            raise ValueError
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise CheBenchError(f"bad length {value!r} in length specification {spec!r}") from None
+
+
+def auto_train_eval_lengths(min_length: int, train_max_length: int) -> tuple[int, ...]:
+    """A few in-distribution lengths evenly spread over ``min_length..train_max_length``."""
+    count = min(AUTO_TRAIN_EVAL_COUNT, train_max_length - min_length + 1)
+    if count <= 1:
+        return (train_max_length,)
+    span = train_max_length - min_length
+    return tuple(sorted({min_length + round(i * span / (count - 1)) for i in range(count)}))
+
+
+def format_lengths(lengths: Iterable[int]) -> str:
+    """Compact text of a length set, e.g. ``41..500`` or ``41..500 (24 lengths)``."""
+    lengths = sorted(lengths)
+    if not lengths:
+        return "-"
+    if len(lengths) == 1:
+        return str(lengths[0])
+    if lengths == list(range(lengths[0], lengths[-1] + 1)):
+        return f"{lengths[0]}..{lengths[-1]}"
+    return f"{lengths[0]}..{lengths[-1]} ({len(lengths)} lengths)"
