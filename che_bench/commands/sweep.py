@@ -1,0 +1,154 @@
+"""``che-bench sweep SUITE``: run a suite's grid in parallel (local processes or Ray)."""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+from pathlib import Path
+
+from rich.console import Console
+
+from che_bench.errors import CheBenchError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "sweep",
+        help="run a suite of runs (tasks x encodings x kernels x seeds x lrs) in parallel",
+        description="Expand a suite file into runs, skip those already complete in the store, "
+                    "run the rest in parallel and print the suite's table. Safe to kill and "
+                    "restart at any point: the grid finishes with no completed run repeated.",
+    )
+    parser.add_argument("suite", metavar="SUITE",
+                        help="suite file (TOML), or the name of one in tasks/ (e.g. smoke)")
+    parser.add_argument("--backend", choices=("local", "ray"), default="local",
+                        help="local: a pool of worker processes (default); ray: Ray tasks")
+    parser.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                        help="local: worker processes (default 1); "
+                             "ray: runs in flight at once (default: what fits the cluster)")
+    parser.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                        help="local: torch threads per worker (default: cores / workers)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the grid (count and runs, with their status) and run nothing")
+    parser.add_argument("--store", default=None, metavar="PATH",
+                        help="result store (default $CHE_BENCH_STORE or results/che-bench.sqlite); "
+                             "checkpoints go to checkpoints/ beside it")
+    parser.add_argument("--max-runs", type=_positive_int, default=None, metavar="N",
+                        help="start at most N of the runs still to do")
+    parser.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
+    parser.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
+                        help="ray: cluster to join (default: start a local Ray instance)")
+    parser.add_argument("--num-cpus", type=_non_negative_float, default=None, metavar="X",
+                        help="ray: CPUs per run (default: suite [resources], else 1)")
+    parser.add_argument("--num-gpus", type=_non_negative_float, default=None, metavar="X",
+                        help="ray: GPUs per run, fractions allowed (default: suite [resources], "
+                             "else 0.25 on a cluster with GPUs, else 0)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no live progress bar (one line per finished run is still printed)")
+    parser.set_defaults(handler=run_sweep_command)
+
+
+def run_sweep_command(args: argparse.Namespace) -> int:
+    from che_bench.store import ResultStore, default_store_path
+    from che_bench.suites import load_suite
+    from che_bench.sweep import checkpoint_dir_for, run_sweep
+
+    _check_backend_flags(args)
+    console = Console(highlight=False)
+    suite = load_suite(args.suite)
+    configs = suite.configs()  # validates the whole grid before anything runs
+    if args.dry_run:
+        store_path = args.store or default_store_path()
+        store = ResultStore(store_path) if Path(store_path).is_file() else None
+        _print_grid(console, suite, configs, store)
+        return 0
+
+    store = ResultStore(args.store)
+    checkpoint_dir = checkpoint_dir_for(store)
+    if args.backend == "local":
+        make_backend = partial(_local_backend, args, checkpoint_dir)
+    else:
+        make_backend = partial(_ray_backend, args, suite, checkpoint_dir)
+    console.print(f"suite [bold]{suite.name}[/]: {len(configs)} runs, store {store.path}")
+    outcome = run_sweep(configs, store, make_backend, max_runs=args.max_runs,
+                        console=console, live=not args.no_progress)
+
+    complete = sum(result.status == "complete" for result in outcome.results)
+    console.print(
+        f"{outcome.total} runs: {outcome.already_complete} already complete, "
+        f"{complete} completed now, {len(outcome.failed)} failed"
+        + (f", {outcome.not_started} not started (--max-runs)" if outcome.not_started else "")
+    )
+    from che_bench.reports import format_table
+
+    console.print(format_table(store, run_ids=outcome.run_ids), markup=False, soft_wrap=True)
+    for result in outcome.failed:
+        console.print(f"[red]failed[/] {result.run_id}: {result.error}")
+    return 1 if outcome.failed else 0
+
+
+def _check_backend_flags(args: argparse.Namespace) -> None:
+    if args.backend == "local" and (args.address or args.num_cpus is not None
+                                    or args.num_gpus is not None):
+        raise CheBenchError("--address, --num-cpus and --num-gpus apply to --backend ray only")
+    if args.backend == "ray" and args.threads is not None:
+        raise CheBenchError("--threads applies to --backend local; Ray runs get --num-cpus threads")
+
+
+def _local_backend(args: argparse.Namespace, checkpoint_dir):
+    from che_bench.runner import resolve_device
+    from che_bench.sweep import LocalBackend
+
+    resolve_device(args.device)  # a bad or unavailable device fails here, not in every worker
+    return LocalBackend(args.workers or 1, device=args.device, checkpoint_dir=checkpoint_dir,
+                        threads=args.threads)
+
+
+def _ray_backend(args: argparse.Namespace, suite, checkpoint_dir):
+    from che_bench.ray_backend import RayBackend
+
+    num_cpus = args.num_cpus if args.num_cpus is not None else suite.resources.num_cpus
+    num_gpus = args.num_gpus if args.num_gpus is not None else suite.resources.num_gpus
+    return RayBackend(address=args.address, run_cpus=num_cpus, run_gpus=num_gpus,
+                      device=args.device, checkpoint_dir=checkpoint_dir,
+                      max_in_flight=args.workers)
+
+
+def _print_grid(console: Console, suite, configs, store) -> None:
+    from che_bench.sweep import describe_run
+
+    run_ids = [config.run_id() for config in configs]
+    statuses = {}
+    if store is not None:
+        runs = store.runs(run_ids)
+        statuses = dict(zip(runs["run_id"], runs["status"]))
+    console.print(f"suite {suite.name} ({suite.path}): {len(configs)} runs, preset {suite.preset}",
+                  markup=False)
+    width = len(str(len(configs)))
+    for index, (run_id, config) in enumerate(zip(run_ids, configs), start=1):
+        status = statuses.get(run_id, "to do")
+        console.print(f"{index:>{width}}  {run_id}  {status:<8}  {describe_run(config)}",
+                      soft_wrap=True, markup=False)
+    done = sum(status == "complete" for status in statuses.values())
+    console.print(f"{len(configs)} runs: {done} complete in the store, {len(configs) - done} "
+                  "to run (dry run: nothing ran)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value

@@ -1,0 +1,127 @@
+"""Ray backend of ``che-bench sweep``: every run is a Ray task; the driver alone writes the store.
+
+Each run asks the cluster for ``num_cpus`` CPUs and ``num_gpus`` GPUs (fractions allowed:
+several small CHE models share one GPU), runs ``execute_run`` on whichever node Ray picks,
+and returns its RunResult to the driver as soon as it finishes (``ray.wait``). Ray is an
+optional dependency, imported only when this backend is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from che_bench.errors import CheBenchError
+from che_bench.runner import RunConfig, RunResult, execute_run
+
+INSTALL_HINT = 'the Ray backend needs Ray: pip install "che-bench[ray]"'
+#: Default share of a GPU per run when the cluster has GPUs and nothing else is asked for.
+DEFAULT_GPU_FRACTION = 0.25
+#: Re-executions Ray may make of a run whose worker process or node died (not of failed runs).
+SYSTEM_RETRIES = 2
+
+
+def import_ray():
+    """The ``ray`` module, or a CheBenchError telling how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise CheBenchError(INSTALL_HINT) from None
+    return ray
+
+
+class RayBackend:
+    """Runs sweep configs as Ray tasks on a local instance or a cluster.
+
+    ``address``: None starts a private local instance (``num_cpus`` limits it, if given);
+    ``"auto"`` joins the cluster started on this node with ``ray start``; ``ray://HOST:PORT``
+    connects through Ray Client. ``run_cpus``/``run_gpus`` are each run's resources;
+    ``run_gpus=None`` picks DEFAULT_GPU_FRACTION on clusters with GPUs, else 0.
+    ``max_in_flight`` caps the runs handed to Ray at once (default: what fits the cluster).
+    """
+
+    def __init__(self, *, address: str | None = None, run_cpus: float = 1.0,
+                 run_gpus: float | None = None, device: str = "auto",
+                 checkpoint_dir: Path | None = None, max_in_flight: int | None = None,
+                 local_cpus: int | None = None) -> None:
+        self.ray = import_ray()
+        self._connected_here = not self.ray.is_initialized()
+        self._in_flight: set = set()
+        if self._connected_here:
+            options: dict[str, Any] = {"address": address, "include_dashboard": False,
+                                       "log_to_driver": False, "logging_level": logging.WARNING}
+            if address is None and local_cpus is not None:
+                options["num_cpus"] = local_cpus
+            try:
+                self.ray.init(**options)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                where = address or "a local instance"
+                raise CheBenchError(f"cannot start or reach Ray at {where}: {exc}".splitlines()[0]) from None
+        if run_gpus is None:
+            run_gpus = DEFAULT_GPU_FRACTION if self.ray.cluster_resources().get("GPU", 0) else 0.0
+        if run_cpus <= 0 and run_gpus <= 0:
+            raise CheBenchError("each run needs some CPUs or GPUs (num_cpus / num_gpus > 0)")
+        self.run_cpus, self.run_gpus = run_cpus, run_gpus
+        self.max_in_flight = max_in_flight
+        # A task that asks for no GPU must not pick one up through device "auto".
+        self.device = "cpu" if device == "auto" and run_gpus == 0 else device
+        self.checkpoint_dir = checkpoint_dir
+        self._remote = self.ray.remote(_run_in_ray_task).options(
+            num_cpus=run_cpus, num_gpus=run_gpus, max_retries=SYSTEM_RETRIES,
+        )
+
+    def capacity(self) -> int:
+        """Runs to keep in flight: the cap if given, else how many fit the cluster now
+        (re-read every time, so an autoscaling cluster is used as it grows)."""
+        if self.max_in_flight is not None:
+            return self.max_in_flight
+        resources = self.ray.cluster_resources()
+        fits = []
+        if self.run_cpus > 0:
+            fits.append(resources.get("CPU", 0) / self.run_cpus)
+        if self.run_gpus > 0:
+            fits.append(resources.get("GPU", 0) / self.run_gpus)
+        return max(1, math.floor(min(fits) + 1e-9))
+
+    def submit(self, config: RunConfig):
+        threads = max(1, math.floor(self.run_cpus))
+        ref = self._remote.remote(config, self.device, self.checkpoint_dir, threads)
+        self._in_flight.add(ref)
+        return ref
+
+    def wait(self, handles: Sequence) -> list[tuple[Any, RunResult | BaseException]]:
+        ready, rest = self.ray.wait(list(handles), num_returns=1)
+        if rest:  # collect whatever else has finished too, without blocking
+            more, _ = self.ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
+        finished = []
+        for ref in ready:
+            self._in_flight.discard(ref)
+            try:
+                finished.append((ref, self.ray.get(ref)))
+            except Exception as exc:  # noqa: BLE001 - a crashed task is recorded as failed
+                finished.append((ref, exc))
+        return finished
+
+    def interrupt(self) -> None:
+        """Cancel the runs in flight: Ray raises KeyboardInterrupt in running tasks (they save
+        their checkpoint) and drops queued ones."""
+        for ref in self._in_flight:
+            self.ray.cancel(ref)
+        self._in_flight.clear()
+
+    def close(self) -> None:
+        if self._connected_here and self.ray.is_initialized():
+            self.ray.shutdown()  # stops a private local instance; only disconnects from a cluster
+
+
+def _run_in_ray_task(config: RunConfig, device: str, checkpoint_dir: Path | None,
+                     threads: int) -> RunResult:
+    """Body of one Ray task: size torch's thread pool to the CPUs Ray granted, then run."""
+    import torch
+
+    torch.set_num_threads(threads)
+    return execute_run(config, device=device, checkpoint_dir=checkpoint_dir, progress=False)

@@ -1,0 +1,311 @@
+"""Suite files: a TOML description of a grid of runs, expanded into validated RunConfigs.
+
+A suite names tasks, encodings, DAPE kernels, seeds and learning rates; the grid is
+their product (per encoding, optionally with its own kernels), every point built
+through ``make_config`` with the suite's preset and overrides. Example::
+
+    description = "ALiBi and Kerple, with and without DAPE V2"
+    preset = "quick"                     # a preset of che_bench.protocol
+    tasks = ["even_pairs", { name = "associative_recall", params = { distance = "far" } }]
+    encodings = ["none", "alibi", { name = "kerple", kernels = ["none", 1, 3] }]
+    kernels = ["none", 3]                # "none" = no DAPE, 1 = DAPE, odd >= 3 = DAPE V2
+    seeds = [0, 1, 2]
+    learning_rates = [1e-4, 3e-4]        # omitted: the preset's learning rate
+    [overrides]                          # any make_config override
+    steps = 500
+    [resources]                          # per run, for the Ray backend
+    num_cpus = 1
+    num_gpus = 0.25
+
+``tasks = "all"`` / ``encodings = "all"`` (or a list holding ``"all"``) expand from the
+registries, so new tasks and encodings join such suites without edits. The whole grid
+is validated when the suite is expanded, before anything runs: an unknown task or
+encoding, or an impossible combination, is one CheBenchError naming the suite file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from che_bench.errors import CheBenchError
+
+#: Where bare suite names (``che-bench sweep smoke``) are looked up, relative to the cwd.
+SUITE_DIR = Path("tasks")
+
+_TOP_LEVEL_KEYS = {
+    "name", "description", "preset", "tasks", "encodings", "kernels", "seeds",
+    "learning_rates", "overrides", "resources",
+}
+_RESOURCE_KEYS = {"num_cpus", "num_gpus"}
+_ALL = "all"
+_NO_KERNEL = "none"
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """One task of a suite with its constructor parameters."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EncodingEntry:
+    """One encoding of a suite: its options and, if given, its own kernel list."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    kernels: tuple[int | None, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one run asks of a Ray cluster; ``num_gpus=None`` means 'decide from the cluster'."""
+
+    num_cpus: float = 1.0
+    num_gpus: float | None = None
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A parsed suite file; ``configs()`` expands and validates its grid."""
+
+    name: str
+    path: Path
+    description: str
+    preset: str
+    tasks: tuple[TaskEntry, ...]
+    encodings: tuple[EncodingEntry, ...]
+    kernels: tuple[int | None, ...]
+    seeds: tuple[int, ...]
+    learning_rates: tuple[float, ...] | None
+    overrides: dict[str, Any]
+    resources: Resources
+
+    def configs(self) -> list:
+        """Every run of the grid as a RunConfig, in a stable order, without duplicates.
+
+        Order: seed, then learning rate, then task, encoding, kernel, so a sweep that
+        stops part-way has filled whole tables for its first seeds. Raises
+        CheBenchError (naming the suite file and the grid point) for any invalid point.
+        """
+        cells = [
+            (task, encoding, kernel)
+            for task in self._expanded_tasks()
+            for encoding in self._expanded_encodings()
+            for kernel in (encoding.kernels if encoding.kernels is not None else self.kernels)
+        ]
+        learning_rates = self.learning_rates or (None,)
+        # make_config builds a model to validate a point; seed and learning rate cannot make a
+        # valid cell invalid (both are checked below), so validate each cell once and vary it.
+        bases = [self._cell_config(*cell, self.seeds[0], learning_rates[0]) for cell in cells]
+        configs: dict[str, Any] = {}
+        for seed in self.seeds:
+            for lr in learning_rates:
+                for base in bases:
+                    config = self._vary(base, seed, lr)
+                    configs.setdefault(config.run_id(), config)
+        return list(configs.values())
+
+    def _cell_config(self, task: TaskEntry, encoding: EncodingEntry, kernel: int | None,
+                     seed: int, lr: float | None):
+        from che_bench.runner import make_config  # torch-heavy; only when expanding
+
+        overrides = dict(self.overrides, seed=seed)
+        if lr is not None:
+            overrides["lr"] = lr
+        if task.params:
+            overrides["task_params"] = dict(task.params)
+        if encoding.options:
+            overrides["pe_options"] = dict(encoding.options)
+        try:
+            return make_config(task.name, pe=encoding.name, kernel=kernel, preset=self.preset,
+                               **overrides)
+        except CheBenchError as exc:
+            point = _describe_point(task, encoding, kernel, seed, lr)
+            raise CheBenchError(f"{self.path}: {point}: {exc}") from None
+
+    def _vary(self, base, seed: int, lr: float | None):
+        """``base`` with another seed / learning rate, as make_config would build it: the data
+        seed follows the seed unless the suite overrides it (tests compare with make_config)."""
+        changes: dict[str, Any] = {"seed": seed}
+        if "data_seed" not in self.overrides:
+            changes["data_seed"] = seed
+        if lr is not None:
+            changes["lr"] = lr
+        return dataclasses.replace(base, **changes)
+
+    def _expanded_tasks(self) -> list[TaskEntry]:
+        if any(entry.name == _ALL for entry in self.tasks):
+            from che_bench.tasks import list_tasks
+
+            named = [entry for entry in self.tasks if entry.name != _ALL]
+            listed = {entry.name for entry in named}
+            return named + [TaskEntry(name) for name in list_tasks() if name not in listed]
+        return list(self.tasks)
+
+    def _expanded_encodings(self) -> list[EncodingEntry]:
+        if any(entry.name == _ALL for entry in self.encodings):
+            from che_bench.encodings import list_encodings
+
+            named = [entry for entry in self.encodings if entry.name != _ALL]
+            listed = {entry.name for entry in named}
+            registered = [encoding.name for encoding in list_encodings()]
+            return named + [EncodingEntry(name) for name in registered if name not in listed]
+        return list(self.encodings)
+
+
+def resolve_suite_path(suite: str | Path) -> Path:
+    """A suite file path, or a bare name looked up as ``tasks/NAME.toml``."""
+    path = Path(suite)
+    if path.is_file():
+        return path
+    named = SUITE_DIR / f"{suite}.toml"
+    if path.suffix == "" and named.is_file():
+        return named
+    available = sorted(p.stem for p in SUITE_DIR.glob("*.toml")) if SUITE_DIR.is_dir() else []
+    hint = f" (suites in {SUITE_DIR}/: {', '.join(available)})" if available else ""
+    raise CheBenchError(f"no suite file {str(suite)!r}{hint}")
+
+
+def load_suite(suite: str | Path) -> Suite:
+    """Parse and check a suite file (structure only; ``Suite.configs()`` validates the grid)."""
+    path = resolve_suite_path(suite)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise CheBenchError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise CheBenchError(f"{path}: cannot read suite: {exc.strerror}") from None
+    return parse_suite(data, path)
+
+
+def parse_suite(data: dict[str, Any], path: Path) -> Suite:
+    """Build a Suite from already-parsed TOML ``data`` (``path`` names it in errors)."""
+
+    def fail(message: str) -> CheBenchError:
+        return CheBenchError(f"{path}: {message}")
+
+    unknown = sorted(set(data) - _TOP_LEVEL_KEYS)
+    if unknown:
+        raise fail(f"unknown key(s) {', '.join(unknown)}; expected {', '.join(sorted(_TOP_LEVEL_KEYS))}")
+    for required in ("tasks", "encodings"):
+        if required not in data:
+            raise fail(f"missing {required!r}")
+    preset = data.get("preset", "quick")
+    if not isinstance(preset, str):
+        raise fail("'preset' must be a string")
+    overrides = data.get("overrides", {})
+    if not isinstance(overrides, dict):
+        raise fail("'overrides' must be a table")
+    for reserved in ("seed", "lr", "task_params", "pe_options"):
+        if reserved in overrides:
+            raise fail(f"set {reserved!r} through the suite's grid keys, not [overrides]")
+    try:
+        return Suite(
+            name=str(data.get("name", path.stem)),
+            path=path,
+            description=str(data.get("description", "")),
+            preset=preset,
+            tasks=tuple(_task_entry(item) for item in _as_list(data["tasks"], "tasks")),
+            encodings=tuple(_encoding_entry(item) for item in _as_list(data["encodings"], "encodings")),
+            kernels=_kernels(data.get("kernels", [_NO_KERNEL]), "kernels"),
+            seeds=_seeds(data.get("seeds", [0])),
+            learning_rates=_learning_rates(data.get("learning_rates")),
+            overrides=dict(overrides),
+            resources=_resources(data.get("resources", {})),
+        )
+    except CheBenchError as exc:
+        raise fail(str(exc)) from None
+
+
+def _describe_point(task: TaskEntry, encoding: EncodingEntry, kernel: int | None,
+                    seed: int, lr: float | None) -> str:
+    task_text = task.name + (f"{task.params}" if task.params else "")
+    kernel_text = "no DAPE" if kernel is None else f"kernel {kernel}"
+    lr_text = "" if lr is None else f", lr {lr:g}"
+    return f"task {task_text}, encoding {encoding.name}, {kernel_text}, seed {seed}{lr_text}"
+
+
+def _as_list(value: Any, key: str) -> list:
+    if isinstance(value, (str, dict)):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise CheBenchError(f"{key!r} must be a non-empty list")
+    return value
+
+
+def _named_table(item: Any, key: str, allowed: set[str]) -> tuple[str, dict[str, Any]]:
+    if isinstance(item, str):
+        return item, {}
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        raise CheBenchError(f"each entry of {key!r} is a name or a table with a 'name'")
+    unknown = sorted(set(item) - allowed - {"name"})
+    if unknown:
+        raise CheBenchError(f"{key!r} entry {item['name']!r}: unknown key(s) {', '.join(unknown)}")
+    return item["name"], item
+
+
+def _task_entry(item: Any) -> TaskEntry:
+    name, table = _named_table(item, "tasks", {"params"})
+    params = table.get("params", {})
+    if not isinstance(params, dict):
+        raise CheBenchError(f"task {name!r}: 'params' must be a table")
+    return TaskEntry(name, dict(params))
+
+
+def _encoding_entry(item: Any) -> EncodingEntry:
+    name, table = _named_table(item, "encodings", {"options", "kernels"})
+    options = table.get("options", {})
+    if not isinstance(options, dict):
+        raise CheBenchError(f"encoding {name!r}: 'options' must be a table")
+    kernels = _kernels(table["kernels"], f"kernels of {name}") if "kernels" in table else None
+    return EncodingEntry(name, dict(options), kernels)
+
+
+def _kernels(value: Any, key: str) -> tuple[int | None, ...]:
+    kernels: list[int | None] = []
+    for item in _as_list(value, key) if not isinstance(value, int) else [value]:
+        if item == _NO_KERNEL:
+            kernels.append(None)
+        elif isinstance(item, int) and not isinstance(item, bool):
+            kernels.append(item)
+        else:
+            raise CheBenchError(f"{key!r}: {item!r} is neither \"none\" nor an integer kernel size")
+    return tuple(dict.fromkeys(kernels))
+
+
+def _seeds(value: Any) -> tuple[int, ...]:
+    seeds = _as_list(value, "seeds") if not isinstance(value, int) else [value]
+    if not all(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 for seed in seeds):
+        raise CheBenchError("'seeds' must be non-negative integers")
+    return tuple(dict.fromkeys(seeds))
+
+
+def _learning_rates(value: Any) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    rates = _as_list(value, "learning_rates") if not isinstance(value, (int, float)) else [value]
+    if not all(isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0 for lr in rates):
+        raise CheBenchError("'learning_rates' must be positive numbers")
+    return tuple(dict.fromkeys(float(lr) for lr in rates))
+
+
+def _resources(value: Any) -> Resources:
+    if not isinstance(value, dict):
+        raise CheBenchError("'resources' must be a table")
+    unknown = sorted(set(value) - _RESOURCE_KEYS)
+    if unknown:
+        raise CheBenchError(f"[resources]: unknown key(s) {', '.join(unknown)}; expected num_cpus, num_gpus")
+    for key, amount in value.items():
+        if not isinstance(amount, (int, float)) or isinstance(amount, bool) or amount < 0:
+            raise CheBenchError(f"[resources]: {key} must be a non-negative number")
+    num_gpus = value.get("num_gpus")
+    return Resources(
+        num_cpus=float(value.get("num_cpus", 1.0)),
+        num_gpus=None if num_gpus is None else float(num_gpus),
+    )
