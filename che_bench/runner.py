@@ -66,7 +66,9 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-compatible dict (tuples become lists)."""
-        return json.loads(json.dumps(dataclasses.asdict(self)))
+        # A shallow field dict: asdict's deep copy is needlessly slow for long length tuples.
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        return json.loads(json.dumps(fields))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:

@@ -25,7 +25,6 @@ encoding, or an impossible combination, is one CheBenchError naming the suite fi
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,14 +99,11 @@ class Suite:
             for kernel in (encoding.kernels if encoding.kernels is not None else self.kernels)
         ]
         learning_rates = self.learning_rates or (None,)
-        # make_config builds a model to validate a point; seed and learning rate cannot make a
-        # valid cell invalid (both are checked below), so validate each cell once and vary it.
-        bases = [self._cell_config(*cell, self.seeds[0], learning_rates[0]) for cell in cells]
         configs: dict[str, Any] = {}
         for seed in self.seeds:
             for lr in learning_rates:
-                for base in bases:
-                    config = self._vary(base, seed, lr)
+                for cell in cells:
+                    config = self._cell_config(*cell, seed, lr)
                     configs.setdefault(config.run_id(), config)
         return list(configs.values())
 
@@ -128,16 +124,6 @@ class Suite:
         except CheBenchError as exc:
             point = _describe_point(task, encoding, kernel, seed, lr)
             raise CheBenchError(f"{self.path}: {point}: {exc}") from None
-
-    def _vary(self, base, seed: int, lr: float | None):
-        """``base`` with another seed / learning rate, as make_config would build it: the data
-        seed follows the seed unless the suite overrides it (tests compare with make_config)."""
-        changes: dict[str, Any] = {"seed": seed}
-        if "data_seed" not in self.overrides:
-            changes["data_seed"] = seed
-        if lr is not None:
-            changes["lr"] = lr
-        return dataclasses.replace(base, **changes)
 
     def _expanded_tasks(self) -> list[TaskEntry]:
         if any(entry.name == _ALL for entry in self.tasks):
