@@ -25,12 +25,17 @@ encoding, or an impossible combination, is one CheBenchError naming the suite fi
 
 from __future__ import annotations
 
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from che_bench.errors import CheBenchError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, from PyPI, before it joined the standard library
+    import tomli as tomllib
 
 #: Where bare suite names (``che-bench sweep smoke``) are looked up, relative to the cwd.
 SUITE_DIR = Path("tasks")
