@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import nn
 
-from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.base import PositionalEncoding, register
 from che_bench.encodings.common import check_choice, toeplitz_rows, two_sided
 from che_bench.encodings.randomized import (
     DEFAULT_NOISE_MAX_LENGTH,
     LayerDraws,
+    RandomizedHook,
     RandomOptions,
     sample_distances,
 )
@@ -32,7 +34,7 @@ def alibi_slopes(heads: int) -> list[float]:
     return geometric(lower) + geometric(2 * lower)[0::2][: heads - lower]
 
 
-class ALiBiHook(AttentionHook):
+class ALiBiHook(RandomizedHook):
     """``Bias[h, i, j] = -m_h * dist(i, j)`` for the requested query rows.
 
     Modes: ``symmetric_offset`` (default, randomized-PE code): ``dist = |i - j| - 0.5`` for
@@ -51,27 +53,24 @@ class ALiBiHook(AttentionHook):
         heads: int,
         mode: str,
         layer: int,
-        random: RandomOptions | None = None,
         draws: LayerDraws | None = None,
         both_sides: bool = False,
     ) -> None:
-        super().__init__()
+        super().__init__(layer, draws)
         slopes = torch.tensor(alibi_slopes(heads))
         self.register_buffer("left_slopes", slopes, persistent=False)
         right = slopes.flip(0) if mode == "two_slopes" else slopes
         self.register_buffer("right_slopes", right, persistent=False)
         self.left_offset = 0.5 if mode == "symmetric_offset" else 0.0
-        self.layer, self.random, self.draws, self.both_sides = layer, random, draws, both_sides
+        self.both_sides = both_sides
 
     def distances(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Left and right distances of the keys 1..T-1 tokens away from the query."""
-        if self.random is None or not self.random.active(self.training):
+        drawn = self.draw(length, partial(sample_distances, both_sides=self.both_sides))
+        if drawn is None:
             plain = torch.arange(1, length, device=device, dtype=torch.float32)
             return plain, plain
-        limit = self.random.noise_max_length
-        left, right = self.draws.draw(
-            self.layer, length, lambda: sample_distances(length, limit, self.both_sides)
-        )
+        left, right = drawn
         return left.to(device, torch.float32), right.to(device, torch.float32)
 
     def prepare(self, q: torch.Tensor, k: torch.Tensor):
@@ -146,16 +145,13 @@ class RandomALiBiEncoding(PositionalEncoding):
     ) -> None:
         super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
         check_choice("alibi_mode", alibi_mode, MODES)
-        random = RandomOptions(noise_max_length, randomize_at_eval)
-        draws = LayerDraws(random_per_layer)
+        draws = LayerDraws(RandomOptions(noise_max_length, randomize_at_eval), random_per_layer)
         self.hooks = nn.ModuleList(
-            ALiBiHook(heads, alibi_mode, layer, random, draws, randomize_both_sides)
+            ALiBiHook(heads, alibi_mode, layer, draws, randomize_both_sides)
             for layer in range(layers)
         )
         self.resolved_options = {
             "alibi_mode": alibi_mode,
-            "noise_max_length": noise_max_length,
-            "randomize_at_eval": randomize_at_eval,
-            "random_per_layer": random_per_layer,
+            **draws.recorded(),
             "randomize_both_sides": randomize_both_sides,
         }

@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 
 import torch
+from torch import nn
 
+from che_bench.encodings.base import AttentionHook
 from che_bench.errors import CheBenchError
 
 
@@ -53,6 +55,14 @@ def sinusoid(positions: torch.Tensor, dim: int, max_time: float) -> torch.Tensor
     exponents = torch.arange(dim // 2, device=positions.device, dtype=torch.float32) * (2 / dim)
     angles = positions.float()[..., None] * max_time**-exponents
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def layer_hooks(make: Callable[[], AttentionHook], layers: int, shared: bool) -> nn.ModuleList:
+    """The hooks of ``layers`` layers: one module from ``make`` serving every layer when
+    ``shared``, else a fresh one per layer."""
+    if shared:
+        return nn.ModuleList([make()] * layers)
+    return nn.ModuleList(make() for _ in range(layers))
 
 
 def check_choice(option: str, value: str, choices: tuple[str, ...]) -> str:

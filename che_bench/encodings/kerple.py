@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
-from che_bench.encodings.common import check_choice, toeplitz_rows, two_sided
+from che_bench.encodings.common import check_choice, layer_hooks, toeplitz_rows, two_sided
 
 BIDIRECTIONAL = ("two_sided", "symmetric_offset")
 #: Lower bound of every Kerple parameter (the KERPLE code's projection).
@@ -86,12 +86,10 @@ class _KerpleEncoding(PositionalEncoding):
     ) -> None:
         super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
         check_choice("kerple_bidir", kerple_bidir, BIDIRECTIONAL)
-        if share_across_layers:  # the KERPLE repo: one module for all layers
-            self.hooks = nn.ModuleList([KerpleHook(heads, self.kernel, kerple_bidir)] * layers)
-        else:  # the DAPE repo (which produced the DAPE tables): one per layer
-            self.hooks = nn.ModuleList(
-                KerpleHook(heads, self.kernel, kerple_bidir) for _ in range(layers)
-            )
+        # Shared: the KERPLE repo; per layer: the DAPE repo (which produced the DAPE tables).
+        self.hooks = layer_hooks(
+            lambda: KerpleHook(heads, self.kernel, kerple_bidir), layers, share_across_layers
+        )
         self.resolved_options = {
             "kerple_bidir": kerple_bidir,
             "share_across_layers": share_across_layers,

@@ -7,7 +7,7 @@ from torch import nn
 
 from che_bench.encodings.base import PositionalEncoding, register
 from che_bench.encodings.common import check_positive
-from che_bench.encodings.randomized import DEFAULT_NOISE_MAX_LENGTH, RandomOptions, sample_sorted
+from che_bench.encodings.randomized import DEFAULT_NOISE_MAX_LENGTH, RandomOptions, RandomPositions
 from che_bench.errors import CheBenchError
 
 
@@ -65,7 +65,7 @@ class LearnedEncoding(PositionalEncoding):
 
 
 @register("random_learnt", "noisy_learnt", "noisy_learned")
-class RandomLearnedEncoding(LearnedEncoding):
+class RandomLearnedEncoding(RandomPositions, LearnedEncoding):
     """Learned table of ``noise_max_length`` rows, read at sorted random positions drawn
     once per forward pass (all layers, all sequences of the batch).
 
@@ -74,7 +74,6 @@ class RandomLearnedEncoding(LearnedEncoding):
 
     name = "random_learned"
     description = "Learned absolute table read at randomized positions (sorted draw from [0, L))."
-    randomized = True
 
     def __init__(
         self,
@@ -96,13 +95,4 @@ class RandomLearnedEncoding(LearnedEncoding):
             learned_init_std=learned_init_std,
         )
         self.random = RandomOptions(noise_max_length, randomize_at_eval)
-        self.resolved_options = {
-            "noise_max_length": noise_max_length,
-            "randomize_at_eval": randomize_at_eval,
-            "learned_init_std": learned_init_std,
-        }
-
-    def positions(self, length: int) -> torch.Tensor:
-        if self.random.active(self.training):
-            return sample_sorted(length, self.random.noise_max_length)
-        return super().positions(length)
+        self.resolved_options = {**self.random.recorded(), "learned_init_std": learned_init_std}

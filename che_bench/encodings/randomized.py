@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from che_bench.encodings.base import AttentionHook
 from che_bench.errors import CheBenchError
+
+Sample = TypeVar("Sample")
 
 DEFAULT_NOISE_MAX_LENGTH = 2048
 
@@ -47,6 +50,29 @@ class RandomOptions:
         """Whether a forward pass in this mode uses random positions."""
         return training or self.randomize_at_eval
 
+    def recorded(self) -> dict[str, Any]:
+        """These options under their option names, for ``resolved_options``."""
+        return {
+            "noise_max_length": self.noise_max_length,
+            "randomize_at_eval": self.randomize_at_eval,
+        }
+
+
+class RandomPositions:
+    """Mixin for an absolute encoding (before it in the bases): ``positions(length)``
+    becomes a sorted draw from ``[0, noise_max_length)``, made once per forward pass (all
+    layers, all sequences of the batch), whenever ``random`` is active in this mode."""
+
+    randomized: ClassVar[bool] = True
+    #: Set by the constructor of the encoding.
+    random: RandomOptions
+    training: bool
+
+    def positions(self, length: int) -> torch.Tensor:
+        if self.random.active(self.training):
+            return sample_sorted(length, self.random.noise_max_length)
+        return super().positions(length)  # type: ignore[misc]
+
 
 class LayerDraws:
     """Hands random draws to the attention layers of one forward pass.
@@ -55,15 +81,36 @@ class LayerDraws:
     and the later layers of the same forward pass reuse that sample.
     """
 
-    def __init__(self, per_layer: bool) -> None:
-        self.per_layer = per_layer
+    def __init__(self, random: RandomOptions, per_layer: bool) -> None:
+        self.random, self.per_layer = random, per_layer
         self._last: tuple[Any, Any] | None = None
+
+    def recorded(self) -> dict[str, Any]:
+        """The options of the draws under their option names, for ``resolved_options``."""
+        return {**self.random.recorded(), "random_per_layer": self.per_layer}
 
     def draw(self, layer: int, key: Any, make: Callable[[], Any]) -> Any:
         """The sample for ``layer``; ``key`` (e.g. the length) must match to reuse one."""
         if self.per_layer or layer == 0 or self._last is None or self._last[0] != key:
             self._last = (key, make())
         return self._last[1]
+
+
+class RandomizedHook(AttentionHook):
+    """Base of the hooks of relative encodings with a randomized variant (RoPE,
+    Transformer-XL, ALiBi); ``draws`` is None in the plain variant."""
+
+    def __init__(self, layer: int, draws: LayerDraws | None) -> None:
+        super().__init__()
+        self.layer, self.draws = layer, draws
+
+    def draw(self, length: int, sample: Callable[[int, int], Sample]) -> Sample | None:
+        """``sample(length, noise_max_length)`` for this layer (or the one layer 0 drew
+        when draws are shared), or None when this forward pass uses plain positions."""
+        if self.draws is None or not self.draws.random.active(self.training):
+            return None
+        limit = self.draws.random.noise_max_length
+        return self.draws.draw(self.layer, length, lambda: sample(length, limit))
 
 
 def sample_distances(

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import nn
 
-from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.base import PositionalEncoding, register
 from che_bench.encodings.common import check_positive, offset_index, offsets, sinusoid, two_sided
 from che_bench.encodings.randomized import (
     DEFAULT_NOISE_MAX_LENGTH,
     LayerDraws,
+    RandomizedHook,
     RandomOptions,
     sample_distances,
 )
 
 
-class RelativeHook(AttentionHook):
+class RelativeHook(RandomizedHook):
     """Transformer-XL scores with per-layer content bias ``u``, position bias ``v`` and
     projection ``W_R`` of the sinusoid ``r_o`` of the signed offset ``o = j - i``::
 
@@ -42,15 +44,13 @@ class RelativeHook(AttentionHook):
         heads: int,
         max_time: float,
         layer: int,
-        random: RandomOptions | None = None,
         draws: LayerDraws | None = None,
         both_sides: bool = False,
         reference_bug: bool = False,
     ) -> None:
-        super().__init__()
+        super().__init__(layer, draws)
         head_dim = dim // heads
-        self.dim, self.heads, self.max_time, self.layer = dim, heads, max_time, layer
-        self.random, self.draws = random, draws
+        self.dim, self.heads, self.max_time = dim, heads, max_time
         self.both_sides, self.reference_bug = both_sides, reference_bug
         self.u = nn.Parameter(torch.randn(heads, head_dim) * 0.02)
         self.v = nn.Parameter(torch.randn(heads, head_dim) * 0.02)
@@ -61,15 +61,13 @@ class RelativeHook(AttentionHook):
 
     def offset_positions(self, length: int, device: torch.device) -> torch.Tensor:
         """The value fed to the sinusoid for every offset ``-(T-1) .. T-1`` (per-offset order)."""
-        if self.random is None or not self.random.active(self.training):
+        drawn = self.draw(length, partial(sample_distances, both_sides=self.both_sides))
+        if drawn is None:
             return offsets(length, device).float()
 
-        limit = self.random.noise_max_length
-        left, right = self.draws.draw(
-            self.layer, length, lambda: sample_distances(length, limit, self.both_sides)
-        )
-        left, right = left.to(device, torch.float32), right.to(device, torch.float32)
+        left, right = (side.to(device, torch.float32) for side in drawn)
         if self.reference_bug:
+            limit = self.draws.random.noise_max_length
             at_or_right = torch.full((length,), limit - 1.0, device=device)
             return torch.cat([limit - left.flip(0), at_or_right])
         return two_sided(-left, right)
@@ -151,15 +149,13 @@ class RandomRelativeEncoding(PositionalEncoding):
     ) -> None:
         super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
         check_positive("max_time", max_time)
-        random = RandomOptions(noise_max_length, randomize_at_eval)
-        draws = LayerDraws(random_per_layer)
+        draws = LayerDraws(RandomOptions(noise_max_length, randomize_at_eval), random_per_layer)
         self.hooks = nn.ModuleList(
             RelativeHook(
                 dim,
                 heads,
                 max_time,
                 layer,
-                random,
                 draws,
                 both_sides=randomize_both_sides,
                 reference_bug=relative_reference_bug,
@@ -168,9 +164,7 @@ class RandomRelativeEncoding(PositionalEncoding):
         )
         self.resolved_options = {
             "max_time": max_time,
-            "noise_max_length": noise_max_length,
-            "randomize_at_eval": randomize_at_eval,
-            "random_per_layer": random_per_layer,
+            **draws.recorded(),
             "randomize_both_sides": randomize_both_sides,
             "relative_reference_bug": relative_reference_bug,
         }

@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.base import PositionalEncoding, register
 from che_bench.encodings.common import check_choice, check_positive
 from che_bench.encodings.randomized import (
     DEFAULT_NOISE_MAX_LENGTH,
     LayerDraws,
+    RandomizedHook,
     RandomOptions,
     sample_sorted,
 )
@@ -35,31 +36,22 @@ def rotate(x: torch.Tensor, angles: torch.Tensor, pairing: str) -> torch.Tensor:
     return rotated.to(x.dtype)
 
 
-class RotaryHook(AttentionHook):
+class RotaryHook(RandomizedHook):
     """Rotates q and k by ``position * theta_m``, ``theta_m = base^(-2m/d_h)``; scores of the
     rotated vectors then depend on ``i - j`` only. Randomized: one sorted draw of positions
     per layer (or per forward pass), the same for q and k."""
 
     def __init__(
-        self,
-        head_dim: int,
-        base: float,
-        pairing: str,
-        layer: int,
-        random: RandomOptions | None = None,
-        draws: LayerDraws | None = None,
+        self, head_dim: int, base: float, pairing: str, layer: int, draws: LayerDraws | None = None
     ) -> None:
-        super().__init__()
+        super().__init__(layer, draws)
         exponents = torch.arange(head_dim // 2, dtype=torch.float64) * (2 / head_dim)
         self.register_buffer("theta", (base**-exponents).float(), persistent=False)
-        self.pairing, self.layer, self.random, self.draws = pairing, layer, random, draws
+        self.pairing = pairing
 
     def positions(self, length: int, device: torch.device) -> torch.Tensor:
-        if self.random is not None and self.random.active(self.training):
-            limit = self.random.noise_max_length
-            drawn = self.draws.draw(self.layer, length, lambda: sample_sorted(length, limit))
-            return drawn.to(device)
-        return torch.arange(length, device=device)
+        drawn = self.draw(length, sample_sorted)
+        return torch.arange(length, device=device) if drawn is None else drawn.to(device)
 
     def prepare(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         angles = self.positions(q.shape[-2], q.device).float()[:, None] * self.theta
@@ -132,16 +124,13 @@ class RandomRotaryEncoding(PositionalEncoding):
     ) -> None:
         super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
         check_rope_options(self.head_dim, rope_base, rope_pairing)
-        random = RandomOptions(noise_max_length, randomize_at_eval)
-        draws = LayerDraws(random_per_layer)
+        draws = LayerDraws(RandomOptions(noise_max_length, randomize_at_eval), random_per_layer)
         self.hooks = nn.ModuleList(
-            RotaryHook(self.head_dim, rope_base, rope_pairing, layer, random, draws)
+            RotaryHook(self.head_dim, rope_base, rope_pairing, layer, draws)
             for layer in range(layers)
         )
         self.resolved_options = {
             "rope_base": rope_base,
             "rope_pairing": rope_pairing,
-            "noise_max_length": noise_max_length,
-            "randomize_at_eval": randomize_at_eval,
-            "random_per_layer": random_per_layer,
+            **draws.recorded(),
         }

@@ -6,7 +6,7 @@ import torch
 
 from che_bench.encodings.base import PositionalEncoding, register
 from che_bench.encodings.common import check_positive, sinusoid
-from che_bench.encodings.randomized import DEFAULT_NOISE_MAX_LENGTH, RandomOptions, sample_sorted
+from che_bench.encodings.randomized import DEFAULT_NOISE_MAX_LENGTH, RandomOptions, RandomPositions
 
 
 @register("sincos", "sinusoidal")
@@ -48,7 +48,7 @@ class SinCosEncoding(PositionalEncoding):
 
 
 @register("random_sincos", "noisy_sin_cos")
-class RandomSinCosEncoding(SinCosEncoding):
+class RandomSinCosEncoding(RandomPositions, SinCosEncoding):
     """Sinusoidal features of sorted random positions from ``[0, noise_max_length)``,
     drawn once per forward pass (all layers, all sequences of the batch).
 
@@ -57,7 +57,6 @@ class RandomSinCosEncoding(SinCosEncoding):
 
     name = "random_sin_cos"
     description = "Randomized sinusoidal absolute positions (sorted draw from [0, L))."
-    randomized = True
 
     def __init__(
         self,
@@ -78,13 +77,4 @@ class RandomSinCosEncoding(SinCosEncoding):
             max_time=max_time,
         )
         self.random = RandomOptions(noise_max_length, randomize_at_eval)
-        self.resolved_options = {
-            "max_time": max_time,
-            "noise_max_length": noise_max_length,
-            "randomize_at_eval": randomize_at_eval,
-        }
-
-    def positions(self, length: int) -> torch.Tensor:
-        if self.random.active(self.training):
-            return sample_sorted(length, self.random.noise_max_length)
-        return torch.arange(length)
+        self.resolved_options = {"max_time": max_time, **self.random.recorded()}

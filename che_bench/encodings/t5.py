@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
-from che_bench.encodings.common import offsets, toeplitz_rows
+from che_bench.encodings.common import layer_hooks, offsets, toeplitz_rows
 from che_bench.errors import CheBenchError
 
 
@@ -88,14 +88,11 @@ class T5Encoding(PositionalEncoding):
             )
         if t5_max_distance <= t5_num_buckets // 4:
             raise CheBenchError("t5_max_distance must exceed t5_num_buckets / 4")
-
-        def make() -> T5Hook:
-            return T5Hook(heads, t5_num_buckets, t5_max_distance, t5_neox_scaling, dim)
-
-        if share_across_layers:
-            self.hooks = nn.ModuleList([make()] * layers)  # one module in every layer
-        else:
-            self.hooks = nn.ModuleList(make() for _ in range(layers))
+        self.hooks = layer_hooks(
+            lambda: T5Hook(heads, t5_num_buckets, t5_max_distance, t5_neox_scaling, dim),
+            layers,
+            share_across_layers,
+        )
         self.resolved_options = {
             "t5_num_buckets": t5_num_buckets,
             "t5_max_distance": t5_max_distance,

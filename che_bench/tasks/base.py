@@ -121,6 +121,39 @@ class Task(abc.ABC):
         return f"{type(self).__name__}({args})"
 
 
+class IidStringTask(Task):
+    """n iid uniform tokens from ``vocab_size`` ids, one class per id; the target is a
+    function of the whole string and every output position counts.
+
+    Subclasses give that function twice: ``_sampler_targets`` (how the generator builds
+    the target) and ``_oracle_targets`` (an independent recomputation for ``solve``).
+    """
+
+    def __init__(self, vocab_size: int = 2) -> None:
+        self.vocab_size = check_int_param(self.name, "vocab_size", vocab_size, 2)
+        self.input_size = self.output_size = self.vocab_size
+
+    def params(self) -> dict:
+        return {"vocab_size": self.vocab_size}
+
+    def _sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch:
+        inputs = rng.integers(0, self.vocab_size, size=(batch_size, n))
+        targets = self._sampler_targets(inputs)
+        return Batch(inputs, targets, all_positions(targets))
+
+    def _solve(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        targets = self._oracle_targets(inputs)
+        return targets, all_positions(targets)
+
+    @abc.abstractmethod
+    def _sampler_targets(self, inputs: np.ndarray) -> np.ndarray:
+        """Sampler side: the targets of freshly drawn ``inputs``."""
+
+    @abc.abstractmethod
+    def _oracle_targets(self, inputs: np.ndarray) -> np.ndarray:
+        """Oracle side: the targets recomputed from validated ``inputs``."""
+
+
 def check_int_param(task_name: str, name: str, value: object, minimum: int) -> int:
     """``value`` as an int if it is an integer >= ``minimum``, else a CheBenchError."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:

@@ -11,9 +11,9 @@ import numpy as np
 from che_bench.errors import CheBenchError
 from che_bench.tasks.base import (
     Batch,
+    IidStringTask,
     Task,
     all_positions,
-    check_int_param,
     first_index,
     single_class,
     through_first,
@@ -22,7 +22,7 @@ from che_bench.tasks.base import (
 SEPARATOR = TERMINATOR = 2
 
 
-class DuplicateString(Task):
+class DuplicateString(IidStringTask):
     """n iid tokens from ``vocab_size``; target = the input twice (2n positions).
 
     Example: ``0 1 1`` -> ``0 1 1 0 1 1``.
@@ -32,24 +32,14 @@ class DuplicateString(Task):
     level = "cs"
     output_length_formula = "2n"
 
-    def __init__(self, vocab_size: int = 2) -> None:
-        self.vocab_size = check_int_param(self.name, "vocab_size", vocab_size, 2)
-        self.input_size = self.output_size = self.vocab_size
-
-    def params(self) -> dict:
-        return {"vocab_size": self.vocab_size}
-
     def output_length(self, n: int) -> int:
         return 2 * n
 
-    def _sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch:
-        inputs = rng.integers(0, self.vocab_size, size=(batch_size, n))
-        targets = np.tile(inputs, 2)
-        return Batch(inputs, targets, all_positions(targets))
+    def _sampler_targets(self, inputs: np.ndarray) -> np.ndarray:
+        return np.tile(inputs, 2)
 
-    def _solve(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        targets = np.concatenate([inputs, inputs], axis=1)
-        return targets, all_positions(targets)
+    def _oracle_targets(self, inputs: np.ndarray) -> np.ndarray:
+        return np.concatenate([inputs, inputs], axis=1)
 
 
 class MissingDuplicateString(Task):
@@ -97,7 +87,7 @@ class MissingDuplicateString(Task):
         return single_class(inputs[np.arange(batch_size), partner])
 
 
-class OddsFirst(Task):
+class OddsFirst(IidStringTask):
     """n iid tokens from ``vocab_size``; target = the tokens at 0-based odd indices
     (1, 3, 5, ...) followed by those at even indices (0, 2, 4, ...), as the reference
     code does (its docstring shows the opposite order).
@@ -109,26 +99,16 @@ class OddsFirst(Task):
     level = "cs"
     output_length_formula = "n"
 
-    def __init__(self, vocab_size: int = 2) -> None:
-        self.vocab_size = check_int_param(self.name, "vocab_size", vocab_size, 2)
-        self.input_size = self.output_size = self.vocab_size
-
-    def params(self) -> dict:
-        return {"vocab_size": self.vocab_size}
-
     def output_length(self, n: int) -> int:
         return n
 
-    def _sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch:
-        inputs = rng.integers(0, self.vocab_size, size=(batch_size, n))
-        targets = np.concatenate([inputs[:, 1::2], inputs[:, 0::2]], axis=1)
-        return Batch(inputs, targets, all_positions(targets))
+    def _sampler_targets(self, inputs: np.ndarray) -> np.ndarray:
+        return np.concatenate([inputs[:, 1::2], inputs[:, 0::2]], axis=1)
 
-    def _solve(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _oracle_targets(self, inputs: np.ndarray) -> np.ndarray:
         index = np.arange(inputs.shape[1])
         order = np.argsort(index % 2 == 0, kind="stable")  # odd indices sort first
-        targets = inputs[:, order]
-        return targets, all_positions(targets)
+        return inputs[:, order]
 
 
 def _le_bits_to_ints(bits: np.ndarray) -> list[int]:
@@ -337,7 +317,7 @@ class ComputeSqrt(Task):
         return targets, all_positions(targets)
 
 
-class BucketSort(Task):
+class BucketSort(IidStringTask):
     """n iid tokens from ``vocab_size``; target = the tokens sorted ascending.
 
     Example (vocab 5): ``2 0 3 1 1 1`` -> ``0 1 1 1 2 3``.
@@ -348,26 +328,19 @@ class BucketSort(Task):
     permutation_invariant = True
     output_length_formula = "n"
 
-    def __init__(self, vocab_size: int = 5) -> None:
-        self.vocab_size = check_int_param(self.name, "vocab_size", vocab_size, 2)
-        self.input_size = self.output_size = self.vocab_size
-
-    def params(self) -> dict:
-        return {"vocab_size": self.vocab_size}
+    def __init__(self, vocab_size: int = 5) -> None:  # the reference's default vocabulary
+        super().__init__(vocab_size)
 
     def output_length(self, n: int) -> int:
         return n
 
-    def _sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch:
-        inputs = rng.integers(0, self.vocab_size, size=(batch_size, n))
-        targets = np.sort(inputs, axis=1)
-        return Batch(inputs, targets, all_positions(targets))
+    def _sampler_targets(self, inputs: np.ndarray) -> np.ndarray:
+        return np.sort(inputs, axis=1)
 
-    def _solve(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _oracle_targets(self, inputs: np.ndarray) -> np.ndarray:
         # Counting sort: position i holds the smallest symbol whose running count exceeds i,
         # i.e. the number of symbols whose running count is <= i.
         counts = np.stack([(inputs == s).sum(axis=1) for s in range(self.vocab_size)], axis=1)
         ends = np.cumsum(counts, axis=1)
         position = np.arange(inputs.shape[1])
-        targets = (position[None, :, None] >= ends[:, None, :]).sum(axis=2)
-        return targets, all_positions(targets)
+        return (position[None, :, None] >= ends[:, None, :]).sum(axis=2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from che_bench.errors import CheBenchError
-from che_bench.tasks.base import Batch, Task, all_positions, check_int_param, single_class, through_first
+from che_bench.tasks.base import Batch, IidStringTask, Task, check_int_param, single_class, through_first
 from che_bench.tasks.expressions import Vocabulary, evaluate, sample_bracket_expressions
 
 POP, PUSH_0, PUSH_1 = 2, 3, 4
@@ -78,7 +78,7 @@ class StackManipulation(Task):
         return targets, through_first(targets, TERMINATOR)
 
 
-class ReverseString(Task):
+class ReverseString(IidStringTask):
     """n iid tokens from ``vocab_size``; target = the input reversed.
 
     Example: ``0 1 0 0 1 1 0`` -> ``0 1 1 0 0 1 0``.
@@ -88,24 +88,14 @@ class ReverseString(Task):
     level = "dcf"
     output_length_formula = "n"
 
-    def __init__(self, vocab_size: int = 2) -> None:
-        self.vocab_size = check_int_param(self.name, "vocab_size", vocab_size, 2)
-        self.input_size = self.output_size = self.vocab_size
-
-    def params(self) -> dict:
-        return {"vocab_size": self.vocab_size}
-
     def output_length(self, n: int) -> int:
         return n
 
-    def _sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch:
-        inputs = rng.integers(0, self.vocab_size, size=(batch_size, n))
-        targets = np.ascontiguousarray(inputs[:, ::-1])
-        return Batch(inputs, targets, all_positions(targets))
+    def _sampler_targets(self, inputs: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(inputs[:, ::-1])
 
-    def _solve(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        targets = np.flip(inputs, axis=1).copy()
-        return targets, all_positions(targets)
+    def _oracle_targets(self, inputs: np.ndarray) -> np.ndarray:
+        return np.flip(inputs, axis=1).copy()
 
 
 class ModularArithmeticBrackets(Task):
