@@ -9,6 +9,10 @@ Two parts (run them separately on a busy machine):
   batch 64 for n in --lengths; prints the time and the peak resident memory added by the
   forward (each configuration runs in a fresh process so the peaks do not mix).
 
+Use at most as many threads as there are idle cores: on a 2-core machine whose other core is
+busy, ``--threads 2`` makes every small parallel op wait for a descheduled thread, which
+inflated one evaluation forward (DAPE k = 1, T = 1500) from 45 s to 415 s.
+
 Examples::
 
     python benchmarks/bench_model.py train --encodings none alibi kerple fire rope

@@ -13,17 +13,19 @@ two-layer MLP over the score channels at every (i, j)); odd ``k >= 3`` is DAPE V
 output at (i, j) sees keys ``j-(k-1) .. j+(k-1)`` of row i.
 
 Layout: the heads are the channels and the scores arrive channel-first, ``[B, C, R, T]``.
-A key-axis convolution is then a matrix product ``[O, k*C] @ [B, k*C, R*T]`` over the
-flattened (row, key) plane, which avoids any permute copy. The first convolution stacks the
-k shifted copies of its (narrow) input; the second multiplies once by all k taps and adds the
-k shifted (narrow) outputs. The batch-free bias channels go through the first convolution
-once and are broadcast over the batch, never tiled. The hidden map (D_DAPE channels) is only
-ever built for cache-sized chunks of (sequences, rows) and recomputed in backward.
+f runs over chunks of (sequences, rows) whose hidden map (D_DAPE channels, the largest
+tensor) fits a core's cache. Each chunk is turned channel-major, ``[C, b*r*T]``, so that a
+key-axis convolution over the whole chunk is one plain matrix product: the first convolution
+multiplies ``[D, k*C]`` by the im2col matrix of its narrow input (k shifted copies); the
+second multiplies once by all k taps ``[k*H, D]`` and adds the k shifted narrow outputs.
+The batch-free bias channels go through the first convolution once and are broadcast over
+the batch, never tiled. f's output is added in place into the freshly built residual map.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +35,11 @@ from che_bench.errors import CheBenchError
 
 VARIANTS = ("concat_residual", "concat", "add_residual")
 NEGATIVE_SLOPE = 0.01
-#: Target size of one batch chunk of the hidden map inside f (fits a core's L2/L3 cache).
-CACHE_CHUNK_BYTES = 4 << 20
+#: Target size of one chunk of the hidden map inside f (about a core's L2 cache).
+CACHE_CHUNK_BYTES = 2 << 20
+#: Backward reuses f's hidden map and im2col matrix when they take at most this much (the
+#: training lengths); above it, it recomputes them chunk by chunk.
+KEEP_BYTES = 64 << 20
 
 
 def check_kernel(kernel: object) -> int:
@@ -53,161 +58,241 @@ def check_variant(variant: str) -> str:
     return variant
 
 
-def _stack_shifted_keys(x: torch.Tensor, kernel: int) -> torch.Tensor:
-    """``[B, C, R, T] -> [B, k*C, R*T]``; block s holds ``x[..., j + s - k//2]`` (0 outside)."""
-    if kernel == 1:
-        return x.flatten(2)
+def _key_windows(x: torch.Tensor, kernel: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``[b, C, R, T] -> [k*C, b*R*T]``, the im2col matrix of a ``1 x k`` key convolution,
+    channel-major so that a whole chunk of sequences is one plain matrix product: block s
+    holds ``x[..., j + s - k//2]``, 0 past either end of a row. Written into ``out`` if given."""
     batch, channels, rows, length = x.shape
-    stack = x.new_zeros(batch, kernel, channels, rows, length)  # one memset covers the edges
+    if out is None:
+        out = x.new_empty(kernel * channels, batch * rows * length)
+    windows = out.view(kernel, channels, batch, rows, length)
+    source = x.transpose(0, 1)
     centre = kernel // 2
+    windows[centre] = source
     for s in range(kernel):
         offset = s - centre
-        if offset >= 0:
-            stack[:, s, ..., : length - offset] = x[..., offset:]
-        else:
-            stack[:, s, ..., -offset:] = x[..., : length + offset]
-    return stack.view(batch, kernel * channels, rows * length)
-
-
-def key_conv(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    addend: torch.Tensor | None = None,
-    stack: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Bias-free ``1 x k`` convolution along the key axis with zero "same" padding.
-
-    ``x [B, C, R, T]``, ``weight [O, C, k]``, optional ``addend`` broadcastable to the output
-    ``[B, O, R, T]`` (added for free), optional ``stack``: ``x``'s shifted stack if already
-    built. The narrower side is the one that gets shifted: either
-    the input (k shifted copies, one product) or the output (one product with all k taps,
-    then k shifted in-place additions).
-    """
-    out_channels, in_channels, kernel = weight.shape
-    batch, _, rows, length = x.shape
-    if kernel == 1 or in_channels <= out_channels:
-        matrix = weight.permute(0, 2, 1).reshape(out_channels, kernel * in_channels)
-        columns = _stack_shifted_keys(x, kernel) if stack is None else stack
-        matrix = matrix.expand(batch, -1, -1)  # bmm on a stride-0 batch beats matmul's path
-        if addend is None:
-            out = torch.bmm(matrix, columns)
-        else:
-            # [O, 1, 1] -> [O, 1] or [1|B, O, R, T] -> [1|B, O, R*T]: broadcastable either way
-            out = torch.baddbmm(addend.flatten(-2), matrix, columns)
-        return out.view(batch, out_channels, rows, length)
-    matrix = weight.permute(2, 0, 1).reshape(kernel * out_channels, in_channels)
-    taps = torch.bmm(matrix.expand(batch, -1, -1), x.flatten(2))
-    taps = taps.view(batch, kernel, out_channels, rows, length)
-    centre = kernel // 2
-    out = taps[:, centre].clone() if addend is None else taps[:, centre] + addend
-    for s in range(kernel):  # output key j gets tap s evaluated at key j + s - centre
-        offset = s - centre
         if offset > 0:
-            out[..., : length - offset] += taps[:, s, ..., offset:]
+            windows[s, ..., : length - offset] = source[..., offset:]
+            windows[s, ..., length - offset :] = 0.0
         elif offset < 0:
-            out[..., -offset:] += taps[:, s, ..., : length + offset]
+            windows[s, ..., -offset:] = source[..., : length + offset]
+            windows[s, ..., :-offset] = 0.0
     return out
 
 
-def _key_conv_weight_grad(
-    grad: torch.Tensor, x: torch.Tensor, kernel: int, grad_stack: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Gradient ``[O, C, k]`` of ``key_conv(x, weight)`` given the output gradient ``grad``.
+def _add_taps(out: torch.Tensor, taps: torch.Tensor, accumulate: bool = True) -> None:
+    """``out[b, c, r, j] (+)= sum_s taps[s*C + c, (b, r, j + s - k//2)]`` (0 past the row
+    ends); without ``accumulate`` the centre tap overwrites ``out``, so it may start empty.
 
-    ``dW[o, c, s] = sum_{b,r,j} grad[b, o, r, j] * x[b, c, r, j + s - k//2]``; the narrower
-    of the two tensors is the one shifted (``grad_stack``: grad's shifted stack, if built).
+    This is how a convolution with more input than output channels is applied: one product
+    with all k taps at once, then k shifted additions of the narrow per-tap outputs.
     """
-    out_channels, in_channels = grad.shape[1], x.shape[1]
-    if in_channels <= out_channels:
-        product = torch.bmm(grad.flatten(2), _stack_shifted_keys(x, kernel).transpose(1, 2))
-        return product.sum(0).view(out_channels, kernel, in_channels).permute(0, 2, 1)
-    # grad shifted by -(s - k//2) is block k-1-s of grad's shifted stack.
-    if grad_stack is None:
-        grad_stack = _stack_shifted_keys(grad, kernel)
-    product = torch.bmm(grad_stack, x.flatten(2).transpose(1, 2))
-    product = product.sum(0).view(kernel, out_channels, in_channels).flip(0)
-    return product.permute(1, 2, 0)
+    batch, channels, rows, length = out.shape
+    taps = taps.view(-1, channels, batch, rows, length).transpose(1, 2)
+    centre = taps.shape[0] // 2
+    if accumulate:
+        out += taps[centre]
+    else:
+        out.copy_(taps[centre])
+    for s in range(taps.shape[0]):
+        offset = s - centre
+        if offset > 0:
+            out[..., : length - offset] += taps[s, ..., offset:]
+        elif offset < 0:
+            out[..., -offset:] += taps[s, ..., : length + offset]
 
 
-def _transposed(weight: torch.Tensor) -> torch.Tensor:
+def _im2col_matrix(weight: torch.Tensor) -> torch.Tensor:
+    """``[O, C, k] -> [O, k*C]``, matching the block order of :func:`_key_windows`."""
+    return weight.permute(0, 2, 1).reshape(weight.shape[0], -1)
+
+
+def _taps_matrix(weight: torch.Tensor) -> torch.Tensor:
+    """``[O, C, k] -> [k*O, C]``, row block s is tap s (as :func:`_add_taps` expects)."""
+    return weight.permute(2, 0, 1).reshape(-1, weight.shape[1])
+
+
+def _adjoint(weight: torch.Tensor) -> torch.Tensor:
     """The weight of the convolution's adjoint: swap in/out channels, mirror the taps."""
     return weight.transpose(0, 1).flip(-1)
 
 
-def _cache_chunks(content: torch.Tensor, width: int) -> list[tuple[slice, slice]]:
-    """(batch, row) chunks whose hidden map ``[b, width, r, T]`` stays cache-sized: whole
-    sequences when one fits, else groups of query rows of one sequence at a time."""
+class _Chunk(NamedTuple):
+    """Sequences ``batch`` x query ``rows`` of the score map; its flattened (b, r, j) positions
+    are the columns ``start .. start + columns`` of the whole map's."""
+
+    batch: slice
+    rows: slice
+    start: int
+    columns: int
+
+
+def _cache_chunks(content: torch.Tensor, width: int) -> list[_Chunk]:
+    """Chunks whose hidden map ``[width, b*r*T]`` stays cache-sized: whole sequences when one
+    fits, else groups of query rows of one sequence at a time."""
     batch, _, rows, length = content.shape
-    row_bytes = 4 * width * length
-    rows_per_chunk = max(1, CACHE_CHUNK_BYTES // row_bytes)
+    rows_per_chunk = max(1, CACHE_CHUNK_BYTES // (4 * width * length))
     if rows_per_chunk >= rows:
         step = max(1, rows_per_chunk // rows)
-        return [(slice(b, b + step), slice(None)) for b in range(0, batch, step)]
-    return [
-        (slice(b, b + 1), slice(r, r + rows_per_chunk))
-        for b in range(batch)
-        for r in range(0, rows, rows_per_chunk)
-    ]
+        spans = [(slice(b, min(b + step, batch)), slice(0, rows)) for b in range(0, batch, step)]
+    else:
+        spans = [
+            (slice(b, b + 1), slice(r, min(r + rows_per_chunk, rows)))
+            for b in range(batch)
+            for r in range(0, rows, rows_per_chunk)
+        ]
+    chunks, start = [], 0
+    for sequences, query_rows in spans:
+        columns = (sequences.stop - sequences.start) * (query_rows.stop - query_rows.start) * length
+        chunks.append(_Chunk(sequences, query_rows, start, columns))
+        start += columns
+    return chunks
+
+
+class _ChunkBuffers:
+    """Per-chunk matrices ``[rows, columns]`` carved out of flat buffers, so that chunks do not
+    pay a fresh MB-sized allocation (and its page faults) each: a ``scratch`` buffer is reused
+    by every chunk, a ``kept`` buffer holds all chunks side by side (to outlive the loop)."""
+
+    def __init__(self, like: torch.Tensor, chunks: list[_Chunk], **kept: torch.Tensor) -> None:
+        self.like, self.buffers = like, dict(kept)
+        self.chunk_columns = chunks[0].columns  # the largest
+        self.total_columns = chunks[-1].start + chunks[-1].columns
+
+    def _flat(self, name: str, size: int) -> torch.Tensor:
+        if name not in self.buffers:
+            self.buffers[name] = self.like.new_empty(size)
+        return self.buffers[name]
+
+    def scratch(self, name: str, rows: int, chunk: _Chunk) -> torch.Tensor:
+        flat = self._flat(name, rows * self.chunk_columns)
+        return flat[: rows * chunk.columns].view(rows, chunk.columns)
+
+    def kept(self, name: str, rows: int, chunk: _Chunk) -> torch.Tensor:
+        flat = self._flat(name, rows * self.total_columns)
+        return flat[rows * chunk.start : rows * (chunk.start + chunk.columns)].view(rows, -1)
 
 
 def _rows_of(addend: torch.Tensor, rows: slice) -> torch.Tensor:
-    """The addend restricted to query ``rows`` (a per-channel ``[O, 1, 1]`` addend has none)."""
-    return addend[:, :, rows] if addend.dim() == 4 else addend
+    """The ``[D, r*T | 1]`` part of a ``[D, R, T]`` or ``[D, 1, 1]`` addend for query ``rows``."""
+    return (addend if addend.shape[1] == 1 else addend[:, rows]).flatten(1)
+
+
+def _first_layer(
+    content: torch.Tensor,
+    chunk: _Chunk,
+    kernel: int,
+    conv1: torch.Tensor,
+    addend: torch.Tensor,
+    windows_out: torch.Tensor,
+    hidden_out: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The im2col matrix ``[k*C, n]`` of a chunk and its activated hidden map ``[D, n]``,
+    written into the given buffers; ``conv1`` is ``[D, k*C]``, ``addend`` ``[D, R|1, T|1]``."""
+    windows = _key_windows(content[chunk.batch, :, chunk.rows], kernel, windows_out)
+    hidden = torch.mm(conv1, windows, out=hidden_out)
+    addend = _rows_of(addend, chunk.rows)
+    hidden.view(hidden.shape[0], -1, addend.shape[-1]).add_(addend[:, None])
+    return windows, F.leaky_relu(hidden, NEGATIVE_SLOPE, inplace=True)
 
 
 class _ScoreFilter(torch.autograd.Function):
-    """``f = Conv2(LeakyReLU(Conv1(x) + addend)) + bias2`` with a hand-written backward.
+    """``out += Conv2(LeakyReLU(Conv1([content; bias]) + bias1))`` in place (``out`` is a
+    fresh map, so no further full-size map is allocated), with a hand-written backward;
+    ``bias`` (``[1, C_b, R, T]``, or None) is shared by the batch.
 
-    The hidden map (D_DAPE channels, the largest tensor by far) is never stored: forward and
-    backward run over small batch chunks whose hidden map stays in cache, and backward
-    recomputes it. This keeps DAPE from being bound by memory traffic, and autograd never
-    sees the shifted views (whose gradients would be zero-filled full-size tensors).
+    Forward and backward run over chunks whose hidden map (D_DAPE channels, the largest
+    tensor by far) stays in cache. Backward needs the hidden map and the im2col matrix of
+    every chunk again: they are kept when they fit in ``KEEP_BYTES`` (training lengths) and
+    recomputed chunk by chunk otherwise. Autograd never sees the shifted views (whose
+    gradients would be zero-filled full-size tensors).
     """
 
     @staticmethod
-    def _hidden(content, addend, weight1):
-        return F.leaky_relu(key_conv(content, weight1, addend), NEGATIVE_SLOPE, inplace=True)
-
-    @staticmethod
-    def forward(ctx, content, addend, weight1, weight2, bias2):  # type: ignore[override]
-        out = content.new_empty(content.shape[0], weight2.shape[0], *content.shape[2:])
-        for batch, rows in _cache_chunks(content, weight1.shape[0]):
-            hidden = _ScoreFilter._hidden(content[batch, :, rows], _rows_of(addend, rows), weight1)
-            out[batch, :, rows] = key_conv(hidden, weight2, bias2[:, None, None])
-        ctx.save_for_backward(content, addend, weight1, weight2)
+    def forward(  # type: ignore[override]
+        ctx, out, content, bias, weight1, bias1, weight2, grad_enabled
+    ):
+        kernel, width, heads = weight1.shape[-1], weight1.shape[0], content.shape[1]
+        # The batch-free bias channels pass the first convolution once: [D, R, T] or [D, 1, 1].
+        addend = bias1[:, None, None]
+        if bias is not None:
+            addend = torch.addmm(bias1[:, None], _im2col_matrix(weight1[:, heads:]),
+                                 _key_windows(bias, kernel)).view(-1, *bias.shape[2:])
+        conv1, conv2 = _im2col_matrix(weight1[:, :heads]), _taps_matrix(weight2)
+        chunks = _cache_chunks(content, width)
+        buffers = _ChunkBuffers(content, chunks)
+        keep = grad_enabled and 4 * (width + kernel * heads) * buffers.total_columns <= KEEP_BYTES
+        matrix = buffers.kept if keep else buffers.scratch
+        for chunk in chunks:
+            _, hidden = _first_layer(content, chunk, kernel, conv1, addend,
+                                     matrix("windows", kernel * heads, chunk),
+                                     matrix("hidden", width, chunk))
+            taps = torch.mm(conv2, hidden, out=buffers.scratch("taps", kernel * heads, chunk))
+            _add_taps(out[chunk.batch, :, chunk.rows], taps)
+        kept = [buffers.buffers["windows"], buffers.buffers["hidden"]] if keep else [None, None]
+        ctx.mark_dirty(out)
+        ctx.save_for_backward(content, bias, weight1, weight2, addend, *kept)
         return out
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        content, addend, weight1, weight2 = ctx.saved_tensors
-        kernel = weight1.shape[-1]
-        grad = grad.contiguous()
-        grad_content = torch.empty_like(content) if ctx.needs_input_grad[0] else None
-        grad_addend = torch.zeros_like(addend)
-        grad_weight1, grad_weight2 = torch.zeros_like(weight1), torch.zeros_like(weight2)
-        for batch, rows in _cache_chunks(content, weight1.shape[0]):
-            chunk = (batch, slice(None), rows)
-            addend_rows = _rows_of(addend, rows)
-            hidden = _ScoreFilter._hidden(content[chunk], addend_rows, weight1)
-            grad_out = grad[chunk]
-            grad_stack = _stack_shifted_keys(grad_out, kernel)  # shared by two products
-            grad_weight2 += _key_conv_weight_grad(grad_out, hidden, kernel, grad_stack)
-            # LeakyReLU keeps the sign, so the activated map tells where the slope was 0.01.
-            grad_hidden = torch.ops.aten.leaky_relu_backward(
-                key_conv(grad_out, _transposed(weight2), stack=grad_stack),
-                hidden,
-                NEGATIVE_SLOPE,
-                True,
-            )
-            if addend.dim() == 4:
-                grad_addend[:, :, rows] += grad_hidden.sum_to_size(addend_rows.shape)
+        content, bias, weight1, weight2, addend, kept_windows, kept_hidden = ctx.saved_tensors
+        kernel, width, heads = weight1.shape[-1], weight1.shape[0], content.shape[1]
+        conv1 = _im2col_matrix(weight1[:, :heads])
+        conv2_adjoint = _im2col_matrix(_adjoint(weight2))
+        conv1_adjoint = _taps_matrix(_adjoint(weight1[:, :heads]))
+        grad_content = torch.empty_like(content) if ctx.needs_input_grad[1] else None
+        # The hidden pre-activation's gradient summed over the batch is the addend's.
+        grad_addend = grad.new_zeros(width, *content.shape[2:])
+        grad_conv1 = grad.new_zeros(kernel * heads, width)  # transposed: the faster product
+        grad_conv2 = grad.new_zeros(kernel * heads, width)
+        chunks = _cache_chunks(content, width)
+        if kept_hidden is not None:
+            buffers = _ChunkBuffers(content, chunks, windows=kept_windows, hidden=kept_hidden)
+        else:
+            buffers = _ChunkBuffers(content, chunks)
+        for chunk in chunks:
+            if kept_hidden is not None:
+                windows = buffers.kept("windows", kernel * heads, chunk)
+                hidden = buffers.kept("hidden", width, chunk)
             else:
-                grad_addend += grad_hidden.sum_to_size(addend.shape)
-            grad_weight1 += _key_conv_weight_grad(grad_hidden, content[chunk], kernel)
+                windows, hidden = _first_layer(content, chunk, kernel, conv1, addend,
+                                               buffers.scratch("windows", kernel * heads, chunk),
+                                               buffers.scratch("hidden", width, chunk))
+            grad_windows = _key_windows(  # shared by two products
+                grad[chunk.batch, :, chunk.rows], kernel,
+                buffers.scratch("grad_windows", kernel * heads, chunk),
+            )
+            grad_conv2.addmm_(grad_windows, hidden.t())
+            grad_hidden = torch.mm(conv2_adjoint, grad_windows,
+                                   out=buffers.scratch("grad_hidden", width, chunk))
+            # LeakyReLU keeps the sign, so the activated map tells where the slope was 0.01.
+            torch.ops.aten.leaky_relu_backward.grad_input(
+                grad_hidden, hidden, NEGATIVE_SLOPE, True, grad_input=grad_hidden
+            )
+            rows_addend = grad_addend[:, chunk.rows]
+            rows_addend += grad_hidden.view(width, -1, *rows_addend.shape[1:]).sum(1)
+            grad_conv1.addmm_(windows, grad_hidden.t())
             if grad_content is not None:
-                grad_content[chunk] = key_conv(grad_hidden, _transposed(weight1))
-        grad_bias2 = grad.sum((0, 2, 3))
-        return grad_content, grad_addend, grad_weight1, grad_weight2, grad_bias2
+                taps = torch.mm(conv1_adjoint, grad_hidden,
+                                out=buffers.scratch("taps", kernel * heads, chunk))
+                _add_taps(grad_content[chunk.batch, :, chunk.rows], taps, accumulate=False)
+        grad_weight1 = torch.empty_like(weight1)
+        grad_weight1[:, :heads] = grad_conv1.view(kernel, heads, width).permute(2, 1, 0)
+        grad_bias1 = grad_addend.sum((1, 2))
+        grad_bias = None
+        if bias is not None:
+            grad_addend = grad_addend.flatten(1)
+            bias_windows = _key_windows(bias, kernel)
+            grad_weight1[:, heads:] = (
+                (grad_addend @ bias_windows.t()).view(width, kernel, -1).permute(0, 2, 1)
+            )
+            if ctx.needs_input_grad[2]:
+                grad_bias = torch.empty_like(bias)
+                bias_adjoint = _taps_matrix(_adjoint(weight1[:, heads:]))
+                _add_taps(grad_bias, bias_adjoint @ grad_addend, accumulate=False)
+        grad_weight2 = grad_conv2.view(kernel, heads, width).flip(0).permute(1, 2, 0)
+        return grad, grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2, None
 
 
 class DapeProcessor(nn.Module):
@@ -272,11 +357,11 @@ class DapeProcessor(nn.Module):
                 f"DAPE processor built with with_bias={self.with_bias} got bias={bias is not None}"
             )
         num_rows, length = scores.shape[-2:]
+        # The residual's batch-free terms are summed first, so one full-size map is built.
+        residual_terms = self.bias2[:, None, None]
         if bias is not None and self.variant != "concat":
-            residual = scores + bias
-        else:
-            residual = scores
-        content = residual if self.variant == "add_residual" else scores
+            residual_terms = residual_terms + bias
+        content = scores + bias if self.variant == "add_residual" and bias is not None else scores
         if self.tril:
             start = 0 if rows is None or rows.start is None else rows.start
             query = torch.arange(start, start + num_rows, device=scores.device)[:, None]
@@ -284,8 +369,13 @@ class DapeProcessor(nn.Module):
             content = content.masked_fill(future, 0.0)
             bias = bias.masked_fill(future, 0.0) if self.concat_bias else bias
 
-        addend = self.bias1[:, None, None]  # broadcast over batch, rows and keys
-        if self.concat_bias:  # the batch-free bias channels pass the first conv once
-            addend = addend + key_conv(bias, self.weight1[:, self.heads :])
-        weight1 = self.weight1[:, : content.shape[1]]
-        return residual + _ScoreFilter.apply(content, addend, weight1, self.weight2, self.bias2)
+        bias_channels = bias if self.concat_bias else None
+        return _ScoreFilter.apply(
+            scores + residual_terms,
+            content,
+            bias_channels,
+            self.weight1,
+            self.bias1,
+            self.weight2,
+            torch.is_grad_enabled(),  # (inside the Function grad mode is always off)
+        )

@@ -147,9 +147,11 @@ def test_missing_bias_is_an_error():
 
 
 @pytest.mark.parametrize("cache_bytes", [1, 4 * 5 * 7 * 3])  # one row at a time; 3 rows
-def test_cache_chunking_inside_the_filter_is_exact(monkeypatch, cache_bytes):
+@pytest.mark.parametrize("keep_bytes", [0, 1 << 30])  # backward recomputes / reuses f's maps
+def test_cache_chunking_inside_the_filter_is_exact(monkeypatch, cache_bytes, keep_bytes):
     import che_bench.dape as dape
 
     monkeypatch.setattr(dape, "CACHE_CHUNK_BYTES", cache_bytes)
+    monkeypatch.setattr(dape, "KEEP_BYTES", keep_bytes)
     test_matches_conv2d_reference_values_and_gradients(3, "concat_residual", True, False)
     test_matches_conv2d_reference_values_and_gradients(5, "add_residual", False, True)
