@@ -183,7 +183,8 @@ def _alive(pids: set[int]) -> set[int]:
 
 
 def test_sweep_killed_with_sigkill_resumes_without_losing_or_repeating_runs(tmp_path):
-    suite = write_suite(tmp_path, steps=20)  # 4 runs of about a second each
+    # 4 runs of about a second each, so that runs are left when the first one lands.
+    suite = write_suite(tmp_path, steps=400)
     configs = load_suite(suite).configs()
     store_path = tmp_path / "store.sqlite"
     command = [sys.executable, "-m", "che_bench.cli", "sweep", str(suite), "--workers", "1",
@@ -196,7 +197,7 @@ def test_sweep_killed_with_sigkill_resumes_without_losing_or_repeating_runs(tmp_
             workers |= _children(sweep.pid)
             if store_path.exists() and ResultStore(store_path).completed_run_ids():
                 break
-            time.sleep(0.2)
+            time.sleep(0.05)
         assert sweep.poll() is None, "the sweep finished before it could be killed"
         workers |= _children(sweep.pid)
         assert workers, "no worker process seen"
