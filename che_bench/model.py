@@ -86,8 +86,10 @@ class Attention(nn.Module):
         self.fused = dape is None and type(hook).scores is AttentionHook.scores
 
     def transient_channels(self) -> int:
-        """Float maps of shape ``[B, ., R, T]`` alive per row chunk (an estimate)."""
-        return self.dape.transient_channels() if self.dape is not None else 3 * self.heads
+        """Float maps of shape ``[B, ., R, T]`` alive per row chunk (an estimate): those the
+        encoding's ``scores`` holds (many for CoPE and Transformer-XL) plus those after it."""
+        after_scores = self.dape.transient_channels() if self.dape is not None else 2 * self.heads
+        return self.hook.score_maps * self.heads + after_scores
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, dim = x.shape
