@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from che_bench.cli import main
-from che_bench.commands.tasks import parse_task_params
+from che_bench.commands.key_values import parse_key_values
 from che_bench.tasks import get_task, list_tasks
 
 
@@ -73,7 +73,7 @@ def test_argparse_errors_exit_with_code_two():
     assert exc.value.code == 2
 
 
-def test_parse_task_params_reads_json_scalars():
-    assert parse_task_params(["a=3", "b=true", "c=False", "d=near", "e=0.5"]) == {
+def test_key_values_read_json_scalars():
+    assert parse_key_values(["a=3", "b=true", "c=False", "d=near", "e=0.5"], "--param") == {
         "a": 3, "b": True, "c": False, "d": "near", "e": 0.5,
     }

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from che_bench.commands.key_values import parse_key_values
 from che_bench.errors import CheBenchError
 from che_bench.protocol import PRESETS, format_lengths
 
@@ -67,20 +67,6 @@ def add_override_arguments(parser: argparse.ArgumentParser) -> None:
                        help="keep dropout on during evaluation (as the reference code does)")
     group.add_argument("--score-from-42", action="store_true", default=None,
                        help="average the score over 42..500 like the reference scripts")
-
-
-def parse_key_values(items: list[str], flag: str) -> dict[str, Any]:
-    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (values parsed as JSON when possible)."""
-    parsed: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise CheBenchError(f"{flag} expects KEY=VALUE, got {item!r}")
-        try:
-            parsed[key.strip()] = json.loads(text)
-        except json.JSONDecodeError:
-            parsed[key.strip()] = text
-    return parsed
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:

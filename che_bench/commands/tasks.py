@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
+from che_bench.commands.key_values import parse_key_values
 from che_bench.errors import CheBenchError
 from che_bench.tasks import get_task, list_tasks
 
@@ -33,21 +34,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="task parameter, e.g. --param value_mode=iid (repeatable)",
     )
     sample.set_defaults(handler=sample_handler)
-
-
-def parse_task_params(items: list[str]) -> dict:
-    """``["num_keys=64", "value_mode=iid"]`` -> ``{"num_keys": 64, "value_mode": "iid"}``;
-    values are read as JSON (numbers, true/false) and otherwise kept as strings."""
-    params = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise CheBenchError(f"task parameter {item!r} is not of the form KEY=VALUE")
-        try:
-            params[key] = json.loads(text.lower() if text.lower() in ("true", "false") else text)
-        except json.JSONDecodeError:
-            params[key] = text
-    return params
 
 
 def list_handler(args: argparse.Namespace) -> int:
@@ -74,7 +60,7 @@ def list_handler(args: argparse.Namespace) -> int:
 def sample_handler(args: argparse.Namespace) -> int:
     if args.count < 1:
         raise CheBenchError(f"--count must be at least 1, got {args.count}")
-    task = get_task(args.task, **parse_task_params(args.param))
+    task = get_task(args.task, **parse_key_values(args.param, "--param"))
     batch = task.sample(args.length, args.count, np.random.default_rng(args.seed))
     if args.format == "jsonl":
         for inputs, targets, mask in zip(batch.inputs, batch.targets, batch.mask):

@@ -1,0 +1,24 @@
+"""``KEY=VALUE`` command-line items (task parameters, encoding options)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from che_bench.errors import CheBenchError
+
+
+def parse_key_values(items: list[str], flag: str) -> dict[str, Any]:
+    """``["a=3", "b=True", "c=near"]`` -> ``{"a": 3, "b": True, "c": "near"}``: values are read
+    as JSON (numbers, true/false in any case) and otherwise kept as strings."""
+    parsed: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise CheBenchError(f"{flag} expects KEY=VALUE, got {item!r}")
+        try:
+            parsed[key] = json.loads(text.lower() if text.lower() in ("true", "false") else text)
+        except json.JSONDecodeError:
+            parsed[key] = text
+    return parsed
