@@ -21,7 +21,8 @@ import torch
 
 from che_bench.evaluation import length_accuracy
 from che_bench.model import build_model
-from che_bench.runner import execute_run, make_config
+from che_bench.config import make_config
+from che_bench.runner import execute_run
 
 
 def time_quick_run(task: str, pe: str, kernel: int | None) -> None:

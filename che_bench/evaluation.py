@@ -28,7 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from che_bench.training import batch_to_device, masked_correct
 
 if TYPE_CHECKING:
-    from che_bench.runner import RunConfig
+    from che_bench.config import RunConfig
     from che_bench.tasks.base import Task
 
 

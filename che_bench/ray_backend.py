@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from che_bench.errors import CheBenchError
-from che_bench.runner import RunConfig, RunResult, execute_run
+from che_bench.config import RunConfig, RunResult
+from che_bench.runner import execute_run
 
 INSTALL_HINT = 'the Ray backend needs Ray: pip install "che-bench[ray]"'
 #: Default share of a GPU per run when the cluster has GPUs and nothing else is asked for.

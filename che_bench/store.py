@@ -23,7 +23,7 @@ import pandas as pd
 from che_bench.errors import CheBenchError
 
 if TYPE_CHECKING:
-    from che_bench.runner import RunConfig, RunResult
+    from che_bench.config import RunConfig, RunResult
 
 DEFAULT_PATH = Path("results") / "che-bench.sqlite"
 STORE_ENV = "CHE_BENCH_STORE"

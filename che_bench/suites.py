@@ -114,7 +114,7 @@ class Suite:
 
     def _cell_config(self, task: TaskEntry, encoding: EncodingEntry, kernel: int | None,
                      seed: int, lr: float | None):
-        from che_bench.runner import make_config  # torch-heavy; only when expanding
+        from che_bench.config import make_config  # torch-heavy; only when expanding
 
         overrides = dict(self.overrides, seed=seed)
         if lr is not None:

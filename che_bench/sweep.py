@@ -27,7 +27,8 @@ from typing import Protocol
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from che_bench.runner import RunConfig, RunResult, execute_run, software_versions
+from che_bench.config import RunConfig, RunResult
+from che_bench.runner import execute_run, software_versions
 
 #: How often an idle-or-busy worker checks that the sweep process is still alive.
 ORPHAN_POLL_S = 1.0

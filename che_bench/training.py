@@ -41,7 +41,7 @@ from rich.progress import (
 from che_bench.errors import CheBenchError
 
 if TYPE_CHECKING:
-    from che_bench.runner import RunConfig
+    from che_bench.config import RunConfig
     from che_bench.tasks.base import Task
 
 

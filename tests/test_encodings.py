@@ -14,7 +14,6 @@ from che_bench.encodings import (
     list_encodings,
 )
 from che_bench.encodings.alibi import alibi_slopes
-from che_bench.encodings.common import offsets
 from che_bench.encodings.t5 import t5_buckets
 from che_bench.errors import CheBenchError
 

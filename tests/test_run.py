@@ -16,7 +16,8 @@ import che_bench.training as training
 from che_bench.cli import main
 from che_bench.errors import CheBenchError
 from che_bench.protocol import parse_lengths
-from che_bench.runner import RunConfig, RunResult, execute_run, make_config
+from che_bench.config import RunConfig, RunResult, make_config
+from che_bench.runner import execute_run
 from che_bench.store import ResultStore
 
 TINY = ["--preset", "smoke", "--steps", "8", "--test-lengths", "41,50", "--eval-samples", "4",

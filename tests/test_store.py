@@ -12,7 +12,7 @@ import sqlite3
 import pytest
 
 from che_bench.errors import CheBenchError
-from che_bench.runner import RunResult, make_config
+from che_bench.config import RunResult, make_config
 from che_bench.store import APPLICATION_ID, ResultStore
 
 

@@ -96,7 +96,8 @@ def run_command(args: argparse.Namespace) -> int:
     import torch
 
     from che_bench.reports import encoding_label, format_table, paper_table_or_none
-    from che_bench.runner import execute_run, make_config, resolve_device
+    from che_bench.config import make_config
+    from che_bench.runner import execute_run, resolve_device
     from che_bench.store import ResultStore
 
     config = make_config(args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args))

@@ -1,0 +1,261 @@
+"""The configuration of a run and its result: what defines a run, and what it produced.
+
+``make_config`` resolves a preset plus overrides into a validated ``RunConfig``; ``RunResult`` is
+what executing one returns (see ``che_bench.runner``) and what the store records. This module
+imports nothing that trains or evaluates, so configuration flows one way: config -> training,
+evaluation -> runner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from che_bench import protocol
+from che_bench.errors import CheBenchError
+
+#: Model options a config records (and the flags that override them).
+MODEL_OPTION_NAMES = ("layers", "dim", "heads", "ffn", "dropout")
+#: DAPE options; only meaningful with a kernel.
+DAPE_OPTION_NAMES = ("dape_width", "dape_variant", "dape_tril")
+DAPE_DEFAULTS = {"dape_width": 32, "dape_variant": "concat_residual", "dape_tril": "auto"}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run (JSON-serialisable). The device is not part of it."""
+
+    task: str
+    task_params: dict[str, Any]
+    pe: str
+    pe_options: dict[str, Any]
+    kernel: int | None
+    dape_options: dict[str, Any]
+    model_options: dict[str, Any]
+    preset: str
+    steps: int
+    batch_size: int
+    lr: float
+    seed: int
+    data_seed: int
+    train_max_length: int
+    test_lengths: tuple[int, ...]
+    train_eval_lengths: tuple[int, ...]
+    eval_samples: int
+    eval_batch_size: int
+    dropout_at_eval: bool = False
+    #: Average the score over lengths > train_max_length + 1 (the reference scripts' 42..500).
+    score_from_42: bool = False
+    eval_seed: int = protocol.EVAL_SEED
+    adam_betas: tuple[float, float] = protocol.ADAM_BETAS
+    adam_eps: float = protocol.ADAM_EPS
+    grad_clip_norm: float = protocol.GRAD_CLIP_NORM
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-compatible dict (tuples become lists)."""
+        # A shallow field dict: asdict's deep copy is needlessly slow for long length tuples.
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        return json.loads(json.dumps(fields))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        """Inverse of ``to_dict``."""
+        data = dict(data)
+        for name in ("test_lengths", "train_eval_lengths", "adam_betas"):
+            if name in data:
+                data[name] = tuple(data[name])
+        return cls(**data)
+
+    def run_id(self) -> str:
+        """Stable short hash of the configuration."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+    def __hash__(self) -> int:  # dict fields are not hashable; the run id identifies a config
+        return hash(self.run_id())
+
+    @property
+    def score_lengths(self) -> tuple[int, ...]:
+        """The test lengths the score averages over."""
+        if not self.score_from_42:
+            return self.test_lengths
+        return tuple(n for n in self.test_lengths if n > self.train_max_length + 1)
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``build_model`` besides task, pe and kernel."""
+        return {
+            **self.model_options,
+            **self.dape_options,
+            "train_length": self.train_max_length,
+            **self.pe_options,
+        }
+
+    def build_task(self):
+        """The task instance this run trains and evaluates on."""
+        from che_bench.tasks import get_task
+
+        return get_task(self.task, **self.task_params)
+
+
+@dataclass
+class RunResult:
+    """Outcome of ``execute_run`` (picklable). Accuracies are fractions in [0, 1]."""
+
+    run_id: str
+    config: RunConfig
+    status: str  # "complete" | "failed"
+    score: float | None = None
+    train_accuracy: float | None = None
+    per_length: dict[int, float] = field(default_factory=dict)
+    train_per_length: dict[int, float] = field(default_factory=dict)
+    error: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    device: str = ""
+    #: ``model.describe()`` plus anything else worth keeping (e.g. a failure's traceback).
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["config"] = self.config.to_dict()
+        data["per_length"] = {str(n): acc for n, acc in self.per_length.items()}
+        data["train_per_length"] = {str(n): acc for n, acc in self.train_per_length.items()}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunResult:
+        data = dict(data)
+        data["config"] = RunConfig.from_dict(data["config"])
+        data["per_length"] = {int(n): acc for n, acc in data.get("per_length", {}).items()}
+        data["train_per_length"] = {
+            int(n): acc for n, acc in data.get("train_per_length", {}).items()
+        }
+        return cls(**data)
+
+
+def make_config(
+    task: str, pe: str = "none", kernel: int | None = None, preset: str = "quick", **overrides: Any
+) -> RunConfig:
+    """Resolve ``preset`` plus ``overrides`` into a validated ``RunConfig``.
+
+    Overrides (``None`` means "keep the preset's value"): steps, batch_size, lr, seed, data_seed,
+    train_max_length, test_lengths and train_eval_lengths (length specs, see
+    ``protocol.parse_lengths``; train_eval_lengths also "auto"), eval_samples, eval_batch_size,
+    layers, dim, heads, ffn (default 4 * dim when dim is overridden), dropout, dape_width,
+    dape_variant, dape_tril, pe_options (dict), task_params (dict), dropout_at_eval,
+    score_from_42. Raises CheBenchError for anything invalid.
+    """
+    from che_bench.dape import check_kernel
+    from che_bench.encodings import canonical_encoding_name
+    from che_bench.tasks import get_task
+
+    settings = protocol.preset_settings(preset)
+    overrides = {key: value for key, value in overrides.items() if value is not None}
+    known = set(settings) | set(DAPE_OPTION_NAMES) | {
+        "seed", "data_seed", "pe_options", "task_params", "dropout_at_eval", "score_from_42",
+    }
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise CheBenchError(f"unknown run setting(s): {', '.join(unknown)}")
+    if "dim" in overrides and "ffn" not in overrides:
+        overrides["ffn"] = 4 * int(overrides["dim"])
+    settings.update(overrides)
+
+    task_params = dict(settings.get("task_params", {}))
+    task_obj = get_task(task, **task_params)
+    pe_name = canonical_encoding_name(pe)
+    if kernel is not None:
+        kernel = check_kernel(int(kernel) if isinstance(kernel, np.integer) else kernel)
+    dape_options = {name: settings.get(name, DAPE_DEFAULTS[name]) for name in DAPE_OPTION_NAMES}
+    if kernel is None:
+        given = [name for name in DAPE_OPTION_NAMES if name in overrides]
+        if given:
+            raise CheBenchError(f"{', '.join(given)} only apply with a DAPE kernel (--kernel)")
+        dape_options = {}
+
+    train_max_length = _int_at_least("train_max_length", settings["train_max_length"])
+    if train_max_length < task_obj.min_length:
+        raise CheBenchError(
+            f"train_max_length {train_max_length} is below the task's minimum length "
+            f"{task_obj.min_length}"
+        )
+    test_lengths = protocol.parse_lengths(settings["test_lengths"])
+    train_eval_spec = settings["train_eval_lengths"]
+    if train_eval_spec == "auto":
+        train_eval_lengths = protocol.auto_train_eval_lengths(task_obj.min_length, train_max_length)
+    else:
+        train_eval_lengths = protocol.parse_lengths(train_eval_spec)
+    for label, lengths in (("test", test_lengths), ("in-distribution", train_eval_lengths)):
+        if lengths[0] < task_obj.min_length:
+            raise CheBenchError(
+                f"{label} length {lengths[0]} is below the minimum length {task_obj.min_length} "
+                f"of task {task_obj.name!r}"
+            )
+
+    config = RunConfig(
+        task=task_obj.name,
+        task_params=task_obj.params(),
+        pe=pe_name,
+        pe_options=dict(settings.get("pe_options", {})),
+        kernel=kernel,
+        dape_options=dape_options,
+        model_options={name: settings[name] for name in MODEL_OPTION_NAMES},
+        preset=preset,
+        steps=_int_at_least("steps", settings["steps"], minimum=0),
+        batch_size=_int_at_least("batch_size", settings["batch_size"]),
+        lr=_positive_float("lr", settings["lr"]),
+        seed=_int_at_least("seed", settings.get("seed", 0), minimum=0),
+        data_seed=_int_at_least("data_seed", settings.get("data_seed", settings.get("seed", 0)), minimum=0),
+        train_max_length=train_max_length,
+        test_lengths=test_lengths,
+        train_eval_lengths=train_eval_lengths,
+        eval_samples=_int_at_least("eval_samples", settings["eval_samples"]),
+        eval_batch_size=_int_at_least("eval_batch_size", settings["eval_batch_size"]),
+        dropout_at_eval=bool(settings.get("dropout_at_eval", False)),
+        score_from_42=bool(settings.get("score_from_42", False)),
+    )
+    if not config.score_lengths:
+        raise CheBenchError(
+            f"no test length above {train_max_length + 1} to average with score_from_42"
+        )
+    _check_model_builds(config)
+    return config
+
+
+def _int_at_least(name: str, value: Any, minimum: int = 1) -> int:
+    """``value`` as an int, or a CheBenchError when it is not an integer >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise CheBenchError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _positive_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise CheBenchError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _check_model_builds(config: RunConfig) -> None:
+    """Build the model once so that bad model/encoding/DAPE options fail before any training
+    (cached: the seeds and learning rates of a grid share one check)."""
+    _build_model_once(json.dumps(
+        [config.task, config.task_params, config.pe, config.kernel, config.model_kwargs()],
+        sort_keys=True,
+    ))
+
+
+@functools.lru_cache(maxsize=1024)
+def _build_model_once(arguments_json: str) -> None:
+    from che_bench.model import build_model
+    from che_bench.tasks import get_task
+
+    task, task_params, pe, kernel, kwargs = json.loads(arguments_json)
+    with torch.random.fork_rng(devices=[]):  # leave the global torch RNG untouched
+        build_model(get_task(task, **task_params), pe=pe, kernel=kernel, **kwargs)
