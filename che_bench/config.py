@@ -26,6 +26,15 @@ MODEL_OPTION_NAMES = ("layers", "dim", "heads", "ffn", "dropout")
 #: DAPE options; only meaningful with a kernel.
 DAPE_OPTION_NAMES = ("dape_width", "dape_variant", "dape_tril")
 DAPE_DEFAULTS = {"dape_width": 32, "dape_variant": "concat_residual", "dape_tril": "auto"}
+#: Fields added after results were first stored: left out of ``to_dict`` (and so of the run
+#: id) while they hold their default None, so that earlier run ids stay valid.
+OMITTED_WHEN_NONE = ("length_seed",)
+#: Fields that define how a run is evaluated (its evaluation protocol); everything else
+#: defines the trained model.
+EVALUATION_FIELDS = ("test_lengths", "train_eval_lengths", "eval_samples", "eval_batch_size",
+                     "eval_seed", "dropout_at_eval", "score_from_42")
+#: Fields in which the members of one pack may differ (everything else shapes every step).
+MEMBER_FIELDS = ("seed", "data_seed", "lr")
 
 
 @dataclass(frozen=True)
@@ -57,11 +66,18 @@ class RunConfig:
     adam_betas: tuple[float, float] = protocol.ADAM_BETAS
     adam_eps: float = protocol.ADAM_EPS
     grad_clip_norm: float = protocol.GRAD_CLIP_NORM
+    #: Seed of the training-length schedule. None (as before this field existed): the lengths
+    #: are drawn from the data generator, between the batches. Runs that share a length seed
+    #: draw the same length at every step, so they can train side by side as one pack.
+    length_seed: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-compatible dict (tuples become lists)."""
         # A shallow field dict: asdict's deep copy is needlessly slow for long length tuples.
         fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        for name in OMITTED_WHEN_NONE:
+            if fields[name] is None:
+                del fields[name]
         return json.loads(json.dumps(fields))
 
     @classmethod
@@ -80,6 +96,18 @@ class RunConfig:
 
     def __hash__(self) -> int:  # dict fields are not hashable; the run id identifies a config
         return hash(self.run_id())
+
+    def evaluation_protocol(self) -> dict[str, Any]:
+        """How this run is evaluated (JSON-compatible); see ``protocol_id``."""
+        data = self.to_dict()
+        return {name: data[name] for name in EVALUATION_FIELDS}
+
+    def pack_key(self) -> str:
+        """Equal for runs that can train as one pack: everything but the member fields."""
+        data = self.to_dict()
+        for name in MEMBER_FIELDS:
+            del data[name]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @property
     def score_lengths(self) -> tuple[int, ...]:
@@ -102,6 +130,13 @@ class RunConfig:
         from che_bench.tasks import get_task
 
         return get_task(self.task, **self.task_params)
+
+
+def protocol_id(evaluation_protocol: dict[str, Any]) -> str:
+    """Stable short hash of an evaluation protocol: evaluations of different runs under the
+    same protocol share it."""
+    canonical = json.dumps(evaluation_protocol, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
 
 @dataclass
@@ -150,7 +185,7 @@ def make_config(
     ``protocol.parse_lengths``; train_eval_lengths also "auto"), eval_samples, eval_batch_size,
     layers, dim, heads, ffn (default 4 * dim when dim is overridden), dropout, dape_width,
     dape_variant, dape_tril, pe_options (dict), task_params (dict), dropout_at_eval,
-    score_from_42. Raises CheBenchError for anything invalid.
+    score_from_42, length_seed. Raises CheBenchError for anything invalid.
     """
     from che_bench.dape import check_kernel
     from che_bench.encodings import canonical_encoding_name
@@ -159,7 +194,8 @@ def make_config(
     settings = protocol.preset_settings(preset)
     overrides = {key: value for key, value in overrides.items() if value is not None}
     known = set(settings) | set(DAPE_OPTION_NAMES) | {
-        "seed", "data_seed", "pe_options", "task_params", "dropout_at_eval", "score_from_42",
+        "seed", "data_seed", "length_seed", "pe_options", "task_params", "dropout_at_eval",
+        "score_from_42",
     }
     unknown = sorted(set(overrides) - known)
     if unknown:
@@ -220,6 +256,8 @@ def make_config(
         eval_batch_size=_int_at_least("eval_batch_size", settings["eval_batch_size"]),
         dropout_at_eval=bool(settings.get("dropout_at_eval", False)),
         score_from_42=bool(settings.get("score_from_42", False)),
+        length_seed=(None if settings.get("length_seed") is None
+                     else _int_at_least("length_seed", settings["length_seed"], minimum=0)),
     )
     if not config.score_lengths:
         raise CheBenchError(
