@@ -1,8 +1,9 @@
 """DAPE and DAPE V2: learned processors of the pre-softmax attention scores.
 
-Given the scaled scores ``S`` ``[B, H, R, T]`` of ``R`` query rows and, for encodings that
-carry one, the additive positional bias ``Bias`` ``[1, H, R, T]``, the processor returns the
-logits that go into the softmax (variant ``concat_residual``, the default)::
+Given the scaled scores ``S`` ``[M, B, H, R, T]`` of ``R`` query rows (``M`` members of a
+pack, see ``che_bench.members``) and, for encodings that carry one, the additive positional
+bias ``Bias`` ``[M or 1, 1, H, R, T]``, the processor returns the logits that go into the
+softmax (variant ``concat_residual``, the default)::
 
     logits = S + Bias + f([S; Bias])
     f(Z)   = Conv_{D->H}( LeakyReLU( Conv_{C->D}(Z) ) )
@@ -10,16 +11,22 @@ logits that go into the softmax (variant ``concat_residual``, the default)::
 Both convolutions have a ``1 x k`` kernel along the KEY axis (zero "same" padding, with
 biases), so query rows never mix and chunking over rows is exact. ``k = 1`` is DAPE (a
 two-layer MLP over the score channels at every (i, j)); odd ``k >= 3`` is DAPE V2, whose
-output at (i, j) sees keys ``j-(k-1) .. j+(k-1)`` of row i.
+output at (i, j) sees keys ``j-(k-1) .. j+(k-1)`` of row i. Every member has its own f.
 
-Layout: the heads are the channels and the scores arrive channel-first, ``[B, C, R, T]``.
-f runs over chunks of (sequences, rows) whose hidden map (D_DAPE channels, the largest
-tensor) fits a core's cache. Each chunk is turned channel-major, ``[C, b*r*T]``, so that a
-key-axis convolution over the whole chunk is one plain matrix product: the first convolution
-multiplies ``[D, k*C]`` by the im2col matrix of its narrow input (k shifted copies); the
-second multiplies once by all k taps ``[k*H, D]`` and adds the k shifted narrow outputs.
-The batch-free bias channels go through the first convolution once and are broadcast over
-the batch, never tiled. f's output is added in place into the freshly built residual map.
+f has two implementations, equal up to rounding (tested):
+
+* ``chunks`` (the CPU default): for each member, f runs over chunks of (sequences, rows)
+  whose hidden map (D_DAPE channels, the largest tensor) fits a core's cache. Each chunk is
+  turned channel-major, ``[C, b*r*T]``, so that a key-axis convolution over the whole chunk
+  is one plain matrix product: the first convolution multiplies ``[D, k*C]`` by the im2col
+  matrix of its narrow input (k shifted copies); the second multiplies once by all k taps
+  ``[k*H, D]`` and adds the k shifted narrow outputs. The batch-free bias channels go
+  through the first convolution once and are broadcast over the batch, never tiled. f's
+  output is added in place into the freshly built residual map, with a hand-written
+  backward.
+* ``convolution`` (the GPU default): one grouped ``conv2d`` per convolution for the whole
+  pack (members are the groups), so a layer's filter is two cuDNN calls instead of dozens
+  of cache-sized products; autograd does the backward.
 """
 
 from __future__ import annotations
@@ -34,11 +41,12 @@ from torch import nn
 from che_bench.errors import CheBenchError
 
 VARIANTS = ("concat_residual", "concat", "add_residual")
+IMPLEMENTATIONS = ("auto", "chunks", "convolution")
 NEGATIVE_SLOPE = 0.01
 #: Target size of one chunk of the hidden map inside f (about a core's L2 cache).
 CACHE_CHUNK_BYTES = 2 << 20
-#: Backward reuses f's hidden map and im2col matrix when they take at most this much (the
-#: training lengths); above it, it recomputes them chunk by chunk.
+#: Backward reuses f's hidden map and im2col matrix when they take at most this much per
+#: member (the training lengths); above it, it recomputes them chunk by chunk.
 KEEP_BYTES = 64 << 20
 
 
@@ -196,103 +204,192 @@ def _first_layer(
     return windows, F.leaky_relu(hidden, NEGATIVE_SLOPE, inplace=True)
 
 
-class _ScoreFilter(torch.autograd.Function):
-    """``out += Conv2(LeakyReLU(Conv1([content; bias]) + bias1))`` in place (``out`` is a
-    fresh map, so no further full-size map is allocated), with a hand-written backward;
-    ``bias`` (``[1, C_b, R, T]``, or None) is shared by the batch.
+def _member_forward(
+    out: torch.Tensor,
+    content: torch.Tensor,
+    bias: torch.Tensor | None,
+    weight1: torch.Tensor,
+    bias1: torch.Tensor,
+    weight2: torch.Tensor,
+    kept: dict[str, torch.Tensor] | None,
+) -> torch.Tensor:
+    """One member's ``out += f(content; bias)`` in place (``out``, ``content`` ``[B, C, R, T]``,
+    ``bias`` ``[1, C_b, R, T]``); writes f's hidden maps into ``kept`` (flat buffers) when
+    given. Returns the first layer's batch-free addend, ``[D, R, T]`` or ``[D, 1, 1]``."""
+    kernel, width, heads = weight1.shape[-1], weight1.shape[0], content.shape[1]
+    # The batch-free bias channels pass the first convolution once: [D, R, T] or [D, 1, 1].
+    addend = bias1[:, None, None]
+    if bias is not None:
+        addend = torch.addmm(bias1[:, None], _im2col_matrix(weight1[:, heads:]),
+                             _key_windows(bias, kernel)).view(-1, *bias.shape[2:])
+    conv1, conv2 = _im2col_matrix(weight1[:, :heads]), _taps_matrix(weight2)
+    chunks = _cache_chunks(content, width)
+    buffers = _ChunkBuffers(content, chunks, **(kept or {}))
+    matrix = buffers.kept if kept is not None else buffers.scratch
+    for chunk in chunks:
+        _, hidden = _first_layer(content, chunk, kernel, conv1, addend,
+                                 matrix("windows", kernel * heads, chunk),
+                                 matrix("hidden", width, chunk))
+        taps = torch.mm(conv2, hidden, out=buffers.scratch("taps", kernel * heads, chunk))
+        _add_taps(out[chunk.batch, :, chunk.rows], taps)
+    return addend
 
-    Forward and backward run over chunks whose hidden map (D_DAPE channels, the largest
-    tensor by far) stays in cache. Backward needs the hidden map and the im2col matrix of
-    every chunk again: they are kept when they fit in ``KEEP_BYTES`` (training lengths) and
-    recomputed chunk by chunk otherwise. Autograd never sees the shifted views (whose
-    gradients would be zero-filled full-size tensors).
+
+def _member_backward(
+    grad: torch.Tensor,
+    content: torch.Tensor,
+    bias: torch.Tensor | None,
+    weight1: torch.Tensor,
+    weight2: torch.Tensor,
+    addend: torch.Tensor,
+    kept: dict[str, torch.Tensor] | None,
+    needs_content: bool,
+    needs_bias: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One member's gradients (content, bias, weight1, bias1, weight2) of ``f``; the hidden
+    maps come from ``kept`` or are recomputed chunk by chunk."""
+    kernel, width, heads = weight1.shape[-1], weight1.shape[0], content.shape[1]
+    conv1 = _im2col_matrix(weight1[:, :heads])
+    conv2_adjoint = _im2col_matrix(_adjoint(weight2))
+    conv1_adjoint = _taps_matrix(_adjoint(weight1[:, :heads]))
+    grad_content = torch.empty_like(content) if needs_content else None
+    # The hidden pre-activation's gradient summed over the batch is the addend's.
+    grad_addend = grad.new_zeros(width, *content.shape[2:])
+    grad_conv1 = grad.new_zeros(kernel * heads, width)  # transposed: the faster product
+    grad_conv2 = grad.new_zeros(kernel * heads, width)
+    chunks = _cache_chunks(content, width)
+    buffers = _ChunkBuffers(content, chunks, **(kept or {}))
+    for chunk in chunks:
+        if kept is not None:
+            windows = buffers.kept("windows", kernel * heads, chunk)
+            hidden = buffers.kept("hidden", width, chunk)
+        else:
+            windows, hidden = _first_layer(content, chunk, kernel, conv1, addend,
+                                           buffers.scratch("windows", kernel * heads, chunk),
+                                           buffers.scratch("hidden", width, chunk))
+        grad_windows = _key_windows(  # shared by two products
+            grad[chunk.batch, :, chunk.rows], kernel,
+            buffers.scratch("grad_windows", kernel * heads, chunk),
+        )
+        grad_conv2.addmm_(grad_windows, hidden.t())
+        grad_hidden = torch.mm(conv2_adjoint, grad_windows,
+                               out=buffers.scratch("grad_hidden", width, chunk))
+        # LeakyReLU keeps the sign, so the activated map tells where the slope was 0.01.
+        torch.ops.aten.leaky_relu_backward.grad_input(
+            grad_hidden, hidden, NEGATIVE_SLOPE, True, grad_input=grad_hidden
+        )
+        rows_addend = grad_addend[:, chunk.rows]
+        rows_addend += grad_hidden.view(width, -1, *rows_addend.shape[1:]).sum(1)
+        grad_conv1.addmm_(windows, grad_hidden.t())
+        if grad_content is not None:
+            taps = torch.mm(conv1_adjoint, grad_hidden,
+                            out=buffers.scratch("taps", kernel * heads, chunk))
+            _add_taps(grad_content[chunk.batch, :, chunk.rows], taps, accumulate=False)
+    grad_weight1 = torch.empty_like(weight1)
+    grad_weight1[:, :heads] = grad_conv1.view(kernel, heads, width).permute(2, 1, 0)
+    grad_bias1 = grad_addend.sum((1, 2))
+    grad_bias = None
+    if bias is not None:
+        grad_addend = grad_addend.flatten(1)
+        bias_windows = _key_windows(bias, kernel)
+        grad_weight1[:, heads:] = (
+            (grad_addend @ bias_windows.t()).view(width, kernel, -1).permute(0, 2, 1)
+        )
+        if needs_bias:
+            grad_bias = torch.empty_like(bias)
+            bias_adjoint = _taps_matrix(_adjoint(weight1[:, heads:]))
+            _add_taps(grad_bias, bias_adjoint @ grad_addend, accumulate=False)
+    grad_weight2 = grad_conv2.view(kernel, heads, width).flip(0).permute(1, 2, 0)
+    return grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2
+
+
+def _member_bias(bias: torch.Tensor | None, member: int) -> torch.Tensor | None:
+    """Member ``member``'s ``[1, C_b, R, T]`` bias of a ``[M or 1, 1, C_b, R, T]`` one."""
+    if bias is None:
+        return None
+    return bias[member if bias.shape[0] > 1 else 0]
+
+
+class _ScoreFilter(torch.autograd.Function):
+    """``out += Conv2(LeakyReLU(Conv1([content; bias]) + bias1))`` in place for every member
+    (``out`` is a fresh map, so no further full-size map is allocated), with a hand-written
+    backward; ``bias`` (``[M or 1, 1, C_b, R, T]``, or None) is shared by the batch.
+
+    Forward and backward run member by member over chunks whose hidden map (D_DAPE
+    channels, the largest tensor by far) stays in cache. Backward needs the hidden map and
+    the im2col matrix of every chunk again: they are kept when they fit in ``KEEP_BYTES``
+    (training lengths) and recomputed chunk by chunk otherwise. Autograd never sees the
+    shifted views (whose gradients would be zero-filled full-size tensors).
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx, out, content, bias, weight1, bias1, weight2, grad_enabled
     ):
-        kernel, width, heads = weight1.shape[-1], weight1.shape[0], content.shape[1]
-        # The batch-free bias channels pass the first convolution once: [D, R, T] or [D, 1, 1].
-        addend = bias1[:, None, None]
-        if bias is not None:
-            addend = torch.addmm(bias1[:, None], _im2col_matrix(weight1[:, heads:]),
-                                 _key_windows(bias, kernel)).view(-1, *bias.shape[2:])
-        conv1, conv2 = _im2col_matrix(weight1[:, :heads]), _taps_matrix(weight2)
-        chunks = _cache_chunks(content, width)
-        buffers = _ChunkBuffers(content, chunks)
-        keep = grad_enabled and 4 * (width + kernel * heads) * buffers.total_columns <= KEEP_BYTES
-        matrix = buffers.kept if keep else buffers.scratch
-        for chunk in chunks:
-            _, hidden = _first_layer(content, chunk, kernel, conv1, addend,
-                                     matrix("windows", kernel * heads, chunk),
-                                     matrix("hidden", width, chunk))
-            taps = torch.mm(conv2, hidden, out=buffers.scratch("taps", kernel * heads, chunk))
-            _add_taps(out[chunk.batch, :, chunk.rows], taps)
-        kept = [buffers.buffers["windows"], buffers.buffers["hidden"]] if keep else [None, None]
+        members, width, kernel = weight1.shape[0], weight1.shape[1], weight1.shape[-1]
+        heads, per_member_columns = content.shape[2], content[0, :, 0].numel()
+        keep_floats = (width + kernel * heads) * per_member_columns
+        keep = grad_enabled and 4 * keep_floats <= KEEP_BYTES
+        kept_windows = content.new_empty(members, kernel * heads * per_member_columns) if keep else None
+        kept_hidden = content.new_empty(members, width * per_member_columns) if keep else None
+        addends = []
+        for m in range(members):
+            kept = {"windows": kept_windows[m], "hidden": kept_hidden[m]} if keep else None
+            addends.append(_member_forward(out[m], content[m], _member_bias(bias, m),
+                                           weight1[m], bias1[m], weight2[m], kept))
         ctx.mark_dirty(out)
-        ctx.save_for_backward(content, bias, weight1, weight2, addend, *kept)
+        ctx.save_for_backward(content, bias, weight1, weight2, torch.stack(addends),
+                              kept_windows, kept_hidden)
         return out
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        content, bias, weight1, weight2, addend, kept_windows, kept_hidden = ctx.saved_tensors
-        kernel, width, heads = weight1.shape[-1], weight1.shape[0], content.shape[1]
-        conv1 = _im2col_matrix(weight1[:, :heads])
-        conv2_adjoint = _im2col_matrix(_adjoint(weight2))
-        conv1_adjoint = _taps_matrix(_adjoint(weight1[:, :heads]))
-        grad_content = torch.empty_like(content) if ctx.needs_input_grad[1] else None
-        # The hidden pre-activation's gradient summed over the batch is the addend's.
-        grad_addend = grad.new_zeros(width, *content.shape[2:])
-        grad_conv1 = grad.new_zeros(kernel * heads, width)  # transposed: the faster product
-        grad_conv2 = grad.new_zeros(kernel * heads, width)
-        chunks = _cache_chunks(content, width)
-        if kept_hidden is not None:
-            buffers = _ChunkBuffers(content, chunks, windows=kept_windows, hidden=kept_hidden)
-        else:
-            buffers = _ChunkBuffers(content, chunks)
-        for chunk in chunks:
-            if kept_hidden is not None:
-                windows = buffers.kept("windows", kernel * heads, chunk)
-                hidden = buffers.kept("hidden", width, chunk)
-            else:
-                windows, hidden = _first_layer(content, chunk, kernel, conv1, addend,
-                                               buffers.scratch("windows", kernel * heads, chunk),
-                                               buffers.scratch("hidden", width, chunk))
-            grad_windows = _key_windows(  # shared by two products
-                grad[chunk.batch, :, chunk.rows], kernel,
-                buffers.scratch("grad_windows", kernel * heads, chunk),
-            )
-            grad_conv2.addmm_(grad_windows, hidden.t())
-            grad_hidden = torch.mm(conv2_adjoint, grad_windows,
-                                   out=buffers.scratch("grad_hidden", width, chunk))
-            # LeakyReLU keeps the sign, so the activated map tells where the slope was 0.01.
-            torch.ops.aten.leaky_relu_backward.grad_input(
-                grad_hidden, hidden, NEGATIVE_SLOPE, True, grad_input=grad_hidden
-            )
-            rows_addend = grad_addend[:, chunk.rows]
-            rows_addend += grad_hidden.view(width, -1, *rows_addend.shape[1:]).sum(1)
-            grad_conv1.addmm_(windows, grad_hidden.t())
-            if grad_content is not None:
-                taps = torch.mm(conv1_adjoint, grad_hidden,
-                                out=buffers.scratch("taps", kernel * heads, chunk))
-                _add_taps(grad_content[chunk.batch, :, chunk.rows], taps, accumulate=False)
-        grad_weight1 = torch.empty_like(weight1)
-        grad_weight1[:, :heads] = grad_conv1.view(kernel, heads, width).permute(2, 1, 0)
-        grad_bias1 = grad_addend.sum((1, 2))
-        grad_bias = None
-        if bias is not None:
-            grad_addend = grad_addend.flatten(1)
-            bias_windows = _key_windows(bias, kernel)
-            grad_weight1[:, heads:] = (
-                (grad_addend @ bias_windows.t()).view(width, kernel, -1).permute(0, 2, 1)
-            )
-            if ctx.needs_input_grad[2]:
-                grad_bias = torch.empty_like(bias)
-                bias_adjoint = _taps_matrix(_adjoint(weight1[:, heads:]))
-                _add_taps(grad_bias, bias_adjoint @ grad_addend, accumulate=False)
-        grad_weight2 = grad_conv2.view(kernel, heads, width).flip(0).permute(1, 2, 0)
+        content, bias, weight1, weight2, addends, kept_windows, kept_hidden = ctx.saved_tensors
+        needs_content, needs_bias = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        members = weight1.shape[0]
+        grads: list[list] = [[] for _ in range(5)]
+        for m in range(members):
+            kept = None if kept_hidden is None else {"windows": kept_windows[m], "hidden": kept_hidden[m]}
+            member_grads = _member_backward(grad[m], content[m], _member_bias(bias, m), weight1[m],
+                                            weight2[m], addends[m], kept, needs_content, needs_bias)
+            for collected, value in zip(grads, member_grads):
+                collected.append(value)
+        grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2 = (
+            None if values[0] is None else torch.stack(values) for values in grads
+        )
+        if grad_bias is not None and bias.shape[0] == 1:  # one bias shared by the members
+            grad_bias = grad_bias.sum(0, keepdim=True)
         return grad, grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2, None
+
+
+def _filter_by_convolution(
+    content: torch.Tensor,
+    bias: torch.Tensor | None,
+    weight1: torch.Tensor,
+    bias1: torch.Tensor,
+    weight2: torch.Tensor,
+) -> torch.Tensor:
+    """f of every member as grouped ``conv2d`` calls (members are the groups), autograd's
+    backward: ``[M, B, C, R, T]`` content and ``[M or 1, 1, C_b, R, T]`` bias -> ``[M, B, H, R, T]``
+    (without f's output bias ``bias2``, which the residual carries)."""
+    members, batch, channels, rows, length = content.shape
+    kernel, heads = weight1.shape[-1], weight2.shape[1]
+    padding = (0, kernel // 2)
+
+    def grouped(weight: torch.Tensor) -> torch.Tensor:  # [M, O, C, k] -> [M*O, C, 1, k]
+        return weight.reshape(-1, weight.shape[2], 1, kernel)
+
+    # [B, M*C, R, T]: the members side by side in the channel axis.
+    stacked = content.transpose(0, 1).reshape(batch, members * channels, rows, length)
+    hidden = F.conv2d(stacked, grouped(weight1[:, :, :channels]), padding=padding, groups=members)
+    addend = bias1.reshape(1, -1, 1, 1)
+    if bias is not None:  # batch-free: through the first convolution once
+        bias_channels = bias.expand(members, -1, -1, -1, -1).reshape(1, -1, rows, length)
+        addend = addend + F.conv2d(bias_channels, grouped(weight1[:, :, channels:]),
+                                   padding=padding, groups=members)
+    hidden = F.leaky_relu(hidden + addend, NEGATIVE_SLOPE)
+    out = F.conv2d(hidden, grouped(weight2), padding=padding, groups=members)
+    return out.view(batch, members, heads, rows, length).transpose(0, 1)
 
 
 class DapeProcessor(nn.Module):
@@ -308,6 +405,11 @@ class DapeProcessor(nn.Module):
             concat variants); without it every variant is ``S + f(S)``.
         tril: zero the entries with key j > query i of f's input (the residual keeps them);
             this is what makes DAPE V2 leak-free in a causal model.
+        members: the leading axis of every parameter (the models of a pack).
+
+    ``implementation`` (an attribute, "auto" by default) picks how f is computed: "chunks"
+    (cache-sized products, the faster on a CPU), "convolution" (grouped cuDNN convolutions,
+    the faster on a GPU), or "auto" (by the scores' device).
     """
 
     def __init__(
@@ -318,6 +420,7 @@ class DapeProcessor(nn.Module):
         variant: str = "concat_residual",
         with_bias: bool = False,
         tril: bool = False,
+        members: int = 1,
     ) -> None:
         super().__init__()
         self.heads, self.kernel, self.width = heads, check_kernel(kernel), width
@@ -325,30 +428,48 @@ class DapeProcessor(nn.Module):
         if width < 1:
             raise CheBenchError(f"dape_width must be >= 1, got {width!r}")
         self.concat_bias = with_bias and variant != "add_residual"
+        self.implementation = "auto"
         in_channels = 2 * heads if self.concat_bias else heads
-        self.weight1 = nn.Parameter(torch.empty(width, in_channels, kernel))
-        self.bias1 = nn.Parameter(torch.empty(width))
-        self.weight2 = nn.Parameter(torch.empty(heads, width, kernel))
-        self.bias2 = nn.Parameter(torch.empty(heads))
+        self.weight1 = nn.Parameter(torch.empty(members, width, in_channels, kernel))
+        self.bias1 = nn.Parameter(torch.empty(members, width))
+        self.weight2 = nn.Parameter(torch.empty(members, heads, width, kernel))
+        self.bias2 = nn.Parameter(torch.empty(members, heads))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """PyTorch's default Conv2d/Linear initialisation (uniform, fan-in = channels * k)."""
-        for weight, bias in ((self.weight1, self.bias1), (self.weight2, self.bias2)):
-            nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
-            bound = 1 / math.sqrt(weight.shape[1] * weight.shape[2])
-            nn.init.uniform_(bias, -bound, bound)
+        """PyTorch's default Conv2d/Linear initialisation (uniform, fan-in = channels * k),
+        member by member."""
+        with torch.no_grad():
+            for weights, biases in ((self.weight1, self.bias1), (self.weight2, self.bias2)):
+                for weight, bias in zip(weights, biases):
+                    nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+                    bound = 1 / math.sqrt(weight.shape[1] * weight.shape[2])
+                    nn.init.uniform_(bias, -bound, bound)
 
-    def transient_channels(self) -> int:
-        """Full-size maps ``[B, ., R, T]`` alive at once per row chunk (an estimate: scores,
-        filter input, residual, filter output, logits, probabilities). The hidden map of f
-        only ever exists for a few sequences at a time."""
+    def uses_convolution(self, device: torch.device) -> bool:
+        if self.implementation not in IMPLEMENTATIONS:
+            raise CheBenchError(
+                f"unknown DAPE implementation {self.implementation!r}; valid: "
+                + ", ".join(IMPLEMENTATIONS)
+            )
+        if self.implementation == "auto":
+            return device.type == "cuda"
+        return self.implementation == "convolution"
+
+    def transient_channels(self, device: torch.device) -> int:
+        """Full-size maps ``[M, B, ., R, T]`` alive at once per row chunk (an estimate: scores,
+        filter input, residual, filter output, logits, probabilities; with convolutions also
+        f's hidden map before and after its activation and the members-in-channels copies).
+        In the chunked filter the hidden map only ever exists for a few sequences at a time."""
+        if self.uses_convolution(device):
+            return 8 * self.heads + 2 * self.width
         return 6 * self.heads
 
     def forward(
         self, scores: torch.Tensor, bias: torch.Tensor | None = None, rows: slice | None = None
     ) -> torch.Tensor:
-        """Logits ``[B, H, R, T]`` from scores ``[B, H, R, T]`` and bias ``[1, H, R, T]``.
+        """Logits ``[M, B, H, R, T]`` from scores ``[M, B, H, R, T]`` and bias
+        ``[M or 1, 1, H, R, T]``.
 
         ``rows`` locates the chunk's query rows (needed only by ``tril``).
         """
@@ -358,7 +479,7 @@ class DapeProcessor(nn.Module):
             )
         num_rows, length = scores.shape[-2:]
         # The residual's batch-free terms are summed first, so one full-size map is built.
-        residual_terms = self.bias2[:, None, None]
+        residual_terms = self.bias2[:, None, :, None, None]
         if bias is not None and self.variant != "concat":
             residual_terms = residual_terms + bias
         content = scores + bias if self.variant == "add_residual" and bias is not None else scores
@@ -370,6 +491,10 @@ class DapeProcessor(nn.Module):
             bias = bias.masked_fill(future, 0.0) if self.concat_bias else bias
 
         bias_channels = bias if self.concat_bias else None
+        if self.uses_convolution(scores.device):
+            filtered = _filter_by_convolution(content, bias_channels, self.weight1, self.bias1,
+                                              self.weight2)
+            return filtered + (scores + residual_terms)
         return _ScoreFilter.apply(
             scores + residual_terms,
             content,

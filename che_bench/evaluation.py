@@ -1,15 +1,17 @@
-"""Range evaluation of a trained model (CHE protocol, spec section 4).
+"""Range evaluation of trained models (CHE protocol, spec section 4), a pack at a time.
 
 For every length, ``eval_samples`` sequences are drawn in sub-batches of ``eval_batch_size``
 from a numpy Generator seeded with (eval_seed, length), so every model sees the same test
-sequences whatever lengths are evaluated. A sub-batch's accuracy is the masked token accuracy
-pooled over its sequences; a length's accuracy is the mean over its sub-batches; the run's score
-is the mean over the test lengths (``RunConfig.score_lengths``). Dropout is off unless
-``dropout_at_eval`` (the reference keeps it on); randomized encodings keep drawing from torch's
-RNG, seeded per length.
+sequences whatever lengths are evaluated, and every member of a pack sees the same batches. A
+sub-batch's accuracy is the masked token accuracy pooled over its sequences; a length's
+accuracy is the mean over its sub-batches; the run's score is the mean over the test lengths
+(``RunConfig.score_lengths``). Dropout is off unless ``dropout_at_eval`` (the reference keeps
+it on; it then draws from torch's RNG seeded per length); randomized encodings draw from their
+own generators, seeded per length, once per sub-batch, and only if ``randomize_at_eval``.
 
-On CUDA out-of-memory the forward pass of a sub-batch is split into smaller chunks; the
-accounting stays per logical sub-batch, so the numbers do not depend on the split.
+On CUDA the row-chunk memory budget is sized from the free GPU memory, and on out-of-memory
+the forward pass of a sub-batch is split into smaller chunks; the accounting stays per logical
+sub-batch (with the same random draws), so the numbers do not depend on the split.
 """
 
 from __future__ import annotations
@@ -18,18 +20,20 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from che_bench.training import batch_to_device, masked_correct
+from che_bench.config import RunConfig
+from che_bench.model import Encoder
+from che_bench.tasks.base import Task
+from che_bench.training import check_token_ids, masked_counts
 
-if TYPE_CHECKING:
-    from che_bench.config import RunConfig
-    from che_bench.tasks.base import Task
+#: Share of the free GPU memory an evaluation's row chunks may fill (the rest: weights,
+#: activations outside attention, the allocator's slack, other processes on the GPU).
+GPU_BUDGET_SHARE = 0.5
 
 
 @dataclass
@@ -42,48 +46,59 @@ class Evaluation:
 
 
 def evaluate(
-    model: torch.nn.Module,
-    task: Task,
-    config: RunConfig,
-    device: torch.device,
-    *,
-    progress: bool = True,
-) -> Evaluation:
-    """Per-length accuracies on the test and in-distribution lengths, score and timing."""
+    model: Encoder, task: Task, config: RunConfig, device: torch.device, *, progress: bool = True
+) -> list[Evaluation]:
+    """Per-length accuracies on the test and in-distribution lengths, score and timing, for
+    each member of ``model`` (all evaluated under ``config``'s evaluation protocol)."""
     started = time.perf_counter()
     model.train(config.dropout_at_eval)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        set_memory_budget(model, int(free * GPU_BUDGET_SHARE))
     lengths = [*config.train_eval_lengths, *config.test_lengths]
-    accuracies: dict[int, float] = {}
+    accuracies: dict[int, list[float]] = {}
     with _progress_bar(progress, len(lengths)) as bar:
         for length in dict.fromkeys(lengths):  # in order, each once
-            accuracies[length] = length_accuracy(model, task, config, length, device)
+            accuracies[length] = length_accuracies(model, task, config, length, device)
             if bar is not None:
                 bar.update(bar.task_ids[0], advance=1, description=f"eval n={length}")
-    per_length = {n: accuracies[n] for n in config.test_lengths}
-    train_per_length = {n: accuracies[n] for n in config.train_eval_lengths}
-    return Evaluation(
-        per_length=per_length,
-        train_per_length=train_per_length,
-        score=float(np.mean([per_length[n] for n in config.score_lengths])),
-        train_accuracy=float(np.mean(list(train_per_length.values()))),
-        seconds=time.perf_counter() - started,
-    )
+    seconds = time.perf_counter() - started
+    evaluations = []
+    for member in range(model.members):
+        per_length = {n: accuracies[n][member] for n in config.test_lengths}
+        train_per_length = {n: accuracies[n][member] for n in config.train_eval_lengths}
+        evaluations.append(Evaluation(
+            per_length=per_length,
+            train_per_length=train_per_length,
+            score=float(np.mean([per_length[n] for n in config.score_lengths])),
+            train_accuracy=float(np.mean(list(train_per_length.values()))),
+            seconds=seconds,
+        ))
+    return evaluations
 
 
-def length_accuracy(
-    model: torch.nn.Module, task: Task, config: RunConfig, length: int, device: torch.device
-) -> float:
-    """Mean over sub-batches of the pooled masked token accuracy at one length."""
+def set_memory_budget(model: Encoder, budget_bytes: int) -> None:
+    """The memory budget of the row chunks and sub-batches (exact whatever it is)."""
+    model.memory_budget_bytes = budget_bytes
+    for block in model.blocks:
+        block.attention.memory_budget_bytes = budget_bytes
+
+
+def length_accuracies(
+    model: Encoder, task: Task, config: RunConfig, length: int, device: torch.device
+) -> list[float]:
+    """Each member's mean over sub-batches of the pooled masked token accuracy at one length."""
     data_rng = np.random.default_rng([config.eval_seed, length])
-    sub_batches = _sub_batch_sizes(config.eval_samples, config.eval_batch_size)
+    seed = config.eval_seed * 1_000_003 + length
+    model.seed_draws([seed] * model.members)
+    sub_batch_accuracies = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(config.eval_seed * 1_000_003 + length)
-        sub_batch_accuracies = []
-        for size in sub_batches:
+        torch.manual_seed(seed)  # dropout at evaluation
+        for size in _sub_batch_sizes(config.eval_samples, config.eval_batch_size):
             batch = task.sample(length, size, data_rng)
-            correct, total = _count_correct(model, batch, device)
-            sub_batch_accuracies.append(correct / total)
-    return float(np.mean(sub_batch_accuracies))
+            correct, counted = _count_correct(model, batch, device)
+            sub_batch_accuracies.append(correct / counted)
+    return torch.stack(sub_batch_accuracies).mean(0).tolist()
 
 
 def _sub_batch_sizes(samples: int, batch_size: int) -> list[int]:
@@ -91,19 +106,27 @@ def _sub_batch_sizes(samples: int, batch_size: int) -> list[int]:
     return [batch_size] * full + ([rest] if rest else [])
 
 
-def _count_correct(model: torch.nn.Module, batch, device: torch.device) -> tuple[int, int]:
-    """Correct and counted positions of one sub-batch, halving the forward chunk on CUDA OOM."""
-    inputs, targets, mask = batch_to_device(batch, device)
+def _count_correct(model: Encoder, batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Correct and counted positions of one sub-batch per member (``[M]``, on the device, so
+    that a length costs one synchronisation), halving the
+    forward chunk on CUDA out-of-memory; one random draw serves the whole sub-batch."""
+    check_token_ids(batch.inputs, model.task)
+    # Copies: task arrays may be reversed views, whose negative strides torch rejects (and
+    # numpy calls such an array contiguous when the reversed axis has size 1).
+    inputs, targets, mask = (torch.from_numpy(array.copy()).to(device)
+                             for array in (batch.inputs, batch.targets, batch.mask))
+    draws = model.sample_draws(inputs.shape[-1], evaluating=True)
     chunk = inputs.shape[0]
     while True:
         try:
             with torch.inference_mode():
                 counts = [
-                    masked_correct(model(inputs[i : i + chunk]), targets[i : i + chunk], mask[i : i + chunk])
+                    masked_counts(model(inputs[i : i + chunk], draws), targets[i : i + chunk],
+                                  mask[i : i + chunk])
                     for i in range(0, inputs.shape[0], chunk)
                 ]
-            return sum(c for c, _ in counts), sum(t for _, t in counts)
-        except torch.OutOfMemoryError:
+            return sum(c for c, _ in counts).double(), sum(t for _, t in counts).double()
+        except torch.cuda.OutOfMemoryError:
             if chunk == 1:
                 raise
             torch.cuda.empty_cache()

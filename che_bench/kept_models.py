@@ -1,8 +1,24 @@
-"""Trained models kept beside the result store: ``models/<run id>.pt`` next to the store file."""
+"""Trained models kept beside the result store: ``models/<run id>.pt`` next to the store file.
+
+A kept model is one run's final weights plus the run's configuration (everything needed to
+rebuild it), written atomically when the run completes. Files are read with
+``torch.load(weights_only=True)``: loading never executes code from the file. A missing or
+damaged file is a ``CheBenchError`` (one line), never a crash.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import torch
+
+from che_bench.config import RunConfig
+from che_bench.errors import CheBenchError
+from che_bench.model import Encoder, build_model
+
+FORMAT = "che-bench-model"
+VERSION = 1
 
 
 def models_dir_for(store_path: str | Path) -> Path:
@@ -12,3 +28,56 @@ def models_dir_for(store_path: str | Path) -> Path:
 
 def model_path(models_dir: str | Path, run_id: str) -> Path:
     return Path(models_dir) / f"{run_id}.pt"
+
+
+def save_model(models_dir: str | Path, config: RunConfig, state: dict[str, torch.Tensor]) -> Path:
+    """Write one run's weights (a one-member ``state_dict``) atomically; returns the path."""
+    path = model_path(models_dir, config.run_id())
+    content = {
+        "format": FORMAT,
+        "version": VERSION,
+        "run_id": config.run_id(),
+        "config": config.to_dict(),
+        "state": {name: tensor.detach().cpu() for name, tensor in state.items()},
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        torch.save(content, temporary)
+        os.replace(temporary, path)
+    except OSError as exc:
+        raise CheBenchError(f"cannot write model {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def load_model(models_dir: str | Path, run_id: str) -> tuple[RunConfig, Encoder]:
+    """The configuration and the rebuilt model (one member, on the CPU, eval mode) of a kept
+    run; a missing, foreign or damaged file is a CheBenchError."""
+    path = model_path(models_dir, run_id)
+    if not path.is_file():
+        raise CheBenchError(
+            f"no kept model for run {run_id} ({path} is missing: the run was made with "
+            "--no-keep-model, before models were kept, or the file was removed)"
+        )
+    try:
+        content = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # any unreadable file: truncated, not a torch file, foreign pickle
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheBenchError(f"kept model {path} is damaged or not a che-bench model ({reason})") from None
+    if not isinstance(content, dict) or content.get("format") != FORMAT:
+        raise CheBenchError(f"{path} is not a che-bench model file")
+    if content.get("version") != VERSION:
+        raise CheBenchError(f"kept model {path} has format version {content.get('version')}, "
+                            f"this che-bench reads version {VERSION}")
+    try:
+        config = RunConfig.from_dict(content["config"])
+        if config.run_id() != run_id or content.get("run_id") != run_id:
+            raise CheBenchError(f"kept model {path} belongs to another run")
+        model = build_model(config.build_task(), config.pe, config.kernel, **config.model_kwargs())
+        model.load_state_dict(content["state"])
+    except CheBenchError:
+        raise
+    except Exception as exc:  # wrong keys, shapes or config fields: a damaged or foreign file
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheBenchError(f"kept model {path} does not rebuild ({reason})") from None
+    return config, model.eval()

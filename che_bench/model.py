@@ -7,14 +7,21 @@ positions. Defaults follow the reference: 5 layers, width 64, 8 heads, FFN 256 (
 dropout 0.1 after the attention output and after the FFN, embedding dropout only for
 encodings that add to the embeddings, Haiku-style initialisation.
 
+Members: every parameter and activation has a leading member axis (``che_bench.members``):
+one ``Encoder`` holds ``M`` models that differ only in their weights and compute them side by
+side. ``build_model`` makes one member; ``stack_members`` packs several, each built from its
+own seed, into one model, and ``member_state_dict`` takes one back out.
+
 Memory: without gradients (evaluation) attention runs over chunks of query rows, and if need
-be over sub-batches, sized from ``memory_budget_bytes``, so that no ``[B, ., T, T]`` map of the
-whole sequence is ever materialised. With gradients everything is one chunk.
+be over sub-batches, sized from ``memory_budget_bytes``, so that no ``[M, B, ., T, T]`` map of
+the whole sequence is ever materialised. With gradients everything is one chunk.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -23,7 +30,9 @@ from torch import nn
 
 from che_bench.dape import DapeProcessor, check_kernel, check_variant
 from che_bench.encodings import AttentionHook, PositionalEncoding, build_encoding
+from che_bench.encodings.base import Draws
 from che_bench.errors import CheBenchError
+from che_bench.members import MemberEmbedding, MemberLayerNorm, MemberLinear
 from che_bench.tasks.base import Task
 
 #: Model options of ``build_model`` and their defaults (every other option goes to the encoding).
@@ -44,27 +53,33 @@ MODEL_DEFAULTS: dict[str, Any] = {
 FLOAT_BYTES = 4
 
 
-def truncated_normal_(tensor: torch.Tensor, std: float) -> torch.Tensor:
-    """Haiku's truncated normal: N(0, std^2) cut at +-2 std (no variance correction)."""
-    return nn.init.trunc_normal_(tensor, std=std, a=-2 * std, b=2 * std)
-
-
-def haiku_linear(fan_in: int, fan_out: int, bias: bool = True) -> nn.Linear:
-    """A linear layer with Haiku's default init: std 1/sqrt(fan_in) weights, zero bias."""
-    layer = nn.Linear(fan_in, fan_out, bias=bias)
-    truncated_normal_(layer.weight, 1 / math.sqrt(fan_in))
-    if bias:
-        nn.init.zeros_(layer.bias)
-    return layer
-
-
 def rows_per_chunk(batch: int, length: int, channels: int, budget_bytes: int) -> int:
-    """Query rows whose ``[batch, channels, rows, length]`` float maps fit in the budget."""
+    """Query rows whose ``[batch, channels, rows, length]`` float maps fit in the budget
+    (``batch`` counts every member's sequences)."""
     return max(1, budget_bytes // (FLOAT_BYTES * batch * channels * length))
 
 
+def _fused_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """SDPA over ``[M, B, H, ., d_h]``; an additive ``mask`` shared by the members (member
+    axis 1, or none) keeps the 4-D layout the fused GPU kernels take."""
+    if mask is not None and mask.dim() == 5 and mask.shape[0] > 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    members, batch, heads, rows, head_dim = q.shape
+    flat = [x.reshape(members * batch, heads, x.shape[-2], head_dim) for x in (q, k, v)]
+    mask = mask[0] if mask is not None and mask.dim() == 5 else mask
+    out = F.scaled_dot_product_attention(*flat, attn_mask=mask)
+    return out.view(members, batch, heads, rows, head_dim)
+
+
 class Attention(nn.Module):
-    """Multi-head attention calling the encoding's hook and then, optionally, DAPE."""
+    """Multi-head attention calling the encoding's hook and then, optionally, DAPE.
+
+    ``capture``: when a list (see ``Encoder.capture_attention``), every row chunk appends its
+    maps (raw scores plus bias, DAPE logits, softmax probabilities) to it; the output is
+    computed exactly as without it.
+    """
 
     def __init__(
         self,
@@ -74,86 +89,119 @@ class Attention(nn.Module):
         dape: DapeProcessor | None,
         causal: bool,
         memory_budget_bytes: int,
+        members: int = 1,
     ) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, dim // heads
         self.query, self.key, self.value, self.output = (
-            haiku_linear(dim, dim, bias=False) for _ in range(4)
+            MemberLinear(members, dim, dim, bias=False) for _ in range(4)
         )
         self.hook, self.dape, self.causal = hook, dape, causal
         self.memory_budget_bytes = memory_budget_bytes
         # Plain scores and no processor: the fused kernel can take the bias as a mask.
         self.fused = dape is None and type(hook).scores is AttentionHook.scores
+        self.capture: list[dict[str, torch.Tensor | None]] | None = None
 
-    def transient_channels(self) -> int:
-        """Float maps of shape ``[B, ., R, T]`` alive per row chunk (an estimate): those the
+    def transient_channels(self, device: torch.device) -> int:
+        """Float maps of shape ``[M, B, ., R, T]`` alive per row chunk (an estimate): those the
         encoding's ``scores`` holds (many for CoPE and Transformer-XL) plus those after it."""
-        after_scores = self.dape.transient_channels() if self.dape is not None else 2 * self.heads
+        after_scores = self.dape.transient_channels(device) if self.dape is not None else 2 * self.heads
         return self.hook.score_maps * self.heads + after_scores
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, dim = x.shape
+    def forward(self, x: torch.Tensor, draw: Any = None) -> torch.Tensor:
+        members, batch, length, dim = x.shape
         q, k, v = (
-            proj(x).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
+            proj(x).view(members, batch, length, self.heads, self.head_dim).transpose(2, 3)
             for proj in (self.query, self.key, self.value)
         )
-        q, k, ctx = self.hook.prepare(q, k)
+        q, k, ctx = self.hook.prepare(q, k, draw)
         if torch.is_grad_enabled():
             step = length
         else:
-            step = rows_per_chunk(
-                batch, length, self.transient_channels(), self.memory_budget_bytes
-            )
+            channels = self.transient_channels(x.device)
+            step = rows_per_chunk(members * batch, length, channels, self.memory_budget_bytes)
         chunks = [
             self._attend(q, k, v, slice(start, min(start + step, length)), ctx)
             for start in range(0, length, step)
         ]
-        out = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=2)
-        return self.output(out.transpose(1, 2).reshape(batch, length, dim))
+        out = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=-2)
+        return self.output(out.transpose(2, 3).reshape(members, batch, length, dim))
 
     def _attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: slice, ctx: Any
     ) -> torch.Tensor:
-        """Attention output ``[B, H, R, d_h]`` of the query ``rows``."""
-        length = k.shape[2]
+        """Attention output ``[M, B, H, R, d_h]`` of the query ``rows``."""
+        length = k.shape[-2]
         bias = self.hook.bias(rows, length, ctx)
+        future = None
         if self.causal:
             query = torch.arange(rows.start, rows.stop, device=q.device)[:, None]
             future = torch.arange(length, device=q.device) > query
-            if self.fused:
-                mask = torch.zeros(future.shape, dtype=q.dtype, device=q.device)
-                mask = mask.masked_fill(future, -math.inf)
-                bias = mask if bias is None else bias + mask
         if self.fused:  # SDPA scales q.k by 1/sqrt(d_h), then adds the mask: same order
-            return F.scaled_dot_product_attention(q[:, :, rows], k, v, attn_mask=bias)
+            mask = bias
+            if future is not None:
+                infinite = torch.zeros(future.shape, dtype=q.dtype, device=q.device)
+                infinite = infinite.masked_fill(future, -math.inf)
+                mask = infinite if bias is None else bias + infinite
+            out = _fused_attention(q[..., rows, :], k, v, mask)
+            if self.capture is not None:
+                self._maps(q, k, rows, ctx, bias, future)
+            return out
+        return torch.matmul(self._maps(q, k, rows, ctx, bias, future), v)
+
+    def _maps(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        rows: slice,
+        ctx: Any,
+        bias: torch.Tensor | None,
+        future: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The softmax probabilities of the query ``rows``, computed explicitly (recorded in
+        ``capture`` with the raw scores and the DAPE logits when capturing)."""
         scores = self.hook.scores(q, k, rows, ctx)
-        if self.dape is not None:
-            logits = self.dape(scores, bias, rows)
-        else:
-            logits = scores if bias is None else scores + bias
-        if self.causal:  # after every processor, never inside it
+        raw = scores if bias is None else scores + bias
+        logits = self.dape(scores, bias, rows) if self.dape is not None else raw
+        if future is not None:  # after every processor, never inside it
             logits = logits.masked_fill(future, -math.inf)
-        return torch.matmul(torch.softmax(logits, dim=-1), v)
+        probabilities = torch.softmax(logits, dim=-1)
+        if self.capture is not None:
+            self.capture.append({
+                "scores": raw,
+                "logits": logits if self.dape is not None else None,
+                "probabilities": probabilities,
+            })
+        return probabilities
 
 
 class Block(nn.Module):
     """Post-LN transformer block: ``LN(h + drop(attn(h)))`` then ``LN(h + drop(ffn(h)))``."""
 
-    def __init__(self, attention: Attention, dim: int, ffn: int, dropout: float) -> None:
+    def __init__(
+        self, attention: Attention, dim: int, ffn: int, dropout: float, members: int = 1
+    ) -> None:
         super().__init__()
         self.attention = attention
-        self.attention_norm = nn.LayerNorm(dim, eps=1e-5)
-        self.ffn = nn.Sequential(haiku_linear(dim, ffn), nn.ReLU(), haiku_linear(ffn, dim))
-        self.ffn_norm = nn.LayerNorm(dim, eps=1e-5)
+        self.attention_norm = MemberLayerNorm(members, dim)
+        self.ffn = nn.Sequential(
+            MemberLinear(members, dim, ffn), nn.ReLU(), MemberLinear(members, ffn, dim)
+        )
+        self.ffn_norm = MemberLayerNorm(members, dim)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        h = self.attention_norm(h + self.dropout(self.attention(h)))
+    def forward(self, h: torch.Tensor, draw: Any = None) -> torch.Tensor:
+        h = self.attention_norm(h + self.dropout(self.attention(h, draw)))
         return self.ffn_norm(h + self.dropout(self.ffn(h)))
 
 
 class Encoder(nn.Module):
-    """The CHE encoder for one task; ``forward(inputs)`` returns the placeholder logits."""
+    """The CHE encoder for one task, ``members`` models side by side; ``forward(inputs)``
+    returns the placeholder logits ``[M, B, output_length, output_size]``.
+
+    Randomized encodings draw from ``draw_generators`` (one CPU generator per member, seeded
+    by ``seed_draws``), never from the global RNG that dropout uses.
+    """
 
     def __init__(
         self,
@@ -173,10 +221,14 @@ class Encoder(nn.Module):
         memory_budget_bytes: int,
         train_length: int,
         train_max_tokens: int,
+        members: int,
+        build_options: dict[str, Any],
     ) -> None:
         super().__init__()
-        self.task, self.encoding, self.kernel = task, encoding, kernel
+        self.task, self.encoding, self.kernel, self.members = task, encoding, kernel, members
         self.dim, self.causal, self.memory_budget_bytes = dim, causal, memory_budget_bytes
+        #: What ``build_model`` was given besides task, pe and kernel (to build a pack alike).
+        self.build_options = build_options
         self.dape_options = (
             None
             if kernel is None
@@ -188,8 +240,8 @@ class Encoder(nn.Module):
             "train_length": train_length,
             "train_max_tokens": train_max_tokens,
         }
-        self.embedding = nn.Embedding(task.input_size + 1, dim)  # + the placeholder id
-        truncated_normal_(self.embedding.weight, 0.02)
+        # + the placeholder id
+        self.embedding = MemberEmbedding(members, task.input_size + 1, dim, std=0.02)
         self.embedding_dropout = nn.Dropout(dropout if encoding.adds_to_embedding else 0.0)
         self.blocks = nn.ModuleList(
             Block(
@@ -206,17 +258,50 @@ class Encoder(nn.Module):
                         variant=dape_variant,
                         with_bias=encoding.carries_bias,
                         tril=dape_tril,
+                        members=members,
                     ),
                     causal,
                     memory_budget_bytes,
+                    members,
                 ),
                 dim,
                 ffn,
                 dropout,
+                members,
             )
             for layer in range(layers)
         )
-        self.head = haiku_linear(dim, task.output_size)
+        self.head = MemberLinear(members, dim, task.output_size)
+        self.seed_draws([0] * members)
+
+    # -- random draws ----------------------------------------------------------------------
+
+    def seed_draws(self, seeds: Sequence[int]) -> None:
+        """Seed each member's generator of random positions."""
+        if len(seeds) != self.members:
+            raise ValueError(f"{len(seeds)} seeds for {self.members} members")
+        self.draw_generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
+
+    def draw_states(self) -> list[torch.Tensor]:
+        return [generator.get_state() for generator in self.draw_generators]
+
+    def set_draw_states(self, states: Sequence[torch.Tensor]) -> None:
+        for generator, state in zip(self.draw_generators, states, strict=True):
+            generator.set_state(state)
+
+    def sample_draws(self, input_tokens: int, *, evaluating: bool | None = None) -> Draws | None:
+        """The random sample of one forward pass over inputs of ``input_tokens`` tokens (None
+        for a non-randomized encoding, or when it is not drawing). ``evaluating`` (default:
+        not in training mode) decides whether ``randomize_at_eval`` applies, whatever the
+        dropout mode: pass True when evaluating with dropout on."""
+        evaluating = not self.training if evaluating is None else evaluating
+        if not self.encoding.draws_active(evaluating):
+            return None
+        length = input_tokens + self.output_length(input_tokens)
+        draws = self.encoding.sample_draws(length, self.draw_generators)
+        return draws.to(self.embedding.weight.device)
+
+    # -- forward ---------------------------------------------------------------------------
 
     def output_length(self, input_tokens: int) -> int:
         """Number of placeholders for an input of ``input_tokens`` tokens."""
@@ -226,37 +311,72 @@ class Encoder(nn.Module):
             )
         return self.task.output_length(input_tokens)
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, output_length(n), output_size]`` for int64 ``inputs [B, n_in]``."""
-        batch, input_tokens = inputs.shape
-        if input_tokens and (int(inputs.min()) < 0 or int(inputs.max()) >= self.task.input_size):
-            raise CheBenchError(f"input ids must lie in 0..{self.task.input_size - 1}")
-        sub_batch = self._sub_batch_size(batch, input_tokens)
-        if sub_batch < batch:
-            return torch.cat([self._forward(part) for part in inputs.split(sub_batch)])
-        return self._forward(inputs)
+    def forward(self, inputs: torch.Tensor, draws: Draws | None = None) -> torch.Tensor:
+        """Logits ``[M, B, output_length(n), output_size]`` for int64 ``inputs`` ``[B, n]``
+        (the same sequences for every member) or ``[M, B, n]`` (each member its own).
 
-    def _sub_batch_size(self, batch: int, input_tokens: int) -> int:
+        ``draws``: the randomized encodings' sample for this batch (default: drawn now, see
+        ``sample_draws``); however the batch is split, one sample serves all of it.
+        """
+        if inputs.dim() == 2:
+            inputs = inputs.expand(self.members, -1, -1)
+        elif inputs.dim() != 3 or inputs.shape[0] != self.members:
+            raise CheBenchError(
+                f"inputs must be [B, n] or [{self.members}, B, n], got {list(inputs.shape)}"
+            )
+        input_tokens = inputs.shape[-1]
+        # Ids index the members' stacked embedding tables, so a bad id must never get through.
+        # Checked here for host tensors only (free); on a GPU the check would wait for the
+        # device, so batches are checked where they are made (``training.check_token_ids``).
+        if input_tokens and not inputs.is_cuda:
+            if int(inputs.min()) < 0 or int(inputs.max()) >= self.task.input_size:
+                raise CheBenchError(f"input ids must lie in 0..{self.task.input_size - 1}")
+        if draws is None:
+            draws = self.sample_draws(input_tokens)
+        batch = inputs.shape[1]
+        sub_batch = self._sub_batch_size(batch, input_tokens, inputs.device)
+        if sub_batch < batch:
+            return torch.cat([self._forward(part, draws) for part in inputs.split(sub_batch, 1)], 1)
+        return self._forward(inputs, draws)
+
+    def _sub_batch_size(self, batch: int, input_tokens: int, device: torch.device) -> int:
         """Without gradients, split the batch when one query row of it exceeds the budget."""
         if torch.is_grad_enabled():
             return batch
         length = input_tokens + self.output_length(input_tokens)
-        channels = max(block.attention.transient_channels() for block in self.blocks)
-        row_bytes = FLOAT_BYTES * channels * length
+        channels = max(block.attention.transient_channels(device) for block in self.blocks)
+        row_bytes = FLOAT_BYTES * self.members * channels * length
         return max(1, min(batch, self.memory_budget_bytes // row_bytes))
 
-    def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        output_length = self.output_length(inputs.shape[1])
-        placeholders = inputs.new_full((inputs.shape[0], output_length), self.task.input_size)
-        tokens = torch.cat([inputs, placeholders], dim=1)
+    def _forward(self, inputs: torch.Tensor, draws: Draws | None) -> torch.Tensor:
+        output_length = self.output_length(inputs.shape[-1])
+        placeholders = inputs.new_full((*inputs.shape[:2], output_length), self.task.input_size)
+        tokens = torch.cat([inputs, placeholders], dim=-1)
         h = self.embedding(tokens) * math.sqrt(self.dim)
-        h = self.embedding_dropout(self.encoding.embed(h))
-        for block in self.blocks:
-            h = block(h)
-        return self.head(h[:, h.shape[1] - output_length :])
+        h = self.embedding_dropout(self.encoding.embed(h, draws))
+        for layer, block in enumerate(self.blocks):
+            h = block(h, None if draws is None else draws.layer(layer))
+        return self.head(h[:, :, h.shape[2] - output_length :])
+
+    # -- inspection ------------------------------------------------------------------------
+
+    @contextmanager
+    def capture_attention(self) -> Iterator[list[list[dict[str, torch.Tensor | None]]]]:
+        """Record every layer's attention maps during the forward passes inside the block:
+        yields one list per layer, to which each row chunk appends its ``scores`` (q.k scaled,
+        plus the encoding's bias), ``logits`` (after DAPE; None without it) and
+        ``probabilities`` (the softmax the layer uses), each ``[M, B, H, R, T]``."""
+        captured: list[list[dict[str, torch.Tensor | None]]] = [[] for _ in self.blocks]
+        for block, maps in zip(self.blocks, captured):
+            block.attention.capture = maps
+        try:
+            yield captured
+        finally:
+            for block in self.blocks:
+                block.attention.capture = None
 
     def describe(self) -> dict[str, Any]:
-        """The fully resolved configuration, for recording with results."""
+        """The fully resolved configuration of one member, for recording with results."""
         return {
             "task": self.task.name,
             "task_params": self.task.params(),
@@ -268,16 +388,20 @@ class Encoder(nn.Module):
             **self._training_options,
             "causal": self.causal,
             "memory_budget_bytes": self.memory_budget_bytes,
-            "parameters": sum(p.numel() for p in self.parameters()),
+            "parameters": sum(p.numel() for p in self.parameters()) // self.members,
         }
 
 
-def build_model(task: Task, pe: str = "none", kernel: int | None = None, **options: Any) -> Encoder:
-    """The encoder for ``task`` with encoding ``pe`` and DAPE kernel ``kernel`` (None = off).
+def build_model(
+    task: Task, pe: str = "none", kernel: int | None = None, *, members: int = 1, **options: Any
+) -> Encoder:
+    """The encoder for ``task`` with encoding ``pe`` and DAPE kernel ``kernel`` (None = off),
+    initialised from torch's global RNG; ``members`` models side by side (each drawn in turn).
 
     ``options``: the keys of ``MODEL_DEFAULTS``; everything else is passed to the encoding,
     which rejects what it does not know. Invalid combinations raise ``CheBenchError``.
     """
+    build_options = dict(options)
     settings = {name: options.pop(name, default) for name, default in MODEL_DEFAULTS.items()}
     for name in ("layers", "dim", "heads", "ffn", "dape_width", "train_length"):
         value = settings[name]
@@ -311,6 +435,38 @@ def build_model(task: Task, pe: str = "none", kernel: int | None = None, **optio
         heads=settings["heads"],
         layers=settings["layers"],
         train_max_tokens=train_max_tokens,
+        members=members,
         **options,
     )
-    return Encoder(task, encoding, kernel=kernel, train_max_tokens=train_max_tokens, **settings)
+    return Encoder(
+        task,
+        encoding,
+        kernel=kernel,
+        train_max_tokens=train_max_tokens,
+        members=members,
+        build_options=build_options,
+        **settings,
+    )
+
+
+def stack_members(models: Sequence[Encoder]) -> Encoder:
+    """One model holding the members of ``models`` (built alike, each from its own seed) side
+    by side, in order; its parameters are copies. The draw generators start from member 0's
+    seed: seed them (``seed_draws``) before training or evaluating."""
+    first = models[0]
+    if any(model.build_options != first.build_options or model.task.params() != first.task.params()
+           or (model.task.name, model.encoding.name, model.kernel)
+           != (first.task.name, first.encoding.name, first.kernel) for model in models):
+        raise CheBenchError("only models built with the same task, encoding and options stack")
+    with torch.random.fork_rng(devices=[]):  # the pack's own initialisation is overwritten
+        pack = build_model(first.task, first.encoding.name, first.kernel,
+                           members=sum(model.members for model in models), **first.build_options)
+    states = [model.state_dict() for model in models]
+    pack.load_state_dict({name: torch.cat([state[name] for state in states]) for name in states[0]})
+    return pack.to(first.embedding.weight.device)
+
+
+def member_state_dict(model: Encoder, member: int) -> dict[str, torch.Tensor]:
+    """The weights of one member, as a one-member model's ``state_dict`` (fresh copies, so
+    that saving one never writes the whole pack's storage)."""
+    return {name: tensor[member : member + 1].clone() for name, tensor in model.state_dict().items()}

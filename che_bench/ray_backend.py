@@ -1,9 +1,11 @@
-"""Ray backend of ``che-bench sweep``: every run is a Ray task; the driver alone writes the store.
+"""Ray backend of ``che-bench sweep``: every pack of runs is a Ray task; the driver alone
+writes the store.
 
-Each run asks the cluster for ``num_cpus`` CPUs and ``num_gpus`` GPUs (fractions allowed:
-several small CHE models share one GPU), runs ``execute_run`` on whichever node Ray picks,
-and returns its RunResult to the driver as soon as it finishes (``ray.wait``). Ray is an
-optional dependency, imported only when this backend is used.
+Each pack asks the cluster for ``num_cpus`` CPUs and ``num_gpus`` GPUs (fractions allowed:
+several small CHE models share one GPU; a packed table cell wants a GPU of its own), runs
+``execute_runs`` on whichever node Ray picks, and returns its RunResults to the driver as
+soon as it finishes (``ray.wait``). Ray is an optional dependency, imported only when this
+backend is used.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from typing import Any
 
 from che_bench.errors import CheBenchError
 from che_bench.config import RunConfig, RunResult
-from che_bench.runner import execute_run
+from che_bench.runner import execute_runs
 
 INSTALL_HINT = 'the Ray backend needs Ray: pip install "che-bench[ray]"'
-#: Default share of a GPU per run when the cluster has GPUs and nothing else is asked for.
+#: Default share of a GPU per task when the cluster has GPUs and nothing else is asked for:
+#: single runs share a GPU four ways; a pack (which sizes itself to the GPU) takes all of one.
 DEFAULT_GPU_FRACTION = 0.25
+PACKED_GPU_FRACTION = 1.0
 #: Re-executions Ray may make of a run whose worker process or node died (not of failed runs).
 SYSTEM_RETRIES = 2
 
@@ -39,15 +43,17 @@ class RayBackend:
 
     ``address``: None starts a private local instance (``num_cpus`` limits it, if given);
     ``"auto"`` joins the cluster started on this node with ``ray start``; ``ray://HOST:PORT``
-    connects through Ray Client. ``run_cpus``/``run_gpus`` are each run's resources;
-    ``run_gpus=None`` picks DEFAULT_GPU_FRACTION on clusters with GPUs, else 0.
-    ``max_in_flight`` caps the runs handed to Ray at once (default: what fits the cluster).
+    connects through Ray Client. ``run_cpus``/``run_gpus`` are each task's resources;
+    ``run_gpus=None`` picks DEFAULT_GPU_FRACTION (PACKED_GPU_FRACTION with ``packed``) on
+    clusters with GPUs, else 0. ``max_in_flight`` caps the tasks handed to Ray at once
+    (default: what fits the cluster).
     """
 
     def __init__(self, *, address: str | None = None, run_cpus: float = 1.0,
                  run_gpus: float | None = None, device: str = "auto",
-                 checkpoint_dir: Path | None = None, max_in_flight: int | None = None,
-                 local_cpus: int | None = None) -> None:
+                 checkpoint_dir: Path | None = None, models_dir: Path | None = None,
+                 max_in_flight: int | None = None, local_cpus: int | None = None,
+                 packed: bool = False) -> None:
         self.ray = import_ray()
         self._connected_here = not self.ray.is_initialized()
         self._in_flight: set = set()
@@ -62,14 +68,16 @@ class RayBackend:
                 where = address or "a local instance"
                 raise CheBenchError(f"cannot start or reach Ray at {where}: {exc}".splitlines()[0]) from None
         if run_gpus is None:
-            run_gpus = DEFAULT_GPU_FRACTION if self.ray.cluster_resources().get("GPU", 0) else 0.0
+            share = PACKED_GPU_FRACTION if packed else DEFAULT_GPU_FRACTION
+            run_gpus = share if self.ray.cluster_resources().get("GPU", 0) else 0.0
         if run_cpus <= 0 and run_gpus <= 0:
             raise CheBenchError("each run needs some CPUs or GPUs (num_cpus / num_gpus > 0)")
         self.run_cpus, self.run_gpus = run_cpus, run_gpus
+        self.on_gpu = run_gpus > 0
         self.max_in_flight = max_in_flight
         # A task that asks for no GPU must not pick one up through device "auto".
         self.device = "cpu" if device == "auto" and run_gpus == 0 else device
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_dir, self.models_dir = checkpoint_dir, models_dir
         self._remote = self.ray.remote(_run_in_ray_task).options(
             num_cpus=run_cpus, num_gpus=run_gpus, max_retries=SYSTEM_RETRIES,
         )
@@ -87,13 +95,14 @@ class RayBackend:
             fits.append(resources.get("GPU", 0) / self.run_gpus)
         return max(1, math.floor(min(fits) + 1e-9))
 
-    def submit(self, config: RunConfig):
+    def submit(self, configs: list[RunConfig], width: int | str):
         threads = max(1, math.floor(self.run_cpus))
-        ref = self._remote.remote(config, self.device, self.checkpoint_dir, threads)
+        ref = self._remote.remote(configs, width, self.device, self.checkpoint_dir,
+                                  self.models_dir, threads)
         self._in_flight.add(ref)
         return ref
 
-    def wait(self, handles: Sequence) -> list[tuple[Any, RunResult | BaseException]]:
+    def wait(self, handles: Sequence) -> list[tuple[Any, list[RunResult] | BaseException]]:
         ready, rest = self.ray.wait(list(handles), num_returns=1)
         if rest:  # collect whatever else has finished too, without blocking
             more, _ = self.ray.wait(rest, num_returns=len(rest), timeout=0)
@@ -119,10 +128,12 @@ class RayBackend:
             self.ray.shutdown()  # stops a private local instance; only disconnects from a cluster
 
 
-def _run_in_ray_task(config: RunConfig, device: str, checkpoint_dir: Path | None,
-                     threads: int) -> RunResult:
+def _run_in_ray_task(configs: list[RunConfig], width: int | str, device: str,
+                     checkpoint_dir: Path | None, models_dir: Path | None,
+                     threads: int) -> list[RunResult]:
     """Body of one Ray task: size torch's thread pool to the CPUs Ray granted, then run."""
     import torch
 
     torch.set_num_threads(threads)
-    return execute_run(config, device=device, checkpoint_dir=checkpoint_dir, progress=False)
+    return execute_runs(configs, pack=width, device=device, checkpoint_dir=checkpoint_dir,
+                        models_dir=models_dir, progress=False)

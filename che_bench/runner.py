@@ -1,17 +1,21 @@
-"""One benchmark run: its execution (train, then evaluate) on a device.
+"""Benchmark runs: their execution (train, then evaluate) on a device, one pack at a time.
 
-``execute_run`` trains and evaluates without touching the result store, so it can run in any
-worker process; the caller records the returned ``RunResult`` (see ``che_bench.store``).
+``execute_pack`` trains and evaluates runs that differ only in seeds and learning rate side by
+side, ``execute_run`` one run (a pack of one); neither touches the result store, so they can
+run in any worker process; the caller records the returned ``RunResult``s (see
+``che_bench.store``).
 """
 
 from __future__ import annotations
 
+import json
 import platform
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,6 +23,11 @@ import torch
 import che_bench
 from che_bench.config import RunConfig, RunResult
 from che_bench.errors import CheBenchError
+from che_bench.evaluation import evaluate
+from che_bench.kept_models import save_model
+from che_bench.model import build_model, member_state_dict, stack_members
+from che_bench.packing import group_into_packs, resolve_width
+from che_bench.training import Diverged, checkpoint_step, train_pack
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -57,75 +66,182 @@ def checkpoint_path(checkpoint_dir: str | Path, run_id: str) -> Path:
     return Path(checkpoint_dir) / f"{run_id}.pt"
 
 
+def check_pack(configs: Sequence[RunConfig]) -> None:
+    """Refuse, before any training, runs that cannot train as one pack: members must agree on
+    everything but seed, data seed and learning rate, be distinct, and share a length seed."""
+    if not configs:
+        raise CheBenchError("a pack needs at least one run")
+    keys = [json.loads(config.pack_key()) for config in configs]
+    differing = sorted({name for key in keys[1:] for name in key if key[name] != keys[0].get(name)}
+                       | {name for key in keys[1:] for name in set(keys[0]) ^ set(key)})
+    if differing:
+        raise CheBenchError(
+            f"these runs cannot train as one pack: they differ in {', '.join(differing)} "
+            "(members may differ only in seed, data seed and learning rate)"
+        )
+    run_ids = [config.run_id() for config in configs]
+    if len(set(run_ids)) != len(run_ids):
+        raise CheBenchError("a pack holds the same run twice")
+    if len(configs) > 1 and configs[0].length_seed is None:
+        raise CheBenchError(
+            "packed runs must share a length schedule: give them a length_seed "
+            "(--length-seed, or length_seed in a suite's [overrides])"
+        )
+
+
+def execute_pack(
+    configs: Sequence[RunConfig],
+    *,
+    device: str = "auto",
+    checkpoint_dir: str | Path | None = None,
+    models_dir: str | Path | None = None,
+    progress: bool = True,
+    checkpoint_every: int = 1000,
+    on_step: Callable[[int, list[float]], None] | None = None,
+) -> list[RunResult]:
+    """Train and evaluate a pack of runs side by side (``check_pack``); never touches the
+    result store. Returns one RunResult per config, in order.
+
+    With ``checkpoint_dir``, each member's training state is saved there every
+    ``checkpoint_every`` steps and on Ctrl-C, and members with a checkpoint resume from it
+    (exactly the result of an uninterrupted run for an unchanged pack); members whose
+    checkpoints are at different steps train as separate packs. A checkpoint is removed once
+    its run has finished. With ``models_dir``, every completed run's final weights are kept
+    there (``che_bench.kept_models``). ``on_step(step, losses)`` is called after every
+    optimizer step with each member's loss (progress hooks, tests). A diverged member or a
+    crashed pack gives ``status="failed"`` results; KeyboardInterrupt propagates after the
+    checkpoints are saved.
+    """
+    check_pack(configs)
+    torch_device = resolve_device(device)
+    results = [
+        RunResult(run_id=config.run_id(), config=config, status="failed",
+                  versions=software_versions(), device=describe_device(torch_device))
+        for config in configs
+    ]
+    checkpoints = (None if checkpoint_dir is None
+                   else [checkpoint_path(checkpoint_dir, config.run_id()) for config in configs])
+    groups: dict[int, list[int]] = {}
+    for index, config in enumerate(configs):
+        try:
+            step = 0 if checkpoints is None else checkpoint_step(checkpoints[index], config)
+        except CheBenchError as exc:  # this member cannot resume; the others go on
+            results[index].error = str(exc)
+            continue
+        groups.setdefault(step, []).append(index)
+    for members in groups.values():
+        _execute_group(
+            [configs[i] for i in members],
+            [results[i] for i in members],
+            torch_device,
+            checkpoints=None if checkpoints is None else [checkpoints[i] for i in members],
+            models_dir=models_dir,
+            progress=progress,
+            checkpoint_every=checkpoint_every,
+            on_step=on_step,
+        )
+    return results
+
+
+def _execute_group(
+    configs: list[RunConfig],
+    results: list[RunResult],
+    device: torch.device,
+    *,
+    checkpoints: list[Path] | None,
+    models_dir: str | Path | None,
+    progress: bool,
+    checkpoint_every: int,
+    on_step: Callable[[int, list[float]], None] | None,
+) -> None:
+    """Train and evaluate members that resume from the same step as one pack; fills
+    ``results`` in place."""
+    started = time.perf_counter()
+    pack = {"members": len(configs), "run_ids": [config.run_id() for config in configs]}
+    try:
+        task = configs[0].build_task()
+        models = []
+        for config in configs:  # each member initialised exactly as the run alone would be
+            torch.manual_seed(config.seed)
+            models.append(build_model(task, config.pe, config.kernel, **config.model_kwargs()))
+        model = models[0] if len(models) == 1 else stack_members(models)
+        description = model.describe()
+        for result in results:
+            result.details["model"] = description
+            if len(configs) > 1:
+                result.details["pack"] = pack
+        model.to(device)
+        training = train_pack(model, task, configs, device, checkpoints=checkpoints,
+                              checkpoint_every=checkpoint_every, progress=progress,
+                              on_step=on_step)
+        evaluations = evaluate(model, task, configs[0], device, progress=progress)
+    except KeyboardInterrupt:
+        raise
+    except Diverged as exc:  # deterministic: a resumed run would diverge again
+        for result in results:
+            result.error = str(exc)
+        finished = [True] * len(configs)
+    except Exception as exc:  # recorded as failed runs; the traceback is kept in details
+        for result in results:
+            result.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            result.details["traceback"] = traceback.format_exc()
+        finished = [False] * len(configs)  # keep the checkpoints: a re-run after a fix resumes
+    else:
+        finished = [True] * len(configs)
+        for member, (config, result, evaluation) in enumerate(zip(configs, results, evaluations)):
+            result.timings.update(training.timings)
+            result.timings["eval_s"] = evaluation.seconds
+            diverged_at = training.diverged_at[member]
+            if diverged_at is not None:
+                result.error = f"diverged at step {diverged_at}: loss is not finite (lr {config.lr:g})"
+                continue
+            result.status = "complete"
+            result.score = evaluation.score
+            result.train_accuracy = evaluation.train_accuracy
+            result.per_length = evaluation.per_length
+            result.train_per_length = evaluation.train_per_length
+            if models_dir is not None:
+                save_model(models_dir, config, member_state_dict(model, member))
+    total = time.perf_counter() - started
+    for member, result in enumerate(results):
+        result.timings["total_s"] = total
+        if checkpoints is not None and finished[member]:
+            checkpoints[member].unlink(missing_ok=True)
+
+
+def execute_runs(
+    configs: Sequence[RunConfig],
+    *,
+    pack: int | str = 1,
+    device: str = "auto",
+    **options: Any,
+) -> list[RunResult]:
+    """Train and evaluate ``configs`` in packs of at most ``pack`` members (``"auto"``: as wide
+    as the device allows, see ``che_bench.packing``), one pack after another; ``options`` go
+    to ``execute_pack``. Results come back in the order of ``configs``."""
+    torch_device = resolve_device(device)
+    results: dict[str, RunResult] = {}
+    for cell in group_into_packs(configs, None):
+        width = resolve_width(pack, cell[0], torch_device)
+        for start in range(0, len(cell), width):
+            for result in execute_pack(cell[start : start + width], device=device, **options):
+                results[result.run_id] = result
+    return [results[config.run_id()] for config in configs]
+
+
 def execute_run(
     config: RunConfig,
     *,
     device: str = "auto",
     checkpoint_dir: str | Path | None = None,
+    models_dir: str | Path | None = None,
     progress: bool = True,
     checkpoint_every: int = 1000,
     on_step: Callable[[int, float], None] | None = None,
 ) -> RunResult:
-    """Train and evaluate one configuration; never touches the result store.
-
-    With ``checkpoint_dir``, training state is saved there every ``checkpoint_every`` steps and
-    on Ctrl-C, and a run with an existing checkpoint resumes from it (the final result is exactly
-    that of an uninterrupted run); the checkpoint is removed once the run has finished.
-    ``on_step(step, loss)`` is called after every optimizer step (progress hooks, tests).
-    A diverged or crashed run returns ``status="failed"``; KeyboardInterrupt propagates
-    after the checkpoint is saved.
-    """
-    from che_bench.evaluation import evaluate
-    from che_bench.model import build_model
-    from che_bench.training import Diverged, train
-
-    run_id = config.run_id()
-    torch_device = resolve_device(device)
-    result = RunResult(
-        run_id=run_id,
-        config=config,
-        status="failed",
-        versions=software_versions(),
-        device=describe_device(torch_device),
-    )
-    checkpoint = checkpoint_path(checkpoint_dir, run_id) if checkpoint_dir is not None else None
-    started = time.perf_counter()
-    try:
-        task = config.build_task()
-        torch.manual_seed(config.seed)
-        model = build_model(task, pe=config.pe, kernel=config.kernel, **config.model_kwargs())
-        result.details["model"] = model.describe()
-        model.to(torch_device)
-        training = train(
-            model,
-            task,
-            config,
-            torch_device,
-            checkpoint=checkpoint,
-            checkpoint_every=checkpoint_every,
-            progress=progress,
-            on_step=on_step,
-        )
-        result.timings.update(training.timings)
-        evaluation = evaluate(model, task, config, torch_device, progress=progress)
-    except KeyboardInterrupt:
-        raise
-    except Diverged as exc:  # deterministic: a resumed run would diverge again
-        result.error = str(exc)
-        finished = True
-    except Exception as exc:  # recorded as a failed run; the traceback is kept in details
-        result.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        result.details["traceback"] = traceback.format_exc()
-        finished = False  # keep the checkpoint: a re-run after a fix resumes
-    else:
-        finished = True
-        result.status = "complete"
-        result.score = evaluation.score
-        result.train_accuracy = evaluation.train_accuracy
-        result.per_length = evaluation.per_length
-        result.train_per_length = evaluation.train_per_length
-        result.timings["eval_s"] = evaluation.seconds
-    result.timings["total_s"] = time.perf_counter() - started
-    if checkpoint is not None and finished:
-        checkpoint.unlink(missing_ok=True)
-    return result
+    """Train and evaluate one configuration (a pack of one, see ``execute_pack``); never
+    touches the result store. ``on_step(step, loss)`` is called after every optimizer step."""
+    on_member_step = None if on_step is None else (lambda step, losses: on_step(step, losses[0]))
+    return execute_pack([config], device=device, checkpoint_dir=checkpoint_dir,
+                        models_dir=models_dir, progress=progress,
+                        checkpoint_every=checkpoint_every, on_step=on_member_step)[0]

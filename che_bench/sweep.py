@@ -1,12 +1,14 @@
 """Run a grid of RunConfigs in parallel, resumably, with one writer of the result store.
 
-The scheduler (``run_sweep``) skips runs the store already has complete, keeps a backend
-busy with the rest, and records every result as it arrives: the parent process is the
-only writer of the store, each result is one atomic write, so a sweep killed at any
-point (even with SIGKILL) and started again finishes the grid without losing or
-repeating a completed run. Backends execute ``execute_run`` elsewhere: ``LocalBackend``
-in a pool of worker processes, ``che_bench.ray_backend.RayBackend`` as Ray tasks.
-Interrupted runs resume from their checkpoints (``checkpoint_dir_for(store)``).
+The scheduler (``run_sweep``) skips runs the store already has complete, groups the rest
+into packs (runs of one table cell trained side by side, ``che_bench.packing``), keeps a
+backend busy with the packs, and records every result as it arrives: the parent process is
+the only writer of the store, each result is one atomic write, so a sweep killed at any
+point (even with SIGKILL) and started again finishes the grid without losing or repeating
+a completed run. Backends execute ``execute_runs`` elsewhere: ``LocalBackend`` in a pool of
+worker processes, ``che_bench.ray_backend.RayBackend`` as Ray tasks. Interrupted runs resume
+from their checkpoints (``checkpoint_dir_for(store)``); the grouping is deterministic, so a
+restarted sweep forms the same packs, which resume together.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from che_bench.config import RunConfig, RunResult
-from che_bench.runner import execute_run, software_versions
+from che_bench.packing import AUTO, CPU_AUTO_WIDTH, group_into_packs
+from che_bench.runner import execute_runs, software_versions
 
 #: How often an idle-or-busy worker checks that the sweep process is still alive.
 ORPHAN_POLL_S = 1.0
@@ -37,17 +40,23 @@ ORPHAN_GRACE_S = 60.0
 
 
 class Backend(Protocol):
-    """Where runs execute. Handles are opaque hashable tokens for submitted runs."""
+    """Where packs of runs execute. Handles are opaque hashable tokens for submitted packs."""
+
+    #: Whether the runs execute on GPUs (``--pack auto`` then sends whole table cells).
+    on_gpu: bool
 
     def capacity(self) -> int:
-        """How many runs to keep in flight."""
+        """How many packs to keep in flight."""
 
-    def submit(self, config: RunConfig) -> Hashable:
-        """Start ``config``; returns its handle."""
+    def submit(self, configs: list[RunConfig], width: int | str) -> Hashable:
+        """Start the runs ``configs`` in packs of at most ``width`` members (or "auto");
+        returns its handle."""
 
-    def wait(self, handles: Sequence[Hashable]) -> list[tuple[Hashable, RunResult | BaseException]]:
-        """Block until at least one of ``handles`` finishes; its result or the exception
-        that prevented one (a crashed worker, say)."""
+    def wait(
+        self, handles: Sequence[Hashable]
+    ) -> list[tuple[Hashable, list[RunResult] | BaseException]]:
+        """Block until at least one of ``handles`` finishes; its results or the exception
+        that prevented them (a crashed worker, say)."""
 
     def interrupt(self) -> None:
         """Stop the runs in flight (they checkpoint) and drop the rest."""
@@ -93,17 +102,21 @@ def run_sweep(
     store,
     make_backend: Callable[[], Backend],
     *,
+    pack: int | str = 1,
     max_runs: int | None = None,
     console: Console | None = None,
     live: bool = True,
 ) -> SweepOutcome:
     """Execute every config not yet complete in ``store``; record results as they finish.
 
-    ``make_backend()`` is called only when there is something to run. At most ``max_runs``
-    runs are started. Each finished run is logged as one line on
-    ``console``; with ``live`` (and a terminal) a progress bar shows done / running /
-    failed / left and an ETA. Ctrl-C stops the runs in flight (they checkpoint), leaves
-    them unrecorded and re-raises KeyboardInterrupt. The backend is closed on return.
+    ``make_backend()`` is called only when there is something to run. Runs of one table
+    cell are submitted together, in packs of at most ``pack`` members; with ``"auto"`` a
+    GPU backend gets whole cells (the worker sizes packs to its GPU's memory) and a CPU one
+    packs of ``CPU_AUTO_WIDTH``. At most ``max_runs`` runs are started. Each finished run is
+    logged as one line on ``console``; with ``live`` (and a terminal) a progress bar shows
+    done / running / failed / left and an ETA. Ctrl-C stops the runs in flight (they
+    checkpoint), leaves them unrecorded and re-raises KeyboardInterrupt. The backend is
+    closed on return.
     """
     console = console or Console()
     completed = store.completed_run_ids()
@@ -115,24 +128,36 @@ def run_sweep(
         todo = todo[:max_runs]
     if not todo:
         return outcome
-    queue = deque(todo)
-    in_flight: dict[Hashable, RunConfig] = {}
     backend = make_backend()
+    if pack == AUTO:
+        group_width = None if backend.on_gpu else CPU_AUTO_WIDTH
+    else:
+        group_width = int(pack)
+    queue = deque(group_into_packs(todo, group_width))
+    in_flight: dict[Hashable, list[RunConfig]] = {}
     view = _GridView(len(todo), console, live)
+
+    def running() -> int:
+        return sum(len(members) for members in in_flight.values())
+
     try:
         with view:
             while queue or in_flight:
                 while queue and len(in_flight) < backend.capacity():
-                    config = queue.popleft()
-                    store.mark_started(config)
-                    in_flight[backend.submit(config)] = config
-                view.update(running=len(in_flight), left=len(queue))
+                    members = queue.popleft()
+                    for config in members:
+                        store.mark_started(config)
+                    in_flight[backend.submit(members, pack)] = members
+                left = sum(len(members) for members in queue)
+                view.update(running=running(), left=left)
                 for handle, returned in backend.wait(list(in_flight)):
-                    config = in_flight.pop(handle)
-                    result = returned if isinstance(returned, RunResult) else failed_result(config, returned)
-                    store.record(result)
-                    outcome.results.append(result)
-                    view.finished(result, running=len(in_flight), left=len(queue))
+                    members = in_flight.pop(handle)
+                    if isinstance(returned, BaseException):
+                        returned = [failed_result(config, returned) for config in members]
+                    for result in returned:
+                        store.record(result)
+                        outcome.results.append(result)
+                        view.finished(result, running=running(), left=left)
     except KeyboardInterrupt:
         backend.interrupt()
         raise
@@ -227,22 +252,26 @@ def available_cpus() -> int:
 
 
 class LocalBackend:
-    """``workers`` spawned processes, each running one ``execute_run`` at a time with
+    """``workers`` spawned processes, each running one pack at a time (``execute_runs``) with
     ``threads`` torch threads; results travel back to the sweep process."""
 
     def __init__(self, workers: int, *, device: str = "auto", checkpoint_dir: Path | None = None,
-                 threads: int | None = None) -> None:
+                 models_dir: Path | None = None, threads: int | None = None) -> None:
+        from che_bench.runner import resolve_device
+
         self.workers = workers
         self.device = device
-        self.checkpoint_dir = checkpoint_dir
+        self.on_gpu = resolve_device(device).type == "cuda"
+        self.checkpoint_dir, self.models_dir = checkpoint_dir, models_dir
         self.threads = threads or default_threads_per_worker(workers)
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
     def capacity(self) -> int:
         return self.workers
 
-    def submit(self, config: RunConfig) -> concurrent.futures.Future:
-        return self._executor().submit(_run_in_worker, config, self.device, self.checkpoint_dir)
+    def submit(self, configs: list[RunConfig], width: int | str) -> concurrent.futures.Future:
+        return self._executor().submit(_run_in_worker, configs, width, self.device,
+                                       self.checkpoint_dir, self.models_dir)
 
     def wait(self, handles):
         done, _ = concurrent.futures.wait(handles, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -305,12 +334,14 @@ def _init_worker(threads: int, sweep_pid: int) -> None:
     threading.Thread(target=_watch_sweep, args=(sweep_pid,), daemon=True).start()
 
 
-def _run_in_worker(config: RunConfig, device: str, checkpoint_dir: Path | None) -> RunResult:
-    """One run in a worker; SIGINT stops it (training finishes its step and checkpoints)."""
+def _run_in_worker(configs: list[RunConfig], width: int | str, device: str,
+                   checkpoint_dir: Path | None, models_dir: Path | None) -> list[RunResult]:
+    """Runs in a worker; SIGINT stops them (training finishes its step and checkpoints)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _run_active.set()
     try:
-        return execute_run(config, device=device, checkpoint_dir=checkpoint_dir, progress=False)
+        return execute_runs(configs, pack=width, device=device, checkpoint_dir=checkpoint_dir,
+                            models_dir=models_dir, progress=False)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         _run_active.clear()

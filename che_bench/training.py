@@ -1,29 +1,44 @@
-"""The training loop of the CHE protocol, resumable bit for bit.
+"""The training loop of the CHE protocol for a pack of runs, resumable bit for bit.
 
-Each step draws one length uniformly from ``task.min_length..train_max_length`` and a batch of
-that length from a numpy Generator seeded with ``data_seed``; the loss is the per-token
-cross-entropy averaged over batch and output positions (unmasked, as in the reference); Adam
-follows global-norm clipping; modules with ``project_()`` (Kerple's positivity) are projected
-after every step. Dropout and randomized encodings draw from torch's global RNG.
+A pack is ``M`` runs that differ only in initialisation seed, data seed and learning rate
+(``RunConfig.pack_key``); a single run is a pack of one. They train side by side in one
+model with a member axis (``che_bench.members``): one forward and one backward per step for
+all of them. Each member keeps its own parameters, Adam state, gradient clipping (global norm
+per member), Kerple projection, dropout masks, randomized-position draws and training data;
+the members share the length drawn at each step.
 
-A checkpoint holds the model, the optimizer, the step and every RNG state, so resuming gives
-exactly the result of an uninterrupted run. Ctrl-C is deferred to the end of the current step,
-a checkpoint is written, then KeyboardInterrupt is re-raised.
+Each step draws one length uniformly from ``task.min_length..train_max_length`` (from the
+length seed's generator, or, for a run without one, from its data generator as before the
+length seed existed) and, per member, a batch of that length from a numpy Generator seeded
+with its ``data_seed``; the loss is the per-token cross-entropy averaged over batch and output
+positions (unmasked, as in the reference). Dropout draws from torch's global RNG; randomized
+encodings from per-member generators of their own.
+
+Nothing in the step loop waits for the device: losses and accuracy counts accumulate on it
+and are read every ``sync_every`` steps (finiteness, progress), batches are made ahead on a
+background thread and copied from pinned memory when training on a GPU.
+
+A member's checkpoint holds its weights, Adam state, every RNG state and the step, so
+resuming gives exactly the result of an uninterrupted run. Ctrl-C is deferred to the end of
+the current step, checkpoints are written, then KeyboardInterrupt is re-raised.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import queue
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,139 +53,401 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
+from che_bench.model import Encoder
+from che_bench.tasks.base import Task
 
-if TYPE_CHECKING:
-    from che_bench.config import RunConfig
-    from che_bench.tasks.base import Task
+#: Checkpoint layout version (older files are refused with a clear message).
+CHECKPOINT_FORMAT = 2
+#: Batches made ahead of the step loop on a GPU.
+PREFETCH_DEPTH = 4
+#: Host-device synchronisations: every step on a CPU (free there), every this many on a GPU.
+GPU_SYNC_EVERY = 50
 
 
 class Diverged(RuntimeError):
     """The loss became NaN or infinite."""
 
 
-@dataclass
-class TrainingOutcome:
-    steps_done: int
-    resumed_from_step: int
-    final_loss: float
-    timings: dict[str, float] = field(default_factory=dict)
+def draw_seed(seed: int) -> int:
+    """Seed of a run's generator of random positions, derived from its initialisation seed
+    (a separate stream, so dropout and draws never share numbers)."""
+    return int(np.random.SeedSequence([seed, 0x64726177]).generate_state(1)[0])
 
 
-def batch_to_device(batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(inputs, targets, mask) tensors. The arrays are copied: task arrays may be reversed
-    views, whose negative strides torch rejects (even on size-1 axes numpy calls contiguous)."""
-    return tuple(  # type: ignore[return-value]
-        torch.from_numpy(array.copy()).to(device)
-        for array in (batch.inputs, batch.targets, batch.mask)
-    )
+def check_token_ids(inputs: np.ndarray, task: Task) -> None:
+    """Input ids must lie in ``0..input_size-1`` (checked on the host, before any copy)."""
+    if inputs.size and (inputs.min() < 0 or inputs.max() >= task.input_size):
+        raise CheBenchError(f"input ids must lie in 0..{task.input_size - 1}")
 
 
 def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy per output token, averaged over batch and positions; not masked."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-def masked_correct(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> tuple[int, int]:
-    """(correct masked-in positions, masked-in positions) of a batch."""
-    hits = (logits.argmax(-1) == targets) & mask
-    return int(hits.sum()), int(mask.sum())
-
-
-def make_optimizer(model: torch.nn.Module, config: RunConfig) -> torch.optim.Optimizer:
-    return torch.optim.Adam(
-        model.parameters(), lr=config.lr, betas=tuple(config.adam_betas), eps=config.adam_eps
+    """Cross-entropy per output token, averaged over batch and positions, per member: logits
+    ``[M, B, L, C]`` and targets ``[M, B, L]`` -> ``[M]``; not masked."""
+    members = logits.shape[0]
+    per_token = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
     )
+    return per_token.view(members, -1).mean(1)
 
 
-def train(
-    model: torch.nn.Module,
+def masked_counts(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Correct masked-in positions and masked-in positions per member (device tensors ``[M]``);
+    ``targets`` and ``mask`` are ``[M, B, L]`` or ``[B, L]`` (shared by the members)."""
+    hits = (logits.argmax(-1) == targets) & mask
+    counted = mask.expand_as(hits)
+    return hits.flatten(1).sum(1), counted.flatten(1).sum(1)
+
+
+# --- the optimizer ------------------------------------------------------------------------
+
+
+class PackOptimizer:
+    """Adam after global-norm gradient clipping, per member, for a model whose parameters
+    all have a leading member axis.
+
+    The parameters and their gradients are re-homed into two flat ``[M, P]`` buffers (each
+    parameter a view of its columns), so clipping and the Adam update are a handful of
+    whole-pack operations, whatever the number of parameter tensors. Members never mix: the
+    norm, the clipping factor and the learning rate are per row. A learning rate of 0 leaves
+    its member's weights unchanged.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        lrs: Sequence[float],
+        betas: Sequence[float],
+        eps: float,
+        max_norm: float,
+    ) -> None:
+        # The gradients are views of the flat buffer on purpose: autograd accumulates into
+        # them in place, and that is all the layout contract is about.
+        warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout")
+        self.parameters = list(model.parameters())
+        first = self.parameters[0]
+        members = first.shape[0]
+        if len(lrs) != members or any(p.shape[0] != members for p in self.parameters):
+            raise ValueError("every parameter needs a leading member axis of one size per lr")
+        sizes = [p[0].numel() for p in self.parameters]
+        self.flat = first.new_empty(members, sum(sizes))
+        self.flat_grad = torch.zeros_like(self.flat)
+        offset = 0
+        with torch.no_grad():
+            for parameter, size in zip(self.parameters, sizes):
+                columns = slice(offset, offset + size)
+                self.flat[:, columns].copy_(parameter.reshape(members, size))
+                parameter.data = self.flat[:, columns].view(parameter.shape)
+                parameter.grad = self.flat_grad[:, columns].view(parameter.shape)
+                offset += size
+        self.lrs = torch.tensor(list(lrs), dtype=self.flat.dtype, device=self.flat.device)[:, None]
+        self.beta1, self.beta2 = float(betas[0]), float(betas[1])
+        self.eps, self.max_norm = float(eps), float(max_norm)
+        self.exp_avg = torch.zeros_like(self.flat)
+        self.exp_avg_sq = torch.zeros_like(self.flat)
+        self.steps = 0
+        #: Fingerprint of the flat layout (names are not needed: the model fixes the order).
+        self.layout = hashlib.sha256(
+            repr([tuple(p.shape) for p in self.parameters]).encode()
+        ).hexdigest()[:16]
+
+    def zero_grad(self) -> None:
+        self.flat_grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        norms = torch.linalg.vector_norm(self.flat_grad, dim=1, keepdim=True)
+        # torch.nn.utils.clip_grad_norm_'s factor, per member.
+        self.flat_grad.mul_((self.max_norm / (norms + 1e-6)).clamp(max=1.0))
+        self.steps += 1
+        grad = self.flat_grad
+        self.exp_avg.lerp_(grad, 1 - self.beta1)
+        self.exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+        bias_correction1 = 1 - self.beta1**self.steps
+        bias_correction2 = 1 - self.beta2**self.steps
+        denominator = (self.exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(self.eps)
+        self.flat.sub_(self.exp_avg / denominator * (self.lrs / bias_correction1))
+
+    def member_state(self, member: int) -> dict[str, Any]:
+        """One member's weights and Adam state (copies, on the CPU)."""
+        return {
+            "layout": self.layout,
+            "adam_steps": self.steps,
+            "flat": self.flat[member].cpu(),
+            "exp_avg": self.exp_avg[member].cpu(),
+            "exp_avg_sq": self.exp_avg_sq[member].cpu(),
+        }
+
+    @torch.no_grad()
+    def load_member_state(self, member: int, state: dict[str, Any]) -> None:
+        if state["layout"] != self.layout or state["flat"].shape != self.flat[member].shape:
+            raise CheBenchError("checkpoint is for another model layout")
+        self.flat[member] = state["flat"]
+        self.exp_avg[member] = state["exp_avg"]
+        self.exp_avg_sq[member] = state["exp_avg_sq"]
+        self.steps = int(state["adam_steps"])
+
+
+# --- batches ------------------------------------------------------------------------------
+
+
+@dataclass
+class PackBatch:
+    """One step's training batch for every member, with the RNG states after drawing it."""
+
+    length: int
+    inputs: torch.Tensor  # [M, B, n]
+    targets: torch.Tensor  # [M, B, L]
+    mask: torch.Tensor  # [M, B, L]
+    rng_states: dict[str, Any]
+
+
+class BatchStream:
+    """The training batches of a pack, in order: the shared length schedule and each
+    member's data generator. Its RNG states can be saved and restored with the batches."""
+
+    def __init__(self, task: Task, configs: Sequence[RunConfig]) -> None:
+        first = configs[0]
+        self.task, self.batch_size = task, first.batch_size
+        self.min_length, self.max_length = task.min_length, first.train_max_length
+        self.data_rngs = [np.random.default_rng(config.data_seed) for config in configs]
+        # Without a length seed (a single run) the lengths come from the data generator.
+        seeded = first.length_seed is not None
+        self.length_rng = np.random.default_rng(first.length_seed) if seeded else None
+
+    def states(self) -> dict[str, Any]:
+        return {
+            "length": None if self.length_rng is None else self.length_rng.bit_generator.state,
+            "data": [rng.bit_generator.state for rng in self.data_rngs],
+        }
+
+    def restore(self, states: dict[str, Any]) -> None:
+        if self.length_rng is not None:
+            self.length_rng.bit_generator.state = states["length"]
+        for rng, state in zip(self.data_rngs, states["data"], strict=True):
+            rng.bit_generator.state = state
+
+    def __iter__(self) -> Iterator[PackBatch]:
+        length_rng = self.length_rng or self.data_rngs[0]
+        while True:
+            length = int(length_rng.integers(self.min_length, self.max_length + 1))
+            batches = [self.task.sample(length, self.batch_size, rng) for rng in self.data_rngs]
+            inputs = np.stack([batch.inputs for batch in batches])  # copies reversed views too
+            check_token_ids(inputs, self.task)
+            yield PackBatch(
+                length,
+                torch.from_numpy(inputs),
+                torch.from_numpy(np.stack([batch.targets for batch in batches])),
+                torch.from_numpy(np.stack([batch.mask for batch in batches])),
+                self.states(),
+            )
+
+
+def on_device(batches: Iterator[PackBatch], device: torch.device) -> Iterator[PackBatch]:
+    """The batches on ``device``: as they are on a CPU; on a GPU made ahead on a background
+    thread (``PREFETCH_DEPTH`` of them) and copied from pinned memory without waiting."""
+    if device.type == "cpu":
+        yield from batches
+        return
+
+    def copied(batch: PackBatch) -> PackBatch:
+        move = lambda tensor: tensor.pin_memory().to(device, non_blocking=True)  # noqa: E731
+        return PackBatch(batch.length, move(batch.inputs), move(batch.targets), move(batch.mask),
+                         batch.rng_states)
+
+    ready: queue.Queue = queue.Queue(maxsize=PREFETCH_DEPTH)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                item = copied(batch)
+                while not stop.is_set():
+                    try:
+                        ready.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+            ready.put(exc)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    try:
+        while True:
+            item = ready.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        producer.join()
+
+
+# --- training -----------------------------------------------------------------------------
+
+
+@dataclass
+class PackTraining:
+    """What ``train_pack`` did; per-member lists in member order."""
+
+    steps_done: int
+    resumed_from_step: int
+    final_losses: list[float]
+    #: Step at which each member's loss first was not finite (None: it never diverged).
+    diverged_at: list[int | None]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Readings:
+    """Per-step losses and accuracy counts kept on the device until they are read."""
+
+    losses: list[torch.Tensor] = field(default_factory=list)
+    correct: list[torch.Tensor] = field(default_factory=list)
+    counted: list[torch.Tensor] = field(default_factory=list)
+
+
+def train_pack(
+    model: Encoder,
     task: Task,
-    config: RunConfig,
+    configs: Sequence[RunConfig],
     device: torch.device,
     *,
-    checkpoint: Path | None = None,
+    checkpoints: Sequence[Path] | None = None,
     checkpoint_every: int = 1000,
     progress: bool = True,
-    on_step: Callable[[int, float], None] | None = None,
-) -> TrainingOutcome:
-    """Train ``model`` (already on ``device``, freshly initialised from ``config.seed``) for
-    ``config.steps`` steps, resuming from ``checkpoint`` when that file exists."""
-    optimizer = make_optimizer(model, config)
-    data_rng = np.random.default_rng(config.data_seed)
+    on_step: Callable[[int, list[float]], None] | None = None,
+    sync_every: int | None = None,
+) -> PackTraining:
+    """Train the members of ``model`` (on ``device``, member m freshly initialised from
+    ``configs[m].seed``) for ``steps`` steps, resuming from ``checkpoints`` (one path per
+    member) when those files exist; all members must then be at the same step.
+
+    ``on_step(step, losses)`` is called after every optimizer step with each member's loss
+    (it makes the loop read the device every step). Returns each member's outcome; a member
+    whose loss stops being finite is reported in ``diverged_at`` (the others go on), and when
+    every member has diverged training stops with ``Diverged``.
+    """
+    steps = configs[0].steps
+    if sync_every is None:
+        sync_every = 1 if device.type == "cpu" or on_step is not None else GPU_SYNC_EVERY
+    optimizer = PackOptimizer(model, [c.lr for c in configs], configs[0].adam_betas,
+                              configs[0].adam_eps, configs[0].grad_clip_norm)
+    stream = BatchStream(task, configs)
+    model.seed_draws([draw_seed(config.seed) for config in configs])
     projected = [module for module in model.modules() if hasattr(module, "project_")]
     step, seconds_before = 0, 0.0
-    if checkpoint is not None and checkpoint.exists():
-        step, seconds_before = _load_checkpoint(checkpoint, model, optimizer, data_rng, config, device)
+    if checkpoints is not None and any(path.exists() for path in checkpoints):
+        step, seconds_before = _load_checkpoints(checkpoints, configs, model, optimizer, stream,
+                                                 device)
     resumed_from = step
-
-    model.train()
-    running_loss, running_acc = math.nan, math.nan
+    members = len(configs)
+    diverged_at: list[int | None] = [None] * members
+    running_losses = [math.nan] * members
+    running_accuracy = math.nan
+    readings = _Readings()
+    last_states = stream.states()
     started = time.perf_counter()
 
     def save() -> None:
-        _save_checkpoint(checkpoint, model, optimizer, data_rng, config, step,
-                         seconds_before + time.perf_counter() - started)
+        _save_checkpoints(checkpoints, configs, model, optimizer, last_states, step,
+                          seconds_before + time.perf_counter() - started)
 
+    def read(first_step: int) -> list[list[float]]:
+        """Pull the pending readings off the device; note divergences and running values."""
+        nonlocal running_accuracy
+        if not readings.losses:
+            return []
+        losses = torch.stack(readings.losses).tolist()
+        correct = torch.stack(readings.correct).sum(0)
+        counted = torch.stack(readings.counted).sum(0).clamp(min=1)
+        accuracy = (correct / counted).mean().item()
+        readings.losses.clear(), readings.correct.clear(), readings.counted.clear()
+        for offset, step_losses in enumerate(losses):
+            for member, loss in enumerate(step_losses):
+                if diverged_at[member] is not None:
+                    continue
+                if not math.isfinite(loss):
+                    diverged_at[member] = first_step + offset
+                else:
+                    running_losses[member] = _smooth(running_losses[member], loss)
+        running_accuracy = _smooth(running_accuracy, accuracy)
+        return losses
+
+    model.train()
     between_steps = True  # False while a step is half done (state not consistent)
+    pending_from = step + 1
+    batches = on_device(iter(stream), device)
     try:
-        with _deferred_interrupt() as interrupted, _progress_bar(progress, config, step) as bar:
-            while step < config.steps:
+        with _deferred_interrupt() as interrupted, _progress_bar(progress, steps, step) as bar:
+            while step < steps:
                 between_steps = False
-                length = int(data_rng.integers(task.min_length, config.train_max_length + 1))
-                inputs, targets, mask = batch_to_device(
-                    task.sample(length, config.batch_size, data_rng), device
-                )
-                logits = model(inputs)
-                loss = token_loss(logits, targets)
-                loss_value = loss.item()
-                if not math.isfinite(loss_value):
-                    raise Diverged(
-                        f"diverged at step {step + 1}: loss is {loss_value} (lr {config.lr:g})"
-                    )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
+                batch = next(batches)
+                logits = model(batch.inputs)
+                losses = token_loss(logits, batch.targets)
+                optimizer.zero_grad()
+                losses.sum().backward()  # members are independent: each gets its own gradient
                 optimizer.step()
                 for module in projected:
                     module.project_()
                 step += 1
+                last_states = batch.rng_states
                 between_steps = True
 
-                correct, total = masked_correct(logits.detach(), targets, mask)
-                running_loss = _smooth(running_loss, loss_value)
-                running_acc = _smooth(running_acc, correct / max(total, 1))
-                if bar is not None:
-                    bar.update(bar.task_ids[0], completed=step, loss=running_loss, acc=running_acc)
-                if on_step is not None:
-                    on_step(step, loss_value)
+                with torch.no_grad():
+                    correct, counted = masked_counts(logits.detach(), batch.targets, batch.mask)
+                readings.losses.append(losses.detach())
+                readings.correct.append(correct)
+                readings.counted.append(counted)
+                if step % sync_every == 0 or step == steps:
+                    step_losses = read(pending_from)
+                    pending_from = step + 1
+                    if on_step is not None:
+                        on_step(step, step_losses[-1])
+                    if all(at is not None for at in diverged_at):
+                        raise Diverged(f"diverged at step {min(diverged_at)}: loss is not finite "
+                                       f"(lr {', '.join(f'{c.lr:g}' for c in configs)})")
+                    if bar is not None:
+                        bar.update(bar.task_ids[0], completed=step,
+                                   loss=float(np.nanmean(running_losses)), acc=running_accuracy)
                 if interrupted.is_set():
                     raise KeyboardInterrupt
-                if checkpoint is not None and (step % checkpoint_every == 0 or step == config.steps):
+                if checkpoints is not None and (step % checkpoint_every == 0 or step == steps):
                     save()  # also at the end, so an interrupted evaluation keeps the training
     except KeyboardInterrupt:
-        if checkpoint is None:
+        if checkpoints is None:
             sys.stderr.write("che-bench: interrupted (no checkpoint directory, progress lost)\n")
         elif between_steps:
             save()
+            where = checkpoints[0].parent
             sys.stderr.write(
-                f"che-bench: checkpoint saved at step {step}/{config.steps} in {checkpoint}; "
+                f"che-bench: checkpoint saved at step {step}/{steps} in {where}; "
                 "run the same command again to resume\n"
             )
         else:
             sys.stderr.write("che-bench: aborted mid-step; a re-run resumes from the last checkpoint\n")
         raise
+    finally:
+        batches.close()
 
     new_steps = step - resumed_from
     elapsed = time.perf_counter() - started
-    return TrainingOutcome(
+    return PackTraining(
         steps_done=step,
         resumed_from_step=resumed_from,
-        final_loss=running_loss,
+        final_losses=running_losses,
+        diverged_at=diverged_at,
         timings={
             "train_s": seconds_before + elapsed,
             "steps_per_s": new_steps / max(elapsed, 1e-9),
             "resumed_from_step": float(resumed_from),
+            "pack_members": float(members),
         },
     )
 
@@ -182,56 +459,85 @@ def _smooth(previous: float, value: float, weight: float = 0.95) -> float:
 # --- checkpoints -------------------------------------------------------------------------------
 
 
-def _save_checkpoint(
-    path: Path,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    data_rng: np.random.Generator,
-    config: RunConfig,
+def checkpoint_step(path: Path, config: RunConfig) -> int:
+    """The step a member's checkpoint was written at (0 when there is none)."""
+    if not path.exists():
+        return 0
+    return int(_read_checkpoint(path, config)["step"])
+
+
+def _read_checkpoint(path: Path, config: RunConfig) -> dict[str, Any]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheBenchError(f"unreadable checkpoint {path} ({exc}); delete it to start over") from None
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise CheBenchError(
+            f"checkpoint {path} was written by another che-bench version; delete it to start over"
+        )
+    if state.get("run_id") != config.run_id():
+        raise CheBenchError(f"checkpoint {path} belongs to another run; delete it to start over")
+    return state
+
+
+def _save_checkpoints(
+    paths: Sequence[Path],
+    configs: Sequence[RunConfig],
+    model: Encoder,
+    optimizer: PackOptimizer,
+    rng_states: dict[str, Any],
     step: int,
     train_seconds: float,
 ) -> None:
-    """Write atomically (temp file + rename), so a kill never leaves a torn checkpoint."""
-    state = {
-        "run_id": config.run_id(),
+    """One file per member, each written atomically (temp file + rename), so a kill never
+    leaves a torn checkpoint. The dropout RNG is the pack's: a member resumed in a pack of
+    other members continues statistically, not bit for bit."""
+    shared = {
+        "format": CHECKPOINT_FORMAT,
         "step": step,
         "train_seconds": train_seconds,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "length_rng": rng_states["length"],
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "data_rng": data_rng.bit_generator.state,
     }
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        torch.save(state, temporary)
-        os.replace(temporary, path)
-    except OSError as exc:
-        raise CheBenchError(f"cannot write checkpoint {path}: {exc.strerror or exc}") from None
+    draw_states = model.draw_states()
+    for member, (path, config) in enumerate(zip(paths, configs)):
+        state = {
+            **shared,
+            "run_id": config.run_id(),
+            "data_rng": rng_states["data"][member],
+            "draw_rng": draw_states[member],
+            **optimizer.member_state(member),
+        }
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            torch.save(state, temporary)
+            os.replace(temporary, path)
+        except OSError as exc:
+            raise CheBenchError(f"cannot write checkpoint {path}: {exc.strerror or exc}") from None
 
 
-def _load_checkpoint(
-    path: Path,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    data_rng: np.random.Generator,
-    config: RunConfig,
+def _load_checkpoints(
+    paths: Sequence[Path],
+    configs: Sequence[RunConfig],
+    model: Encoder,
+    optimizer: PackOptimizer,
+    stream: BatchStream,
     device: torch.device,
 ) -> tuple[int, float]:
-    try:
-        state = torch.load(path, map_location=device, weights_only=True)
-    except Exception as exc:
-        raise CheBenchError(f"unreadable checkpoint {path} ({exc}); delete it to start over") from None
-    if state.get("run_id") != config.run_id():
-        raise CheBenchError(f"checkpoint {path} belongs to another run; delete it to start over")
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["torch_rng"].cpu())
-    if state["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
-    data_rng.bit_generator.state = state["data_rng"]
-    return int(state["step"]), float(state["train_seconds"])
+    states = [_read_checkpoint(path, config) for path, config in zip(paths, configs)]
+    steps = {int(state["step"]) for state in states}
+    if len(steps) != 1:
+        raise CheBenchError("the members of a pack must resume from the same step")
+    for member, state in enumerate(states):
+        optimizer.load_member_state(member, state)
+    model.set_draw_states([state["draw_rng"] for state in states])
+    stream.restore({"length": states[0]["length_rng"], "data": [s["data_rng"] for s in states]})
+    torch.set_rng_state(states[0]["torch_rng"])
+    if states[0]["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states[0]["cuda_rng"])
+    return steps.pop(), float(states[0]["train_seconds"])
 
 
 # --- Ctrl-C and progress --------------------------------------------------------------------
@@ -262,7 +568,7 @@ def _deferred_interrupt() -> Iterator[threading.Event]:
 
 
 @contextmanager
-def _progress_bar(enabled: bool, config: RunConfig, start: int) -> Iterator[Progress | None]:
+def _progress_bar(enabled: bool, steps: int, start: int) -> Iterator[Progress | None]:
     console = Console(stderr=True)
     if not enabled or not console.is_terminal:
         yield None
@@ -279,5 +585,5 @@ def _progress_bar(enabled: bool, config: RunConfig, start: int) -> Iterator[Prog
         transient=True,
     )
     with bar:
-        bar.add_task("train", total=config.steps, completed=start, loss=math.nan, acc=math.nan)
+        bar.add_task("train", total=steps, completed=start, loss=math.nan, acc=math.nan)
         yield bar

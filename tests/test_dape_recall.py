@@ -34,11 +34,12 @@ def shift_processor(offset: int, cancel_centre: bool) -> DapeProcessor:
     with torch.no_grad():
         for parameter in processor.parameters():
             parameter.zero_()
-        processor.weight1[0, 0, 1 + offset] = 1.0  # hidden 0 = S at key j + offset
-        processor.weight2[0, 0, 1] = SHIFT_GAIN
+        # Weights [member, out, in, tap]; one member.
+        processor.weight1[0, 0, 0, 1 + offset] = 1.0  # hidden 0 = S at key j + offset
+        processor.weight2[0, 0, 0, 1] = SHIFT_GAIN
         if cancel_centre:  # hidden 1 = S at key j, subtracted again: removes the residual
-            processor.weight1[1, 0, 1] = 1.0
-            processor.weight2[0, 1, 1] = -1.0
+            processor.weight1[0, 1, 0, 1] = 1.0
+            processor.weight2[0, 0, 1, 1] = -1.0
     return processor
 
 
@@ -61,12 +62,12 @@ class HandSetRecall(torch.nn.Module):
         values = values[..., : self.num_values].float() * (tokens < self.num_keys + self.num_values)[..., None]
         # Layer 1: find the token before the placeholder; copy its key code.
         scores = ALPHA * is_placeholder[:, :, None] * is_placeholder[:, None, :]
-        logits = self.previous_token(scores[:, None])[:, 0]
+        logits = self.previous_token(scores[None, :, None])[0, :, 0]  # [M, B, H, T, T] in
         fetched = torch.softmax(logits, dim=-1) @ keys
         # Layer 2: match that key, move to the next token, copy its value.
         scores = GAMMA * fetched @ keys.transpose(1, 2)
         scores = scores - PLACEHOLDER_PENALTY * is_placeholder[:, None, :]
-        logits = self.next_token(scores[:, None])[:, 0]
+        logits = self.next_token(scores[None, :, None])[0, :, 0]
         read = torch.softmax(logits, dim=-1) @ values
         return read[:, -1]  # the placeholder's output: class scores over the values
 

@@ -53,17 +53,25 @@ def logits(hook, q, k, rows, ctx):
 
 
 def constant_qk(length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same (different) q and k vector at every position: only positions vary."""
+    """The same (different) q and k vector at every position: only positions vary.
+    Shapes ``[M=1, B=1, H, T, d_h]``."""
     generator = torch.Generator().manual_seed(1)
-    q = torch.randn(1, HEADS, 1, HEAD_DIM, generator=generator).expand(1, HEADS, length, HEAD_DIM)
-    k = torch.randn(1, HEADS, 1, HEAD_DIM, generator=generator).expand(1, HEADS, length, HEAD_DIM)
+    shape = (1, 1, HEADS, length, HEAD_DIM)
+    q = torch.randn(1, 1, HEADS, 1, HEAD_DIM, generator=generator).expand(shape)
+    k = torch.randn(1, 1, HEADS, 1, HEAD_DIM, generator=generator).expand(shape)
     return q.contiguous(), k.contiguous()
 
 
-def full_logits(encoding, length: int, layer: int = 0) -> torch.Tensor:
+def generators(seed: int = 0) -> list[torch.Generator]:
+    """One member's generator of random positions."""
+    return [torch.Generator().manual_seed(seed)]
+
+
+def full_logits(encoding, length: int, layer: int = 0, draws=None) -> torch.Tensor:
+    """``[H, T, T]`` logits of one layer (with the given random sample, if any)."""
     hook = encoding.hooks[layer]
-    q, k, ctx = hook.prepare(*constant_qk(length))
-    return logits(hook, q, k, slice(0, length), ctx)[0]
+    q, k, ctx = hook.prepare(*constant_qk(length), None if draws is None else draws.layer(layer))
+    return logits(hook, q, k, slice(0, length), ctx)[0, 0]
 
 
 # --- registry ---------------------------------------------------------------------------
@@ -111,7 +119,9 @@ def test_options_are_resolved():
 @pytest.mark.parametrize("name", TOEPLITZ)
 def test_positional_logits_depend_only_on_offset(name):
     length = 300
-    values = full_logits(make(name).train(), length)
+    encoding = make(name)
+    draws = encoding.sample_draws(length, generators()) if encoding.randomized else None
+    values = full_logits(encoding, length, draws=draws)
     # Shifting query and key by one leaves i - j, hence the logits, unchanged.
     torch.testing.assert_close(values[:, 1:, 1:], values[:, :-1, :-1], atol=1e-4, rtol=1e-4)
 
@@ -123,7 +133,9 @@ def test_toeplitz_check_detects_position_dependence():
 
 @pytest.mark.parametrize("name", BIDIRECTIONAL)
 def test_left_and_right_keys_differ(name):
-    values = full_logits(make(name), 64)
+    encoding = make(name)
+    draws = encoding.sample_draws(64, generators()) if encoding.randomized else None
+    values = full_logits(encoding, 64, draws=draws)
     i = 32
     left = torch.stack([values[:, i, i - d] for d in range(1, 20)])
     right = torch.stack([values[:, i, i + d] for d in range(1, 20)])
@@ -140,28 +152,30 @@ def test_row_chunks_equal_the_full_call(name):
     encoding = make(name)
     length = 23
     generator = torch.Generator().manual_seed(2)
+    draws = encoding.sample_draws(length, generators()) if encoding.randomized else None
     for grad in (True, False):  # FIRE caches chunks when gradients are off
         with torch.set_grad_enabled(grad):
-            for hook in encoding.hooks:
-                q, k = torch.randn(2, 2, HEADS, length, HEAD_DIM, generator=generator)
-                q, k, ctx = hook.prepare(q, k)
+            for layer, hook in enumerate(encoding.hooks):
+                q, k = torch.randn(2, 1, 2, HEADS, length, HEAD_DIM, generator=generator)
+                q, k, ctx = hook.prepare(q, k, None if draws is None else draws.layer(layer))
                 full = logits(hook, q, k, slice(0, length), ctx)
                 parts = [logits(hook, q, k, rows, ctx) for rows in (slice(0, 5), slice(5, length))]
-                torch.testing.assert_close(torch.cat(parts, dim=2), full)
+                torch.testing.assert_close(torch.cat(parts, dim=-2), full)
 
 
 @pytest.mark.parametrize("name", sorted(ALL_NAMES))
 def test_works_at_duplicate_string_length(name):
     length = 1500  # duplicate_string at n = 500
     encoding = make(name).eval()
+    draws = encoding.sample_draws(length, generators()) if encoding.randomized else None
     with torch.no_grad():
-        embedded = encoding.embed(torch.zeros(1, length, DIM))
+        embedded = encoding.embed(torch.zeros(1, 1, length, DIM), draws)
         assert torch.isfinite(embedded).all()
         hook = encoding.hooks[-1]
-        q, k, ctx = hook.prepare(*constant_qk(length))
+        q, k, ctx = hook.prepare(*constant_qk(length), None if draws is None else draws.layer(-1))
         for rows in (slice(0, 4), slice(length - 4, length)):
             values = logits(hook, q, k, rows, ctx)
-            assert values.shape == (1, HEADS, 4, length) and values.dtype == torch.float32
+            assert values.shape == (1, 1, HEADS, 4, length) and values.dtype == torch.float32
             assert torch.isfinite(values).all()
 
 
@@ -176,12 +190,12 @@ def test_alibi_slopes():
 
 
 def test_alibi_bias_values():
-    distances = torch.arange(1.0, 10)
-    values = make("alibi").hooks[0].bias(slice(0, 10), 10, (distances, distances))
+    distances = torch.arange(1.0, 10)[None]
+    values = make("alibi").hooks[0].bias(slice(0, 10), 10, (distances, distances))[0, 0]
     slope = alibi_slopes(HEADS)[0]
-    assert values[0, 0, 5, 5] == 0
-    assert values[0, 0, 5, 8] == pytest.approx(-3 * slope)  # key 3 to the right
-    assert values[0, 0, 5, 2] == pytest.approx(-2.5 * slope)  # key 3 to the left
+    assert values[0, 5, 5] == 0
+    assert values[0, 5, 8] == pytest.approx(-3 * slope)  # key 3 to the right
+    assert values[0, 5, 2] == pytest.approx(-2.5 * slope)  # key 3 to the left
 
 
 def test_t5_bucket_examples():
@@ -233,16 +247,16 @@ def causal_fire(hook, length: int) -> torch.Tensor:
     """The published (causal) FIRE bias, written out from the paper's formula."""
     i = torch.arange(length, dtype=torch.float32)[:, None]
     j = torch.arange(length, dtype=torch.float32)[None, :]
-    c = hook.c.abs()
+    c = hook.c.abs()  # one member
     threshold = (hook.lam * hook.l0).abs()
     u = torch.log(c * (i - j) + 1) / (torch.log(c * torch.maximum(threshold, i) + 1) + 1e-6)
-    return hook.mlp(u[..., None]).permute(2, 0, 1)
+    return hook.mlp(u[None, ..., None])[0].permute(2, 0, 1)
 
 
 def test_fire_left_half_is_causal_fire():
     length = 200  # beyond L0 = 120, so the normaliser varies with the row
     hook = make("fire").hooks[0]
-    bias = hook.bias(slice(0, length), length, None)[0]
+    bias = hook.bias(slice(0, length), length, None)[0, 0]
     reference = causal_fire(hook, length)
     left = torch.ones(length, length, dtype=torch.bool).tril()
     torch.testing.assert_close(bias[:, left], reference[:, left])
@@ -250,7 +264,7 @@ def test_fire_left_half_is_causal_fire():
 
 def test_fire_coordinate_is_normalised_per_side():
     length = 300  # beyond L0 = 120
-    u = make("fire").hooks[0].relative_coordinate(slice(0, length), length)
+    u = make("fire").hooks[0].relative_coordinate(slice(0, length), length)[0]
     assert u.abs().max() <= 1
     # Mirroring the sequence swaps the sides: the right side is normalised by its own keys.
     torch.testing.assert_close(u, -u.flip(0, 1))
@@ -279,14 +293,14 @@ def test_fire_eval_cache_follows_parameter_updates():
 def test_relative_one_hot_offset_lands_on_its_diagonal():
     hook = make("relative").hooks[0]
     length = 6
-    q = torch.zeros(1, HEADS, length, HEAD_DIM)
-    k = torch.zeros(1, HEADS, length, HEAD_DIM)
+    q = torch.zeros(1, 1, HEADS, length, HEAD_DIM)
+    k = torch.zeros(1, 1, HEADS, length, HEAD_DIM)
     with torch.no_grad():
         hook.v.fill_(1.0)
         for offset in (0, 1, -2):  # offset = j - i
-            table = torch.zeros(HEADS, 2 * length - 1, HEAD_DIM)
-            table[:, offset + length - 1] = 1.0  # a one-hot r at this offset only
-            scores = hook.scores(q, k, slice(0, length), table)[0, 0]
+            table = torch.zeros(1, HEADS, 2 * length - 1, HEAD_DIM)
+            table[:, :, offset + length - 1] = 1.0  # a one-hot r at this offset only
+            scores = hook.scores(q, k, slice(0, length), table)[0, 0, 0]
             expected = torch.diag(torch.ones(length - abs(offset)), diagonal=offset)
             torch.testing.assert_close(scores, expected * HEAD_DIM / math.sqrt(HEAD_DIM))
 
@@ -294,13 +308,13 @@ def test_relative_one_hot_offset_lands_on_its_diagonal():
 def test_cope_counts_gates_from_the_query_to_the_key_on_each_side():
     npos, length = 8, 20
     hook = make("cope", cope_npos=npos).hooks[0]
-    q = torch.randn(1, HEADS, 1, HEAD_DIM).expand(1, HEADS, length, HEAD_DIM)
-    k = torch.zeros(1, HEADS, length, HEAD_DIM)  # zero content: every gate is sigmoid(0) = 1/2
-    direction = q[0, 0, 0] / q[0, 0, 0].square().sum()
+    q = torch.randn(1, 1, HEADS, 1, HEAD_DIM).expand(1, 1, HEADS, length, HEAD_DIM)
+    k = torch.zeros(1, 1, HEADS, length, HEAD_DIM)  # zero content: every gate is sigmoid(0) = 1/2
+    direction = q[0, 0, 0, 0] / q[0, 0, 0, 0].square().sum()
     with torch.no_grad():  # table logits q . e[n]: n on the left, 100 + n on the right
         hook.left.copy_(direction[:, None] * torch.arange(npos))
         hook.right.copy_(direction[:, None] * (100 + torch.arange(npos)))
-        scores = hook.scores(q, k, slice(0, length), None)[0, 0] * math.sqrt(HEAD_DIM)
+        scores = hook.scores(q, k, slice(0, length), None)[0, 0, 0] * math.sqrt(HEAD_DIM)
     i = 10
     for d in range(6):
         count = min(0.5 * (d + 1), npos - 1)  # the query itself and the d keys between
@@ -315,42 +329,43 @@ def test_rope_frequencies_and_norm_preservation():
     torch.testing.assert_close(hook.theta, torch.tensor([1.0, 0.1, 0.01, 0.001][: HEAD_DIM // 2]))
     for pairing in ("interleaved", "half"):
         hook = make("rope", rope_pairing=pairing).hooks[0]
-        q = torch.randn(1, HEADS, 50, HEAD_DIM)
+        q = torch.randn(1, 1, HEADS, 50, HEAD_DIM)
         rotated, _, _ = hook.prepare(q, q)
         torch.testing.assert_close(rotated.norm(dim=-1), q.norm(dim=-1))
-        torch.testing.assert_close(rotated[:, :, 0], q[:, :, 0])  # position 0: no rotation
+        torch.testing.assert_close(rotated[..., 0, :], q[..., 0, :])  # position 0: no rotation
 
 
 def test_sin_cos_positions_and_backward_option():
     length = 7
-    forward = make("sin_cos").embed(torch.zeros(1, length, DIM))[0]
-    backward = make("sin_cos", sin_cos_backward=True).embed(torch.zeros(1, length, DIM))[0]
+    zeros = lambda length: torch.zeros(1, 1, length, DIM)  # noqa: E731
+    forward = make("sin_cos").embed(zeros(length))[0, 0]
+    backward = make("sin_cos", sin_cos_backward=True).embed(zeros(length))[0, 0]
     torch.testing.assert_close(forward[0], torch.cat([torch.zeros(DIM // 2), torch.ones(DIM // 2)]))
     torch.testing.assert_close(backward[-1], forward[1])  # last token at position 1
-    torch.testing.assert_close(backward[0], make("sin_cos").embed(torch.zeros(1, 8, DIM))[0, 7])
+    torch.testing.assert_close(backward[0], make("sin_cos").embed(zeros(8))[0, 0, 7])
 
 
 def test_learned_table_errors_past_its_end():
     encoding = make("learned", max_positions=50)
-    assert encoding.embed(torch.zeros(1, 50, DIM)).shape == (1, 50, DIM)
+    assert encoding.embed(torch.zeros(1, 1, 50, DIM)).shape == (1, 1, 50, DIM)
     with pytest.raises(CheBenchError, match="max_positions"):
-        encoding.embed(torch.zeros(1, 51, DIM))
+        encoding.embed(torch.zeros(1, 1, 51, DIM))
 
 
 # --- randomized encodings -----------------------------------------------------------------
 
 
-def drawn_positions(encoding, length: int) -> torch.Tensor:
-    """The positions (or, for offset sampling, right-side distances) of one draw."""
+def drawn_positions(encoding, draws, length: int) -> torch.Tensor:
+    """The positions (or, for offset sampling, right-side distances) of one member's draw."""
     name = encoding.name
     if name in ("random_sin_cos", "random_learned"):
-        return encoding.positions(length)
-    hook = encoding.hooks[0]
+        return draws.embedding[0]
     if name == "random_rope":
-        return hook.positions(length, torch.device("cpu"))
+        return draws.layer(0)[0]
     if name == "random_alibi":
-        return hook.distances(length, torch.device("cpu"))[1]
-    return hook.offset_positions(length, torch.device("cpu"))[length:]  # offsets 1..T-1
+        return draws.layer(0)[1][0]
+    hook = encoding.hooks[0]
+    return hook.offset_positions(length, torch.device("cpu"), draws.layer(0))[0, length:]
 
 
 RANDOMIZED = ["random_sin_cos", "random_learned", "random_rope", "random_relative", "random_alibi"]
@@ -358,70 +373,87 @@ RANDOMIZED = ["random_sin_cos", "random_learned", "random_rope", "random_relativ
 
 @pytest.mark.parametrize("name", RANDOMIZED)
 def test_random_draws_are_sorted_distinct_and_in_range(name):
-    encoding = make(name, noise_max_length=64).train()
+    encoding = make(name, noise_max_length=64)
+    pack = generators(0)
     for _ in range(20):
-        drawn = drawn_positions(encoding, 40)
+        drawn = drawn_positions(encoding, encoding.sample_draws(40, pack), 40)
         assert (drawn[1:] > drawn[:-1]).all()  # sorted and distinct
         assert drawn.min() >= 0 and drawn.max() < 64
-    assert not torch.equal(drawn_positions(encoding, 40), drawn_positions(encoding, 40))
+    assert not torch.equal(*(drawn_positions(encoding, encoding.sample_draws(40, pack), 40)
+                             for _ in range(2)))
 
 
-def embedding_or_logits(encoding, length: int) -> torch.Tensor:
+@pytest.mark.parametrize("name", RANDOMIZED)
+def test_each_member_draws_from_its_own_generator(name):
+    encoding = make(name, noise_max_length=64)
+    both = _tensors(encoding.sample_draws(40, generators(0) + generators(1)))
+    alone = [_tensors(encoding.sample_draws(40, generators(seed))) for seed in (0, 1)]
+    for member in (0, 1):
+        for packed, single in zip(both, alone[member]):
+            assert torch.equal(packed[member], single[0])
+
+
+def _tensors(draws) -> list[torch.Tensor]:
+    """Every tensor of a sample, ``[M, ...]`` each."""
+    items = [draws.embedding] if draws.embedding is not None else []
+    for item in draws.layers or []:
+        items.extend(item if isinstance(item, tuple) else [item])
+    return items
+
+
+def embedding_or_logits(encoding, length: int, draws=None) -> torch.Tensor:
     if encoding.kind == "absolute":
-        return encoding.embed(torch.zeros(1, length, DIM))
-    return full_logits(encoding, length)
+        return encoding.embed(torch.zeros(1, 1, length, DIM), draws)
+    return full_logits(encoding, length, draws=draws)
 
 
 @pytest.mark.parametrize("name", RANDOMIZED)
 def test_random_outputs_differ_between_calls_and_reproduce_under_seed(name):
-    encoding = make(name).train()
-    torch.manual_seed(5)
-    first = embedding_or_logits(encoding, 30)
-    second = embedding_or_logits(encoding, 30)
+    encoding = make(name)
+    pack = generators(5)
+    first = embedding_or_logits(encoding, 30, encoding.sample_draws(30, pack))
+    second = embedding_or_logits(encoding, 30, encoding.sample_draws(30, pack))
     assert not torch.allclose(first, second)
-    torch.manual_seed(5)
-    torch.testing.assert_close(embedding_or_logits(encoding, 30), first)
+    again = embedding_or_logits(encoding, 30, encoding.sample_draws(30, generators(5)))
+    torch.testing.assert_close(again, first)
 
 
 @pytest.mark.parametrize("name", RANDOMIZED)
 def test_randomize_at_eval_switch(name):
     length = 30
     plain_name = {"random_learned": "learned", "random_sin_cos": "sin_cos"}.get(name, name[7:])
-    samples_positions = name in ("random_sin_cos", "random_learned", "random_rope")
-    plain_positions = torch.arange(length) if samples_positions else torch.arange(1, length)
-    fixed = make(name, randomize_at_eval=False).eval()
-    assert torch.equal(drawn_positions(fixed, length).long(), plain_positions)
-    # Same seed, same parameters: without randomization it is the plain encoding.
-    plain = embedding_or_logits(make(plain_name).eval(), length)
+    fixed = make(name, randomize_at_eval=False)
+    assert fixed.draws_active(evaluating=False) and not fixed.draws_active(evaluating=True)
+    # Same seed, same parameters: without a draw it is the plain encoding.
+    plain = embedding_or_logits(make(plain_name), length)
     torch.testing.assert_close(embedding_or_logits(fixed, length), plain)
-    default = make(name).eval()  # the reference samples at evaluation too
-    assert not torch.equal(drawn_positions(default, length).long(), plain_positions)
+    default = make(name)  # the reference samples at evaluation too
+    assert default.draws_active(evaluating=True)
 
 
 def test_random_relative_mirrors_left_offsets_and_reference_bug_mode():
     length = 10
-    hook = make("random_relative").train().hooks[0]
-    values = hook.offset_positions(length, torch.device("cpu"))
+    encoding = make("random_relative")
+    draw = encoding.sample_draws(length, generators()).layer(0)
+    values = encoding.hooks[0].offset_positions(length, torch.device("cpu"), draw)[0]
     torch.testing.assert_close(values[: length - 1].flip(0), -values[length:])
     assert values[length - 1] == 0
     bug = make("random_relative", relative_reference_bug=True, noise_max_length=100)
-    bug = bug.train().hooks[0]
-    values = bug.offset_positions(length, torch.device("cpu"))
+    draw = bug.sample_draws(length, generators()).layer(0)
+    values = bug.hooks[0].offset_positions(length, torch.device("cpu"), draw)[0]
     assert (values[length - 1 :] == 99).all()  # every key at or right of the query
     assert (values[: length - 1] < 100).all() and (values[: length - 1] > 0).all()
 
 
 def test_random_draws_shared_across_layers_when_asked():
-    per_layer = make("random_alibi").train()
-    shared = make("random_alibi", random_per_layer=False).train()
-    assert not torch.equal(full_logits(per_layer, 20, 0), full_logits(per_layer, 20, 1))
-    torch.testing.assert_close(full_logits(shared, 20, 0), full_logits(shared, 20, 1))
+    per_layer, shared = make("random_alibi"), make("random_alibi", random_per_layer=False)
+    for encoding, same in ((per_layer, False), (shared, True)):
+        draws = encoding.sample_draws(20, generators())
+        first, second = (full_logits(encoding, 20, layer, draws) for layer in (0, 1))
+        assert torch.allclose(first, second) == same
 
 
 def test_sequence_longer_than_the_random_range_is_a_user_error():
-    encoding = make("random_sin_cos", noise_max_length=100).train()
-    with pytest.raises(CheBenchError, match="noise_max_length"):
-        encoding.embed(torch.zeros(1, 101, DIM))
-    hook = make("random_rope", noise_max_length=100).train().hooks[0]
-    with pytest.raises(CheBenchError):
-        hook.prepare(*constant_qk(101))
+    for name in ("random_sin_cos", "random_rope"):
+        with pytest.raises(CheBenchError, match="noise_max_length"):
+            make(name, noise_max_length=100).sample_draws(101, generators())

@@ -24,7 +24,7 @@ def test_encoding_trains_and_evaluates_in_row_chunks(name):
     batch = task.sample(10, 8, rng)
     logits = model(torch.as_tensor(batch.inputs))
     loss = torch.nn.functional.cross_entropy(
-        logits.flatten(0, 1), torch.as_tensor(batch.targets).flatten()
+        logits[0].flatten(0, 1), torch.as_tensor(batch.targets).flatten()
     )
     optimizer.zero_grad()
     loss.backward()

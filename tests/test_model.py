@@ -11,7 +11,7 @@ import torch
 
 from che_bench.encodings import list_encodings
 from che_bench.errors import CheBenchError
-from che_bench.model import Attention, build_model
+from che_bench.model import Attention, build_model, member_state_dict, stack_members
 from che_bench.tasks import get_task, list_tasks
 
 TINY = {"layers": 1, "dim": 16, "heads": 2, "ffn": 32}
@@ -31,7 +31,7 @@ def test_forward_returns_the_placeholder_logits(task_name, n, outputs):
     task = get_task(task_name)
     model = build_model(task, "none", **TINY)
     logits = model(inputs_for(task, n))
-    assert logits.shape == (2, outputs, task.output_size)
+    assert logits.shape == (1, 2, outputs, task.output_size)  # [members, batch, outputs, classes]
 
 
 def test_parameter_count_matches_the_reference_model():
@@ -48,7 +48,7 @@ def test_haiku_style_initialisation():
     torch.manual_seed(0)
     model = build_model(get_task("bucket_sort"), "none")
     embedding = model.embedding.weight
-    assert embedding.shape == (6, 64)  # input_size 5 + the placeholder
+    assert embedding.shape == (1, 6, 64)  # one member; input_size 5 + the placeholder
     assert embedding.abs().max() <= 0.04 + 1e-6 and 0.012 < embedding.std() < 0.02
     ffn_in = model.blocks[0].ffn[0]
     assert ffn_in.weight.abs().max() <= 2 / math.sqrt(64) + 1e-6
@@ -62,8 +62,8 @@ def test_placeholder_id_is_the_input_size_and_embeddings_are_scaled():
     tokens = []
     model.blocks[0].register_forward_pre_hook(lambda module, args: tokens.append(args[0]))
     model(torch.tensor([[0, 1, 1]]))
-    expected = model.embedding(torch.tensor([0, 1, 1, task.input_size])) * math.sqrt(16)
-    torch.testing.assert_close(tokens[0][0], expected)
+    expected = model.embedding(torch.tensor([[[0, 1, 1, task.input_size]]])) * math.sqrt(16)
+    torch.testing.assert_close(tokens[0], expected)
 
 
 def test_embedding_dropout_only_for_encodings_that_add_to_the_embedding():
@@ -179,7 +179,7 @@ def _forward_at_500(task_name, pe, kernel):
     model = build_model(task, pe, kernel, **TINY).eval()
     with torch.no_grad():
         logits = model(inputs_for(task, 500, batch=1))
-    assert logits.shape == (1, task.output_length(500), task.output_size)
+    assert logits.shape == (1, 1, task.output_length(500), task.output_size)
     assert torch.isfinite(logits).all()
 
 
@@ -209,4 +209,84 @@ def test_attention_module_is_reusable_with_a_default_hook():
     from che_bench.encodings import AttentionHook
 
     attention = Attention(8, 2, AttentionHook(), None, causal=False, memory_budget_bytes=1 << 20)
-    assert attention(torch.randn(1, 5, 8)).shape == (1, 5, 8)
+    assert attention(torch.randn(1, 3, 5, 8)).shape == (1, 3, 5, 8)
+
+
+@pytest.mark.parametrize("pe", DETERMINISTIC + ["kerple_power"])
+@pytest.mark.parametrize("kernel", [None, 1, 3])
+def test_a_pack_computes_what_its_members_compute_alone(pe, kernel):
+    task = get_task("reverse_string")
+    members = []
+    for seed in (3, 4, 5):
+        torch.manual_seed(seed)
+        members.append(build_model(task, pe, kernel, layers=2, dim=16, heads=2, ffn=32).eval())
+    pack = stack_members(members).eval()
+    x = inputs_for(task, 9, batch=3)
+    own = torch.stack([inputs_for(task, 9, batch=3, seed=seed) for seed in (0, 1, 2)])
+    with torch.no_grad():
+        shared, separate = pack(x), pack(own)
+        for m, member in enumerate(members):
+            torch.testing.assert_close(shared[m], member(x)[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(separate[m], member(own[m])[0], atol=1e-5, rtol=1e-5)
+    restored = build_model(task, pe, kernel, layers=2, dim=16, heads=2, ffn=32)
+    restored.load_state_dict(member_state_dict(pack, 1))
+    assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(),
+                                                 members[1].state_dict().values()))
+
+
+def test_members_never_mix_not_even_through_a_diverged_member():
+    task = get_task("reverse_string")
+    torch.manual_seed(0)
+    members = [build_model(task, "kerple", 3, **TINY).eval() for _ in range(2)]
+    pack = stack_members(members).eval()
+    with torch.no_grad():
+        for parameter in pack.parameters():
+            parameter[0] = float("nan")
+    x = inputs_for(task, 6)
+    logits = pack(x)
+    assert torch.isnan(logits[0]).all()
+    torch.testing.assert_close(logits[1], members[1](x)[0])
+    logits.sum().backward()  # the NaN member's loss is part of the sum, as in training
+    members[1](x).sum().backward()
+    for packed, alone in zip(pack.parameters(), members[1].parameters()):
+        torch.testing.assert_close(packed.grad[1], alone.grad[0])
+
+
+def test_only_models_built_alike_stack():
+    task = get_task("reverse_string")
+    with pytest.raises(CheBenchError):
+        stack_members([build_model(task, "alibi", **TINY), build_model(task, "kerple", **TINY)])
+    with pytest.raises(CheBenchError):
+        stack_members([build_model(task, "alibi", **TINY), build_model(task, "alibi", layers=2)])
+
+
+@pytest.mark.parametrize("pe, kernel", [("none", None), ("alibi", None), ("kerple", 3), ("cope", 1)])
+def test_captured_attention_maps_are_the_ones_the_forward_pass_uses(pe, kernel):
+    task = get_task("reverse_string")
+    torch.manual_seed(0)
+    model = build_model(task, pe, kernel, layers=2, dim=16, heads=2, ffn=32).eval()
+    x = inputs_for(task, 9)
+    probabilities = []
+    with torch.no_grad():
+        plain = model(x)
+        with model.capture_attention() as captured:
+            with_capture = model(x)
+        # What the layer multiplies with v: recompute the first layer's output from its maps.
+        attention = model.blocks[0].attention
+        h = model.encoding.embed(model.embedding(
+            torch.cat([x, x.new_full((2, 9), task.input_size)], 1)[None]) * math.sqrt(16))
+        q, k, v = (proj(h).view(1, 2, 18, 2, 8).transpose(2, 3)
+                   for proj in (attention.query, attention.key, attention.value))
+        probabilities = captured[0][0]["probabilities"]
+        first_layer = attention.output(torch.matmul(probabilities, v).transpose(2, 3).reshape(1, 2, 18, 16))
+        torch.testing.assert_close(first_layer, attention(h), atol=1e-5, rtol=1e-5)
+    assert torch.equal(plain, with_capture)
+    assert len(captured) == 2 and all(len(layer) == 1 for layer in captured)
+    for layer in captured:
+        maps = layer[0]
+        torch.testing.assert_close(maps["probabilities"].sum(-1), torch.ones(1, 2, 2, 18))
+        assert maps["scores"].shape == (1, 2, 2, 18, 18)
+        assert (maps["logits"] is None) == (kernel is None)
+        expected = maps["scores"] if kernel is None else maps["logits"]
+        torch.testing.assert_close(maps["probabilities"], torch.softmax(expected, -1))
+    assert all(block.attention.capture is None for block in model.blocks)

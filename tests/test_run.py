@@ -99,14 +99,14 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypat
 
     losses: list[float] = []
 
-    def stop_at_step_5(step: int, loss: float) -> None:
-        losses.append(loss)
+    def stop_at_step_5(step: int, pack_losses: list[float]) -> None:
+        losses.append(pack_losses[0])
         if step == 5:
             raise KeyboardInterrupt
 
-    real_execute_run = runner.execute_run
-    monkeypatch.setattr(runner, "execute_run",
-                        lambda *a, **k: real_execute_run(*a, **k, on_step=stop_at_step_5))
+    real_execute_pack = runner.execute_pack
+    monkeypatch.setattr(runner, "execute_pack",
+                        lambda *a, **k: real_execute_pack(*a, **k, on_step=stop_at_step_5))
     store = tmp_path / "store.sqlite"
     assert run_cli(store) == 130
     assert "checkpoint saved at step 5" in capsys.readouterr().err
@@ -114,8 +114,8 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypat
     assert main(["export", "--store", str(store)]) == 0  # an incomplete run does not break exports
     assert "started" in capsys.readouterr().out
 
-    monkeypatch.setattr(runner, "execute_run",
-                        lambda *a, **k: real_execute_run(*a, **k, on_step=lambda s, l: losses.append(l)))
+    monkeypatch.setattr(runner, "execute_pack", lambda *a, **k: real_execute_pack(
+        *a, **k, on_step=lambda step, pack_losses: losses.append(pack_losses[0])))
     assert run_cli(store) == 0
     assert losses == reference_losses  # steps 6..8 continue exactly
     runs = ResultStore(store).runs()
@@ -143,7 +143,7 @@ def test_ctrl_c_finishes_the_step_and_checkpoints_it(tmp_path):
 
 def test_diverged_run_is_recorded_as_failed(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(training, "token_loss",
-                        lambda logits, targets: logits.sum() * torch.tensor(float("nan")))
+                        lambda logits, targets: logits.sum((1, 2, 3)) * torch.tensor(float("nan")))
     store = tmp_path / "store.sqlite"
     assert run_cli(store) == 1
     assert "diverged at step 1" in capsys.readouterr().err

@@ -94,13 +94,13 @@ class FlakyBackend(LocalBackend):
     raise_for: str = ""
     die_for: str = ""
 
-    def submit(self, config):
-        run_id = config.run_id()
+    def submit(self, configs, width):
+        run_id = configs[0].run_id()  # unpacked: one run per submission
         if run_id == self.raise_for:
             return self._executor().submit(_raise_in_worker)
         if run_id == self.die_for:
             return self._executor().submit(_die_in_worker)
-        return super().submit(config)
+        return super().submit(configs, width)
 
 
 def test_failed_runs_are_recorded_and_the_others_complete(tmp_path, monkeypatch, capsys):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from che_bench.commands.run import add_keep_model_argument
 from che_bench.errors import CheBenchError
 
 
@@ -28,6 +29,11 @@ def register(subparsers) -> None:
                              "ray: runs in flight at once (default: what fits the cluster)")
     parser.add_argument("--threads", type=_positive_int, default=None, metavar="N",
                         help="local: torch threads per worker (default: cores / workers)")
+    parser.add_argument("--pack", default="1", metavar="N|auto",
+                        help="train up to N runs of a table cell (seeds x learning rates) side "
+                             "by side in one process; auto: as many as fit on a GPU, 1 on a "
+                             "CPU (default 1; runs need a length_seed to pack)")
+    add_keep_model_argument(parser)
     parser.add_argument("--dry-run", action="store_true",
                         help="print the grid (count and runs, with their status) and run nothing")
     parser.add_argument("--store", default=None, metavar="PATH",
@@ -49,11 +55,14 @@ def register(subparsers) -> None:
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
+    from che_bench.kept_models import models_dir_for
+    from che_bench.packing import parse_pack_width, unpackable
     from che_bench.store import ResultStore, default_store_path
     from che_bench.suites import load_suite
     from che_bench.sweep import checkpoint_dir_for, run_sweep
 
     _check_backend_flags(args)
+    pack = parse_pack_width(args.pack)
     console = Console(highlight=False)
     suite = load_suite(args.suite)
     configs = suite.configs()  # validates the whole grid before anything runs
@@ -65,12 +74,17 @@ def run_sweep_command(args: argparse.Namespace) -> int:
 
     store = ResultStore(args.store)
     checkpoint_dir = checkpoint_dir_for(store)
+    models_dir = None if args.no_keep_model else models_dir_for(store.path)
     if args.backend == "local":
-        make_backend = partial(_local_backend, args, checkpoint_dir)
+        make_backend = partial(_local_backend, args, checkpoint_dir, models_dir)
     else:
-        make_backend = partial(_ray_backend, args, suite, checkpoint_dir)
+        make_backend = partial(_ray_backend, args, suite, checkpoint_dir, models_dir, pack != 1)
     console.print(f"suite [bold]{suite.name}[/]: {len(configs)} runs, store {store.path}")
-    outcome = run_sweep(configs, store, make_backend, max_runs=args.max_runs,
+    alone = unpackable(configs) if pack != 1 else 0
+    if alone:
+        console.print(f"note: {alone} runs have no length_seed and train alone; set "
+                      "length_seed in the suite's [overrides] to pack them")
+    outcome = run_sweep(configs, store, make_backend, pack=pack, max_runs=args.max_runs,
                         console=console, live=not args.no_progress)
 
     complete = sum(result.status == "complete" for result in outcome.results)
@@ -95,23 +109,22 @@ def _check_backend_flags(args: argparse.Namespace) -> None:
         raise CheBenchError("--threads applies to --backend local; Ray runs get --num-cpus threads")
 
 
-def _local_backend(args: argparse.Namespace, checkpoint_dir):
-    from che_bench.runner import resolve_device
+def _local_backend(args: argparse.Namespace, checkpoint_dir, models_dir):
     from che_bench.sweep import LocalBackend
 
-    resolve_device(args.device)  # a bad or unavailable device fails here, not in every worker
+    # A bad or unavailable device fails here, not in every worker.
     return LocalBackend(args.workers or 1, device=args.device, checkpoint_dir=checkpoint_dir,
-                        threads=args.threads)
+                        models_dir=models_dir, threads=args.threads)
 
 
-def _ray_backend(args: argparse.Namespace, suite, checkpoint_dir):
+def _ray_backend(args: argparse.Namespace, suite, checkpoint_dir, models_dir, packed: bool):
     from che_bench.ray_backend import RayBackend
 
     num_cpus = args.num_cpus if args.num_cpus is not None else suite.resources.num_cpus
     num_gpus = args.num_gpus if args.num_gpus is not None else suite.resources.num_gpus
     return RayBackend(address=args.address, run_cpus=num_cpus, run_gpus=num_gpus,
-                      device=args.device, checkpoint_dir=checkpoint_dir,
-                      max_in_flight=args.workers)
+                      device=args.device, checkpoint_dir=checkpoint_dir, models_dir=models_dir,
+                      max_in_flight=args.workers, packed=packed)
 
 
 def _print_grid(console: Console, suite, configs, store) -> None:

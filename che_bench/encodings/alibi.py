@@ -8,12 +8,12 @@ from functools import partial
 import torch
 from torch import nn
 
-from che_bench.encodings.base import PositionalEncoding, register
+from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
 from che_bench.encodings.common import check_choice, toeplitz_rows, two_sided
 from che_bench.encodings.randomized import (
     DEFAULT_NOISE_MAX_LENGTH,
     LayerDraws,
-    RandomizedHook,
+    RandomizedLayers,
     RandomOptions,
     sample_distances,
 )
@@ -34,7 +34,7 @@ def alibi_slopes(heads: int) -> list[float]:
     return geometric(lower) + geometric(2 * lower)[0::2][: heads - lower]
 
 
-class ALiBiHook(RandomizedHook):
+class ALiBiHook(AttentionHook):
     """``Bias[h, i, j] = -m_h * dist(i, j)`` for the requested query rows.
 
     Modes: ``symmetric_offset`` (default, randomized-PE code): ``dist = |i - j| - 0.5`` for
@@ -42,49 +42,38 @@ class ALiBiHook(RandomizedHook):
     ``symmetric``: ``|i - j|`` (cannot tell left from right); ``two_slopes``: ``|i - j|`` with
     the slopes in reverse head order for keys on the right.
 
-    Randomized: distance ``d`` becomes ``s_d`` from a sorted draw ``s_1 < ... < s_{T-1}`` of
-    ``[1, L)`` (an independent left draw with ``randomize_both_sides``); 0 stays 0.
+    Randomized: the layer's sample (left, right) ``[M, T-1]`` of sorted distances
+    ``s_1 < ... < s_{T-1}`` from ``[1, L)`` replaces token distances ``1..T-1``; 0 stays 0.
+    The bias then differs per member: ``[M, 1, H, R, T]`` instead of ``[1, 1, H, R, T]``.
     """
 
     carries_bias = True
 
-    def __init__(
-        self,
-        heads: int,
-        mode: str,
-        layer: int,
-        draws: LayerDraws | None = None,
-        both_sides: bool = False,
-    ) -> None:
-        super().__init__(layer, draws)
+    def __init__(self, heads: int, mode: str) -> None:
+        super().__init__()
         slopes = torch.tensor(alibi_slopes(heads))
         self.register_buffer("left_slopes", slopes, persistent=False)
         right = slopes.flip(0) if mode == "two_slopes" else slopes
         self.register_buffer("right_slopes", right, persistent=False)
         self.left_offset = 0.5 if mode == "symmetric_offset" else 0.0
-        self.both_sides = both_sides
 
-    def distances(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left and right distances of the keys 1..T-1 tokens away from the query."""
-        drawn = self.draw(length, partial(sample_distances, both_sides=self.both_sides))
-        if drawn is None:
-            plain = torch.arange(1, length, device=device, dtype=torch.float32)
-            return plain, plain
-        left, right = drawn
-        return left.to(device, torch.float32), right.to(device, torch.float32)
-
-    def prepare(self, q: torch.Tensor, k: torch.Tensor):
-        return q, k, self.distances(q.shape[-2], q.device)
+    def prepare(self, q: torch.Tensor, k: torch.Tensor, draw=None):
+        """ctx: left and right distances ``[M or 1, T-1]`` of the keys 1..T-1 tokens away."""
+        if draw is None:
+            plain = torch.arange(1, q.shape[-2], device=q.device, dtype=torch.float32)[None]
+            return q, k, (plain, plain)
+        left, right = draw
+        return q, k, (left.float(), right.float())
 
     def bias(
         self, rows: slice, length: int, ctx: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
         left, right = ctx
-        per_offset = two_sided(
-            -self.left_slopes[:, None] * (left - self.left_offset),
-            -self.right_slopes[:, None] * right,
+        per_offset = two_sided(  # [M, H, 2T-1]
+            -self.left_slopes[:, None] * (left[:, None] - self.left_offset),
+            -self.right_slopes[:, None] * right[:, None],
         )
-        return toeplitz_rows(per_offset, rows, length)[None]
+        return toeplitz_rows(per_offset, rows, length)[:, None]
 
 
 @register()
@@ -107,16 +96,19 @@ class ALiBiEncoding(PositionalEncoding):
         heads: int,
         layers: int,
         train_max_tokens: int,
+        members: int = 1,
         alibi_mode: str = "symmetric_offset",
     ) -> None:
-        super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
+        super().__init__(
+            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
+        )
         check_choice("alibi_mode", alibi_mode, MODES)
-        self.hooks = nn.ModuleList(ALiBiHook(heads, alibi_mode, layer) for layer in range(layers))
+        self.hooks = nn.ModuleList(ALiBiHook(heads, alibi_mode) for _ in range(layers))
         self.resolved_options = {"alibi_mode": alibi_mode}
 
 
 @register("noisy_alibi")
-class RandomALiBiEncoding(PositionalEncoding):
+class RandomALiBiEncoding(RandomizedLayers, PositionalEncoding):
     """ALiBi over randomized distances: token distance ``d`` becomes ``s_d`` from a sorted
     draw of distinct values in ``[1, noise_max_length)``; the +0.5 left offset is kept.
 
@@ -127,7 +119,6 @@ class RandomALiBiEncoding(PositionalEncoding):
     name = "random_alibi"
     description = "Randomized ALiBi (distances replaced by a sorted draw from [1, L))."
     kind = "relative"
-    randomized = True
     carries_bias = True
 
     def __init__(
@@ -137,21 +128,24 @@ class RandomALiBiEncoding(PositionalEncoding):
         heads: int,
         layers: int,
         train_max_tokens: int,
+        members: int = 1,
         alibi_mode: str = "symmetric_offset",
         noise_max_length: int = DEFAULT_NOISE_MAX_LENGTH,
         randomize_at_eval: bool = True,
         random_per_layer: bool = True,
         randomize_both_sides: bool = False,
     ) -> None:
-        super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
-        check_choice("alibi_mode", alibi_mode, MODES)
-        draws = LayerDraws(RandomOptions(noise_max_length, randomize_at_eval), random_per_layer)
-        self.hooks = nn.ModuleList(
-            ALiBiHook(heads, alibi_mode, layer, draws, randomize_both_sides)
-            for layer in range(layers)
+        super().__init__(
+            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
         )
+        check_choice("alibi_mode", alibi_mode, MODES)
+        self.layer_draws = LayerDraws(
+            RandomOptions(noise_max_length, randomize_at_eval), random_per_layer, layers,
+            partial(sample_distances, both_sides=randomize_both_sides),
+        )
+        self.hooks = nn.ModuleList(ALiBiHook(heads, alibi_mode) for _ in range(layers))
         self.resolved_options = {
             "alibi_mode": alibi_mode,
-            **draws.recorded(),
+            **self.layer_draws.recorded(),
             "randomize_both_sides": randomize_both_sides,
         }

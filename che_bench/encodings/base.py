@@ -2,17 +2,21 @@
 
 An encoding is built once per model (``PositionalEncoding``). It may add a vector
 to the token embeddings (absolute encodings) and it owns one ``AttentionHook`` per
-layer (possibly the same module for every layer when parameters are shared). The
-attention of ``che_bench.model`` calls, in every layer and forward pass::
+layer (possibly the same module for every layer when parameters are shared). Every
+tensor carries a leading member axis ``M`` (the models of a pack, see
+``che_bench.members``): parameters are ``[M, ...]``, activations ``[M, B, ...]``.
+The attention of ``che_bench.model`` calls, in every layer and forward pass::
 
-    q, k, ctx = hook.prepare(q, k)          # once: RoPE rotation, random draws
+    q, k, ctx = hook.prepare(q, k, draw)    # once: RoPE rotation; q, k [M, B, H, T, d_h]
     for rows in row_chunks:                 # query rows; one chunk while training
-        S = hook.scores(q, k, rows, ctx)    # [B, H, R, T], already scaled by 1/sqrt(d_h)
-        bias = hook.bias(rows, T, ctx)      # [1, H, R, T] or None, added after scaling
+        S = hook.scores(q, k, rows, ctx)    # [M, B, H, R, T], already scaled by 1/sqrt(d_h)
+        bias = hook.bias(rows, T, ctx)      # [M or 1, 1, H, R, T] or None, added after scaling
         logits = S + bias  (or the DAPE processor applied to S and bias)
 
 Every hook is local to a query row, so chunking over rows is exact. Nothing in a
-hook may depend on the chunking (random draws happen in ``prepare``).
+hook may depend on the chunking, nor draw random numbers: randomized encodings get
+their sample (``draw``, one per forward pass of a whole batch, made by
+``PositionalEncoding.sample_draws`` from generators of their own) as an argument.
 
 Encodings with constrained parameters (Kerple) project them back into their valid
 range in ``prepare``; the trainer should also call ``encoding.project_()`` after every
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -31,6 +36,38 @@ from torch import nn
 from che_bench.errors import CheBenchError
 
 KINDS = ("none", "absolute", "relative")
+
+
+@dataclass
+class Draws:
+    """The random sample of one forward pass: ``embedding`` for absolute encodings (positions
+    ``[M, T]``), ``layers`` (one entry per layer) for attention-side ones."""
+
+    embedding: torch.Tensor | None = None
+    layers: list[Any] | None = None
+
+    def layer(self, index: int) -> Any:
+        return None if self.layers is None else self.layers[index]
+
+    def to(self, device: torch.device) -> Draws:
+        """The sample on ``device``; to a GPU from pinned memory, without waiting for it.
+        A sample shared by several layers is moved once."""
+        if device.type == "cpu":
+            return self
+        moved: dict[int, Any] = {}
+
+        def move(item: Any) -> Any:
+            if id(item) not in moved:
+                if isinstance(item, tuple):
+                    moved[id(item)] = tuple(move(part) for part in item)
+                else:
+                    moved[id(item)] = item.pin_memory().to(device, non_blocking=True)
+            return moved[id(item)]
+
+        return Draws(
+            None if self.embedding is None else move(self.embedding),
+            None if self.layers is None else [move(item) for item in self.layers],
+        )
 
 
 class AttentionHook(nn.Module):
@@ -42,16 +79,20 @@ class AttentionHook(nn.Module):
     #: sizing row chunks from a memory budget; int64 index maps count twice).
     score_maps: ClassVar[int] = 1
 
-    def prepare(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """Called once per forward with q, k ``[B, H, T, d_h]``; returns (q, k, ctx)."""
+    def prepare(
+        self, q: torch.Tensor, k: torch.Tensor, draw: Any = None
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Called once per forward with q, k ``[M, B, H, T, d_h]`` and this layer's random
+        sample (None unless the encoding is randomized and drawing); returns (q, k, ctx)."""
         return q, k, None
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, rows: slice, ctx: Any) -> torch.Tensor:
-        """Scaled scores of query ``rows`` against all keys: ``[B, H, R, T]``."""
-        return torch.matmul(q[:, :, rows], k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        """Scaled scores of query ``rows`` against all keys: ``[M, B, H, R, T]``."""
+        return torch.matmul(q[..., rows, :], k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
 
     def bias(self, rows: slice, length: int, ctx: Any) -> torch.Tensor | None:
-        """Additive bias ``[1, H, R, T]`` for query ``rows`` (None when there is none)."""
+        """Additive bias ``[M or 1, 1, H, R, T]`` for query ``rows`` (None when there is
+        none); a member axis of 1 when the bias is the same for every member."""
         return None
 
 
@@ -59,8 +100,9 @@ class PositionalEncoding(nn.Module):
     """One encoding family. Subclasses set the class attributes and build ``hooks``.
 
     Constructor keywords: ``dim``, ``heads``, ``layers``, ``train_max_tokens`` (the longest
-    model input seen in training, T_train_max, used by FIRE's L0 and CoPE's npos) and the
-    encoding's own options (documented by each subclass; unknown options are an error).
+    model input seen in training, T_train_max, used by FIRE's L0 and CoPE's npos),
+    ``members`` (the leading axis of every parameter) and the encoding's own options
+    (documented by each subclass; unknown options are an error).
     """
 
     name: ClassVar[str]
@@ -71,9 +113,11 @@ class PositionalEncoding(nn.Module):
     #: Absolute encodings add to the embeddings, which are then dropped out (reference).
     adds_to_embedding: ClassVar[bool] = False
 
-    def __init__(self, *, dim: int, heads: int, layers: int, train_max_tokens: int) -> None:
+    def __init__(
+        self, *, dim: int, heads: int, layers: int, train_max_tokens: int, members: int = 1
+    ) -> None:
         super().__init__()
-        self.dim, self.heads, self.layers = dim, heads, layers
+        self.dim, self.heads, self.layers, self.members = dim, heads, layers, members
         self.head_dim = dim // heads
         self.train_max_tokens = train_max_tokens
         self.hooks = nn.ModuleList([AttentionHook() for _ in range(layers)])
@@ -83,12 +127,21 @@ class PositionalEncoding(nn.Module):
     @classmethod
     def option_names(cls) -> list[str]:
         """The encoding-specific keyword options this class accepts."""
-        common = {"self", "dim", "heads", "layers", "train_max_tokens"}
+        common = {"self", "dim", "heads", "layers", "train_max_tokens", "members"}
         return [p for p in inspect.signature(cls.__init__).parameters if p not in common]
 
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Token embeddings ``[B, T, D]`` (already scaled by sqrt(D)) plus the encoding."""
+    def embed(self, x: torch.Tensor, draws: Draws | None = None) -> torch.Tensor:
+        """Token embeddings ``[M, B, T, D]`` (already scaled by sqrt(D)) plus the encoding."""
         return x
+
+    def draws_active(self, evaluating: bool) -> bool:
+        """Whether a forward pass draws random positions (randomized encodings only)."""
+        return False
+
+    def sample_draws(self, length: int, generators: list[torch.Generator]) -> Draws:
+        """One random sample for a forward pass over sequences of ``length`` tokens, one
+        per member from its generator (randomized encodings only)."""
+        raise NotImplementedError(f"encoding {self.name!r} draws nothing")
 
     def options(self) -> dict[str, Any]:
         """The options this instance was built with, recorded with every run."""
@@ -142,7 +195,14 @@ def list_encodings() -> list[type[PositionalEncoding]]:
 
 
 def build_encoding(
-    name: str, *, dim: int, heads: int, layers: int, train_max_tokens: int, **options: Any
+    name: str,
+    *,
+    dim: int,
+    heads: int,
+    layers: int,
+    train_max_tokens: int,
+    members: int = 1,
+    **options: Any,
 ) -> PositionalEncoding:
     """Build encoding ``name``; an option it does not take is a ``CheBenchError``."""
     cls = get_encoding_class(name)
@@ -155,4 +215,7 @@ def build_encoding(
         )
     if dim % heads:
         raise CheBenchError(f"model width {dim} is not divisible by {heads} heads")
-    return cls(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, **options)
+    return cls(
+        dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members,
+        **options,
+    )

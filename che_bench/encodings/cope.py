@@ -10,6 +10,7 @@ from torch import nn
 from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
 from che_bench.encodings.common import query_positions
 from che_bench.errors import CheBenchError
+from che_bench.members import per_member
 
 
 class CopeHook(AttentionHook):
@@ -19,7 +20,7 @@ class CopeHook(AttentionHook):
     query itself) sits at ``p_ij = sum_{t=j..i} g_it``, a key on the right at
     ``p_ij = sum_{t=i..j} g_it``; ``p`` is clamped to ``npos - 1``. The position logit
     interpolates ``z_i[n] = q_i . e[n]`` between ``floor(p)`` and ``ceil(p)`` in the table of
-    the key's side (``e_left`` or ``e_right``, ``[d_h, npos]``, zeros init, shared by the
+    the key's side (``e_left`` or ``e_right``, ``[M, d_h, npos]``, zeros init, shared by the
     heads), and is added before the ``1/sqrt(d_h)`` scaling, as in the official code.
     """
 
@@ -27,16 +28,16 @@ class CopeHook(AttentionHook):
     # gathered logits and the interpolation
     score_maps = 16
 
-    def __init__(self, head_dim: int, npos: int) -> None:
+    def __init__(self, head_dim: int, npos: int, members: int) -> None:
         super().__init__()
         self.npos = npos
-        self.left = nn.Parameter(torch.zeros(head_dim, npos))
-        self.right = nn.Parameter(torch.zeros(head_dim, npos))
+        self.left = nn.Parameter(torch.zeros(members, head_dim, npos))
+        self.right = nn.Parameter(torch.zeros(members, head_dim, npos))
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, rows: slice, ctx: None) -> torch.Tensor:
         length = k.shape[-2]
-        queries = q[:, :, rows]
-        content = torch.matmul(queries, k.transpose(-1, -2))  # [B, H, R, T], unscaled
+        queries = q[..., rows, :]
+        content = torch.matmul(queries, k.transpose(-1, -2))  # [M, B, H, R, T], unscaled
         scale = math.sqrt(q.shape[-1])
         gates = torch.sigmoid(content.float() / scale)
         query = query_positions(rows, length, q.device)[:, None]
@@ -47,7 +48,8 @@ class CopeHook(AttentionHook):
         position = torch.where(is_left, left_count, right_count).clamp(max=self.npos - 1)
 
         # One gather over both tables: the right table's entries follow the left one's.
-        table_logits = torch.matmul(queries.float(), torch.cat([self.left, self.right], dim=1))
+        tables = per_member(torch.cat([self.left, self.right], dim=-1), q.dim())
+        table_logits = torch.matmul(queries.float(), tables)
         side_start = torch.where(is_left, 0, self.npos)
         floor = position.floor()
         upper_weight = position - floor  # gradient flows through the gates only
@@ -76,11 +78,14 @@ class CopeEncoding(PositionalEncoding):
         heads: int,
         layers: int,
         train_max_tokens: int,
+        members: int = 1,
         cope_npos: int | None = None,
     ) -> None:
-        super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
+        super().__init__(
+            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
+        )
         npos = train_max_tokens + 1 if cope_npos is None else cope_npos
         if npos < 2:
             raise CheBenchError(f"cope_npos must be >= 2; got {npos}")
-        self.hooks = nn.ModuleList(CopeHook(self.head_dim, npos) for _ in range(layers))
+        self.hooks = nn.ModuleList(CopeHook(self.head_dim, npos, members) for _ in range(layers))
         self.resolved_options = {"cope_npos": npos}

@@ -7,6 +7,7 @@ from torch import nn
 
 from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
 from che_bench.encodings.common import LengthCache, check_positive, query_positions
+from che_bench.members import MemberLinear
 
 EPS = 1e-6
 MIN_THRESHOLD = 1.0  # lower bound of |lambda * L0|: keeps the row-0 normaliser away from 0
@@ -21,18 +22,23 @@ class FireHook(AttentionHook):
 
     ``N_side`` is the number of keys on the key's side of the query (``i`` on the left,
     ``T - 1 - i`` on the right), so ``u`` lies in ``[-1, 1]`` and the left half equals causal
-    FIRE. ``c`` (init 0.1) and ``lambda`` (init 1) are learned, ``L0`` is fixed. Computed in
-    fp32; in no-grad evaluation the map of each row chunk is cached for the current length.
+    FIRE. ``c`` (init 0.1) and ``lambda`` (init 1) are learned (one per member), ``L0`` is
+    fixed. Computed in fp32; in no-grad evaluation the map of each row chunk is cached for the
+    current length.
     """
 
     carries_bias = True
 
-    def __init__(self, heads: int, width: int, l0: float) -> None:
+    def __init__(self, heads: int, width: int, l0: float, members: int) -> None:
         super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, heads))
-        self.c = nn.Parameter(torch.tensor(0.1))
-        self.lam = nn.Parameter(torch.tensor(1.0))
-        self.register_buffer("l0", torch.tensor(float(l0)))
+        self.mlp = nn.Sequential(
+            MemberLinear(members, 1, width, init="torch"),
+            nn.ReLU(),
+            MemberLinear(members, width, heads, init="torch"),
+        )
+        self.c = nn.Parameter(torch.full((members,), 0.1))
+        self.lam = nn.Parameter(torch.full((members,), 1.0))
+        self.register_buffer("l0", torch.tensor(float(l0)), persistent=False)
         self._cache = LengthCache()
 
     def train(self, mode: bool = True) -> FireHook:
@@ -40,12 +46,12 @@ class FireHook(AttentionHook):
         return super().train(mode)
 
     def relative_coordinate(self, rows: slice, length: int) -> torch.Tensor:
-        """The signed, normalised ``u [R, T]`` of the query rows, in fp32."""
+        """The signed, normalised ``u [M, R, T]`` of the query rows, in fp32."""
         device = self.c.device
         query = query_positions(rows, length, device).float()[:, None]
         key = torch.arange(length, device=device, dtype=torch.float32)[None, :]
-        c = self.c.float().abs().clamp(min=MIN_C)
-        threshold = (self.lam.float() * self.l0).abs().clamp(min=MIN_THRESHOLD)
+        c = self.c.float().abs().clamp(min=MIN_C)[:, None, None]
+        threshold = (self.lam.float() * self.l0).abs().clamp(min=MIN_THRESHOLD)[:, None, None]
         delta = query - key
         keys_on_side = torch.where(delta > 0, query, length - 1 - query)
         normaliser = torch.log1p(c * torch.maximum(threshold, keys_on_side)) + EPS
@@ -54,7 +60,7 @@ class FireHook(AttentionHook):
     def compute_bias(self, rows: slice, length: int) -> torch.Tensor:
         with torch.autocast(self.c.device.type, enabled=False):
             u = self.relative_coordinate(rows, length)
-            return self.mlp(u[..., None]).permute(2, 0, 1)[None]  # [1, H, R, T]
+            return self.mlp(u[..., None]).permute(0, 3, 1, 2)[:, None]  # [M, 1, H, R, T]
 
     def bias(self, rows: slice, length: int, ctx: None) -> torch.Tensor:
         if torch.is_grad_enabled():
@@ -84,11 +90,14 @@ class FireEncoding(PositionalEncoding):
         heads: int,
         layers: int,
         train_max_tokens: int,
+        members: int = 1,
         fire_L0: float | None = None,
         fire_width: int = 32,
     ) -> None:
-        super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
+        super().__init__(
+            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
+        )
         l0 = check_positive("fire_L0", train_max_tokens if fire_L0 is None else fire_L0)
         check_positive("fire_width", fire_width)
-        self.hooks = nn.ModuleList(FireHook(heads, fire_width, l0) for _ in range(layers))
+        self.hooks = nn.ModuleList(FireHook(heads, fire_width, l0, members) for _ in range(layers))
         self.resolved_options = {"fire_L0": l0, "fire_width": fire_width}

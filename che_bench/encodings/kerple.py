@@ -7,6 +7,7 @@ from torch import nn
 
 from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
 from che_bench.encodings.common import check_choice, layer_hooks, toeplitz_rows, two_sided
+from che_bench.members import init_members_
 
 BIDIRECTIONAL = ("two_sided", "symmetric_offset")
 #: Lower bound of every Kerple parameter (the KERPLE code's projection).
@@ -16,7 +17,7 @@ MAX_EXPONENT = 2.0
 
 
 class KerpleHook(AttentionHook):
-    """Kerple bias for distance ``d = |i - j|`` with per-head ``r1, r2 > 0``:
+    """Kerple bias for distance ``d = |i - j|`` with per-head ``r1, r2 > 0`` (``[M, sides, H]``):
 
     * log kernel: ``-r1 * log(1 + r2 * d)``;
     * power kernel: ``-r1 * d ** r2`` with ``r2 <= 2``.
@@ -29,14 +30,16 @@ class KerpleHook(AttentionHook):
 
     carries_bias = True
 
-    def __init__(self, heads: int, kernel: str, bidirectional: str) -> None:
+    def __init__(self, heads: int, kernel: str, bidirectional: str, members: int) -> None:
         super().__init__()
         self.kernel, self.bidirectional = kernel, bidirectional
         sides = 2 if bidirectional == "two_sided" else 1
         # Init of the KERPLE code: log r1 ~ U(0, 2), r2 ~ U(0, 1); power r1 ~ U(0, 1), r2 ~ U(0, 2).
         r1_high, r2_high = (2.0, 1.0) if kernel == "log" else (1.0, 2.0)
-        self.r1 = nn.Parameter(torch.rand(sides, heads) * r1_high)
-        self.r2 = nn.Parameter(torch.rand(sides, heads) * r2_high)
+        self.r1 = nn.Parameter(torch.empty(members, sides, heads))
+        self.r2 = nn.Parameter(torch.empty(members, sides, heads))
+        init_members_(self.r1, lambda r: nn.init.uniform_(r, 0.0, r1_high))
+        init_members_(self.r2, lambda r: nn.init.uniform_(r, 0.0, r2_high))
 
     @torch.no_grad()
     def project_(self) -> None:
@@ -47,13 +50,15 @@ class KerpleHook(AttentionHook):
         max_r2 = MAX_EXPONENT if self.kernel == "power" else None
         self.r2.data.clamp_(min=MIN_PARAM, max=max_r2)
 
-    def prepare(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+    def prepare(
+        self, q: torch.Tensor, k: torch.Tensor, draw: None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, None]:
         self.project_()
         return q, k, None
 
     def side_bias(self, distance: torch.Tensor, side: int) -> torch.Tensor:
-        """``[H, len(distance)]`` kernel values of one parameter set (distances > 0)."""
-        r1, r2 = self.r1[side, :, None], self.r2[side, :, None]
+        """``[M, H, len(distance)]`` kernel values of one parameter set (distances > 0)."""
+        r1, r2 = self.r1[:, side, :, None], self.r2[:, side, :, None]
         if self.kernel == "log":
             return -r1 * torch.log1p(r2 * distance)
         return -r1 * distance.pow(r2)
@@ -64,7 +69,7 @@ class KerpleHook(AttentionHook):
             left, right = self.side_bias(distance, 0), self.side_bias(distance, 1)
         else:
             left, right = self.side_bias(distance - 0.5, 0), self.side_bias(distance, 0)
-        return toeplitz_rows(two_sided(left, right), rows, length)[None]
+        return toeplitz_rows(two_sided(left, right), rows, length)[:, None]
 
 
 class _KerpleEncoding(PositionalEncoding):
@@ -81,14 +86,18 @@ class _KerpleEncoding(PositionalEncoding):
         heads: int,
         layers: int,
         train_max_tokens: int,
+        members: int = 1,
         kerple_bidir: str = "two_sided",
         share_across_layers: bool = False,
     ) -> None:
-        super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
+        super().__init__(
+            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
+        )
         check_choice("kerple_bidir", kerple_bidir, BIDIRECTIONAL)
         # Shared: the KERPLE repo; per layer: the DAPE repo (which produced the DAPE tables).
         self.hooks = layer_hooks(
-            lambda: KerpleHook(heads, self.kernel, kerple_bidir), layers, share_across_layers
+            lambda: KerpleHook(heads, self.kernel, kerple_bidir, members), layers,
+            share_across_layers,
         )
         self.resolved_options = {
             "kerple_bidir": kerple_bidir,

@@ -5,15 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from che_bench.encodings.base import PositionalEncoding, register
+from che_bench.encodings.base import Draws, PositionalEncoding, register
 from che_bench.encodings.common import check_positive
 from che_bench.encodings.randomized import DEFAULT_NOISE_MAX_LENGTH, RandomOptions, RandomPositions
 from che_bench.errors import CheBenchError
+from che_bench.members import init_members_, truncated_normal_
 
 
 @register("learnt")
 class LearnedEncoding(PositionalEncoding):
-    """Adds row ``p`` of a learned ``[max_positions, D]`` table to the embedding of token ``p``.
+    """Adds row ``p`` of a learned ``[max_positions, D]`` table (one per member) to the
+    embedding of token ``p``.
 
     Init: truncated normal (at +-2 std) with std ``learned_init_std`` = 1.0, the Haiku
     embedding default of the reference code. Rows never reached in training keep their
@@ -36,32 +38,35 @@ class LearnedEncoding(PositionalEncoding):
         heads: int,
         layers: int,
         train_max_tokens: int,
+        members: int = 1,
         max_positions: int = 2048,
         learned_init_std: float = 1.0,
     ) -> None:
-        super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
+        super().__init__(
+            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
+        )
         check_positive("max_positions", max_positions)
         check_positive("learned_init_std", learned_init_std)
-        self.table = nn.Parameter(torch.empty(max_positions, dim))
-        nn.init.trunc_normal_(
-            self.table, std=learned_init_std, a=-2 * learned_init_std, b=2 * learned_init_std
-        )
+        self.table = nn.Parameter(torch.empty(members, max_positions, dim))
+        init_members_(self.table, lambda table: truncated_normal_(table, learned_init_std))
         self.resolved_options = {
             "max_positions": max_positions,
             "learned_init_std": learned_init_std,
         }
 
-    def positions(self, length: int) -> torch.Tensor:
-        rows = self.table.shape[0]
-        if length > rows:
+    def embed(self, x: torch.Tensor, draws: Draws | None = None) -> torch.Tensor:
+        length, rows = x.shape[-2], self.table.shape[1]
+        if draws is not None:  # positions [M, T]: member m reads its rows of its own table
+            positions = draws.embedding
+            rows_read = self.table.gather(1, positions[..., None].expand(-1, -1, self.dim))
+        elif length > rows:
             raise CheBenchError(
                 f"learned encoding: sequence of {length} tokens exceeds its table of {rows} "
                 "rows; build it with a larger max_positions"
             )
-        return torch.arange(length)
-
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.table[self.positions(x.shape[1]).to(x.device)].to(x.dtype)
+        else:
+            rows_read = self.table[:, :length]
+        return x + rows_read[:, None].to(x.dtype)
 
 
 @register("random_learnt", "noisy_learnt", "noisy_learned")
@@ -82,6 +87,7 @@ class RandomLearnedEncoding(RandomPositions, LearnedEncoding):
         heads: int,
         layers: int,
         train_max_tokens: int,
+        members: int = 1,
         noise_max_length: int = DEFAULT_NOISE_MAX_LENGTH,
         randomize_at_eval: bool = True,
         learned_init_std: float = 1.0,
@@ -91,6 +97,7 @@ class RandomLearnedEncoding(RandomPositions, LearnedEncoding):
             heads=heads,
             layers=layers,
             train_max_tokens=train_max_tokens,
+            members=members,
             max_positions=noise_max_length,
             learned_init_std=learned_init_std,
         )

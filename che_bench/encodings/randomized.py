@@ -2,36 +2,57 @@
 
 Positions are replaced by a sorted sample of distinct integers from a larger range
 ``[0, L)`` with ``L = noise_max_length``; relative methods sample sorted distinct
-offset magnitudes from ``[1, L)`` instead. Draws come from torch's global CPU RNG (so
-``torch.manual_seed`` makes runs reproducible, independently of the device and of the
-CUDA RNG that dropout uses) and are shared by every sequence of the batch.
+offset magnitudes from ``[1, L)`` instead. One sample serves every sequence of a batch.
+
+Draws come from generators of their own, one per member of a pack, never from torch's
+global RNG (which dropout uses: changing the dropout rate must not move the positions),
+and they are made once per forward pass of a whole batch (``Encoder.sample_draws``), so
+splitting a batch into sub-batches or row chunks never changes them. Samples are drawn
+on the CPU and handed to the hooks as ``Draws``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import torch
 
-from che_bench.encodings.base import AttentionHook
+from che_bench.encodings.base import Draws
 from che_bench.errors import CheBenchError
-
-Sample = TypeVar("Sample")
 
 DEFAULT_NOISE_MAX_LENGTH = 2048
 
+#: ``sample(length, limit, generators)`` -> one layer's sample, a tensor or a tuple of them.
+Sampler = Callable[[int, int, list[torch.Generator]], Any]
 
-def sample_sorted(count: int, limit: int, *, start: int = 0) -> torch.Tensor:
-    """``count`` distinct integers from ``[start, limit)``, ascending (long, CPU)."""
+
+def sample_sorted(
+    count: int, limit: int, generators: list[torch.Generator], *, start: int = 0
+) -> torch.Tensor:
+    """``count`` distinct integers from ``[start, limit)``, ascending, for each member's
+    generator: ``[M, count]`` (long, CPU)."""
     available = limit - start
     if count > available:
         raise CheBenchError(
             f"randomized encoding: cannot draw {count} distinct positions from "
             f"[{start}, {limit}); raise noise_max_length above the longest sequence"
         )
-    return torch.randperm(available)[:count].sort().values + start
+    drawn = torch.stack([torch.randperm(available, generator=g)[:count] for g in generators])
+    return drawn.sort(dim=1).values + start
+
+
+def sample_distances(
+    length: int, limit: int, generators: list[torch.Generator], both_sides: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Randomized distances for the offset-sampling variants (relative, ALiBi): sorted
+    ``s_1 < ... < s_{T-1}`` from ``[1, limit)`` replace token distances ``1..T-1``. Returns
+    (left, right), each ``[M, T-1]``: the same draw mirrored, or two independent draws with
+    ``both_sides``."""
+    right = sample_sorted(length - 1, limit, generators, start=1)
+    left = sample_sorted(length - 1, limit, generators, start=1) if both_sides else right
+    return left, right
 
 
 @dataclass(frozen=True)
@@ -39,16 +60,17 @@ class RandomOptions:
     """The switches shared by the randomized encodings."""
 
     noise_max_length: int = DEFAULT_NOISE_MAX_LENGTH
-    #: Also draw in eval mode (the reference does); False uses plain positions at eval.
+    #: Also draw when evaluating (the reference does); False uses plain positions there,
+    #: whether or not dropout stays on.
     randomize_at_eval: bool = True
 
     def __post_init__(self) -> None:
         if self.noise_max_length < 2:
             raise CheBenchError(f"noise_max_length must be >= 2; got {self.noise_max_length}")
 
-    def active(self, training: bool) -> bool:
-        """Whether a forward pass in this mode uses random positions."""
-        return training or self.randomize_at_eval
+    def active(self, evaluating: bool) -> bool:
+        """Whether a forward pass in this phase uses random positions."""
+        return not evaluating or self.randomize_at_eval
 
     def recorded(self) -> dict[str, Any]:
         """These options under their option names, for ``resolved_options``."""
@@ -59,66 +81,54 @@ class RandomOptions:
 
 
 class RandomPositions:
-    """Mixin for an absolute encoding (before it in the bases): ``positions(length)``
-    becomes a sorted draw from ``[0, noise_max_length)``, made once per forward pass (all
-    layers, all sequences of the batch), whenever ``random`` is active in this mode."""
+    """Mixin for an absolute encoding (before it in the bases): the positions added to the
+    embeddings become a sorted draw ``[M, T]`` from ``[0, noise_max_length)``, one per
+    forward pass (all layers, all sequences of the batch)."""
 
     randomized: ClassVar[bool] = True
     #: Set by the constructor of the encoding.
     random: RandomOptions
-    training: bool
 
-    def positions(self, length: int) -> torch.Tensor:
-        if self.random.active(self.training):
-            return sample_sorted(length, self.random.noise_max_length)
-        return super().positions(length)  # type: ignore[misc]
+    def draws_active(self, evaluating: bool) -> bool:
+        return self.random.active(evaluating)
+
+    def sample_draws(self, length: int, generators: list[torch.Generator]) -> Draws:
+        return Draws(embedding=sample_sorted(length, self.random.noise_max_length, generators))
 
 
 class LayerDraws:
-    """Hands random draws to the attention layers of one forward pass.
+    """The samples of the attention layers of one forward pass.
 
-    Per layer (the reference): every layer draws its own sample. Shared: layer 0 draws
-    and the later layers of the same forward pass reuse that sample.
+    Per layer (the reference): every layer draws its own sample. Shared: one sample serves
+    every layer of the forward pass.
     """
 
-    def __init__(self, random: RandomOptions, per_layer: bool) -> None:
-        self.random, self.per_layer = random, per_layer
-        self._last: tuple[Any, Any] | None = None
+    def __init__(
+        self, random: RandomOptions, per_layer: bool, layers: int, sampler: Sampler
+    ) -> None:
+        self.random, self.per_layer, self.layers, self.sampler = random, per_layer, layers, sampler
 
     def recorded(self) -> dict[str, Any]:
         """The options of the draws under their option names, for ``resolved_options``."""
         return {**self.random.recorded(), "random_per_layer": self.per_layer}
 
-    def draw(self, layer: int, key: Any, make: Callable[[], Any]) -> Any:
-        """The sample for ``layer``; ``key`` (e.g. the length) must match to reuse one."""
-        if self.per_layer or layer == 0 or self._last is None or self._last[0] != key:
-            self._last = (key, make())
-        return self._last[1]
+    def sample(self, length: int, generators: list[torch.Generator]) -> Draws:
+        limit = self.random.noise_max_length
+        if not self.per_layer:
+            return Draws(layers=[self.sampler(length, limit, generators)] * self.layers)
+        return Draws(layers=[self.sampler(length, limit, generators) for _ in range(self.layers)])
 
 
-class RandomizedHook(AttentionHook):
-    """Base of the hooks of relative encodings with a randomized variant (RoPE,
-    Transformer-XL, ALiBi); ``draws`` is None in the plain variant."""
+class RandomizedLayers:
+    """Mixin for an attention-side encoding (before it in the bases) whose hooks take a
+    random sample per layer from ``layer_draws``."""
 
-    def __init__(self, layer: int, draws: LayerDraws | None) -> None:
-        super().__init__()
-        self.layer, self.draws = layer, draws
+    randomized: ClassVar[bool] = True
+    #: Set by the constructor of the encoding.
+    layer_draws: LayerDraws
 
-    def draw(self, length: int, sample: Callable[[int, int], Sample]) -> Sample | None:
-        """``sample(length, noise_max_length)`` for this layer (or the one layer 0 drew
-        when draws are shared), or None when this forward pass uses plain positions."""
-        if self.draws is None or not self.draws.random.active(self.training):
-            return None
-        limit = self.draws.random.noise_max_length
-        return self.draws.draw(self.layer, length, lambda: sample(length, limit))
+    def draws_active(self, evaluating: bool) -> bool:
+        return self.layer_draws.random.active(evaluating)
 
-
-def sample_distances(
-    length: int, limit: int, both_sides: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Randomized distances for the offset-sampling variants (relative, ALiBi): sorted
-    ``s_1 < ... < s_{T-1}`` from ``[1, limit)`` replace token distances ``1..T-1``. Returns
-    (left, right): the same draw mirrored, or two independent draws with ``both_sides``."""
-    right = sample_sorted(length - 1, limit, start=1)
-    left = sample_sorted(length - 1, limit, start=1) if both_sides else right
-    return left, right
+    def sample_draws(self, length: int, generators: list[torch.Generator]) -> Draws:
+        return self.layer_draws.sample(length, generators)

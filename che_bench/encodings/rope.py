@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from che_bench.encodings.base import PositionalEncoding, register
+from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
 from che_bench.encodings.common import check_choice, check_positive
 from che_bench.encodings.randomized import (
     DEFAULT_NOISE_MAX_LENGTH,
     LayerDraws,
-    RandomizedHook,
+    RandomizedLayers,
     RandomOptions,
     sample_sorted,
 )
@@ -20,7 +20,7 @@ PAIRINGS = ("interleaved", "half")
 
 
 def rotate(x: torch.Tensor, angles: torch.Tensor, pairing: str) -> torch.Tensor:
-    """Rotate the feature pairs of ``x [..., T, d]`` by ``angles [T, d/2]`` (in fp32).
+    """Rotate the feature pairs of ``x [..., T, d]`` by ``angles [..., T, d/2]`` (in fp32).
 
     ``interleaved`` pairs features ``(2m, 2m+1)`` (randomized-PE/CHE code); ``half`` pairs
     ``(m, m + d/2)`` (NeoX ``rotate_half``). Pair ``m`` turns by ``angles[:, m]``.
@@ -36,25 +36,24 @@ def rotate(x: torch.Tensor, angles: torch.Tensor, pairing: str) -> torch.Tensor:
     return rotated.to(x.dtype)
 
 
-class RotaryHook(RandomizedHook):
+class RotaryHook(AttentionHook):
     """Rotates q and k by ``position * theta_m``, ``theta_m = base^(-2m/d_h)``; scores of the
-    rotated vectors then depend on ``i - j`` only. Randomized: one sorted draw of positions
-    per layer (or per forward pass), the same for q and k."""
+    rotated vectors then depend on ``i - j`` only. Randomized: the layer's sample of sorted
+    positions ``[M, T]`` replaces ``0..T-1``, the same for q and k."""
 
-    def __init__(
-        self, head_dim: int, base: float, pairing: str, layer: int, draws: LayerDraws | None = None
-    ) -> None:
-        super().__init__(layer, draws)
+    def __init__(self, head_dim: int, base: float, pairing: str) -> None:
+        super().__init__()
         exponents = torch.arange(head_dim // 2, dtype=torch.float64) * (2 / head_dim)
         self.register_buffer("theta", (base**-exponents).float(), persistent=False)
         self.pairing = pairing
 
-    def positions(self, length: int, device: torch.device) -> torch.Tensor:
-        drawn = self.draw(length, sample_sorted)
-        return torch.arange(length, device=device) if drawn is None else drawn.to(device)
-
-    def prepare(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
-        angles = self.positions(q.shape[-2], q.device).float()[:, None] * self.theta
+    def prepare(
+        self, q: torch.Tensor, k: torch.Tensor, draw: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, None]:
+        if draw is None:
+            angles = torch.arange(q.shape[-2], device=q.device).float()[:, None] * self.theta
+        else:  # [M, T] positions -> [M, 1, 1, T, d/2] angles
+            angles = (draw.float()[..., None] * self.theta)[:, None, None]
         return rotate(q, angles, self.pairing), rotate(k, angles, self.pairing), None
 
 
@@ -84,19 +83,22 @@ class RotaryEncoding(PositionalEncoding):
         heads: int,
         layers: int,
         train_max_tokens: int,
+        members: int = 1,
         rope_base: float = 10000.0,
         rope_pairing: str = "interleaved",
     ) -> None:
-        super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
+        super().__init__(
+            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
+        )
         check_rope_options(self.head_dim, rope_base, rope_pairing)
         self.hooks = nn.ModuleList(
-            RotaryHook(self.head_dim, rope_base, rope_pairing, layer) for layer in range(layers)
+            RotaryHook(self.head_dim, rope_base, rope_pairing) for _ in range(layers)
         )
         self.resolved_options = {"rope_base": rope_base, "rope_pairing": rope_pairing}
 
 
 @register("random_rotary", "noisy_rotary", "noisy_rope")
-class RandomRotaryEncoding(PositionalEncoding):
+class RandomRotaryEncoding(RandomizedLayers, PositionalEncoding):
     """RoPE at sorted random positions from ``[0, noise_max_length)``, drawn separately in
     every layer by default (as in the reference), the same draw for q and k.
 
@@ -107,7 +109,6 @@ class RandomRotaryEncoding(PositionalEncoding):
     name = "random_rope"
     description = "Randomized RoPE (sorted positions drawn from [0, L), per layer)."
     kind = "relative"
-    randomized = True
 
     def __init__(
         self,
@@ -116,21 +117,26 @@ class RandomRotaryEncoding(PositionalEncoding):
         heads: int,
         layers: int,
         train_max_tokens: int,
+        members: int = 1,
         rope_base: float = 10000.0,
         rope_pairing: str = "interleaved",
         noise_max_length: int = DEFAULT_NOISE_MAX_LENGTH,
         randomize_at_eval: bool = True,
         random_per_layer: bool = True,
     ) -> None:
-        super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
+        super().__init__(
+            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
+        )
         check_rope_options(self.head_dim, rope_base, rope_pairing)
-        draws = LayerDraws(RandomOptions(noise_max_length, randomize_at_eval), random_per_layer)
+        self.layer_draws = LayerDraws(
+            RandomOptions(noise_max_length, randomize_at_eval), random_per_layer, layers,
+            sample_sorted,
+        )
         self.hooks = nn.ModuleList(
-            RotaryHook(self.head_dim, rope_base, rope_pairing, layer, draws)
-            for layer in range(layers)
+            RotaryHook(self.head_dim, rope_base, rope_pairing) for _ in range(layers)
         )
         self.resolved_options = {
             "rope_base": rope_base,
             "rope_pairing": rope_pairing,
-            **draws.recorded(),
+            **self.layer_draws.recorded(),
         }

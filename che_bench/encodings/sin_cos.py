@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from che_bench.encodings.base import PositionalEncoding, register
+from che_bench.encodings.base import Draws, PositionalEncoding, register
 from che_bench.encodings.common import check_positive, sinusoid
 from che_bench.encodings.randomized import DEFAULT_NOISE_MAX_LENGTH, RandomOptions, RandomPositions
 
@@ -30,21 +30,25 @@ class SinCosEncoding(PositionalEncoding):
         heads: int,
         layers: int,
         train_max_tokens: int,
+        members: int = 1,
         max_time: float = 10000.0,
         sin_cos_backward: bool = False,
     ) -> None:
-        super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
+        super().__init__(
+            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
+        )
         self.max_time = check_positive("max_time", max_time)
         self.backward = sin_cos_backward
         self.resolved_options = {"max_time": max_time, "sin_cos_backward": sin_cos_backward}
 
-    def positions(self, length: int) -> torch.Tensor:
-        forward = torch.arange(length)
-        return length - forward if self.backward else forward
-
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        features = sinusoid(self.positions(x.shape[1]).to(x.device), self.dim, self.max_time)
-        return x + features.to(x.dtype)
+    def embed(self, x: torch.Tensor, draws: Draws | None = None) -> torch.Tensor:
+        if draws is not None:  # positions [M, T] -> features [M, 1, T, D]
+            positions = draws.embedding[:, None]
+        else:
+            length = x.shape[-2]
+            forward = torch.arange(length, device=x.device)
+            positions = length - forward if self.backward else forward
+        return x + sinusoid(positions, self.dim, self.max_time).to(x.dtype)
 
 
 @register("random_sincos", "noisy_sin_cos")
@@ -65,6 +69,7 @@ class RandomSinCosEncoding(RandomPositions, SinCosEncoding):
         heads: int,
         layers: int,
         train_max_tokens: int,
+        members: int = 1,
         max_time: float = 10000.0,
         noise_max_length: int = DEFAULT_NOISE_MAX_LENGTH,
         randomize_at_eval: bool = True,
@@ -74,6 +79,7 @@ class RandomSinCosEncoding(RandomPositions, SinCosEncoding):
             heads=heads,
             layers=layers,
             train_max_tokens=train_max_tokens,
+            members=members,
             max_time=max_time,
         )
         self.random = RandomOptions(noise_max_length, randomize_at_eval)

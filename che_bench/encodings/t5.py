@@ -10,6 +10,7 @@ from torch import nn
 from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
 from che_bench.encodings.common import layer_hooks, offsets, toeplitz_rows
 from che_bench.errors import CheBenchError
+from che_bench.members import init_members_
 
 
 def t5_buckets(relative: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -31,28 +32,35 @@ def t5_buckets(relative: torch.Tensor, num_buckets: int, max_distance: int) -> t
 
 
 class T5Hook(AttentionHook):
-    """``Bias[h, i, j] = scale * table[bucket(j - i), h]``, added to the scaled scores."""
+    """``Bias[h, i, j] = scale * table[bucket(j - i), h]`` (a ``[buckets, H]`` table per
+    member), added to the scaled scores."""
 
     carries_bias = True
 
     def __init__(
-        self, heads: int, num_buckets: int, max_distance: int, neox_scaling: bool, dim: int
+        self,
+        heads: int,
+        num_buckets: int,
+        max_distance: int,
+        neox_scaling: bool,
+        dim: int,
+        members: int,
     ) -> None:
         super().__init__()
         self.num_buckets, self.max_distance = num_buckets, max_distance
-        self.table = nn.Parameter(torch.empty(num_buckets, heads))
+        self.table = nn.Parameter(torch.empty(members, num_buckets, heads))
         if neox_scaling:  # NeoX: Xavier init, looked-up bias times sqrt(d_h)
-            nn.init.xavier_normal_(self.table)
+            init_members_(self.table, nn.init.xavier_normal_)
             self.scale = math.sqrt(dim // heads)
         else:  # HF T5 init std D^-1/2, raw table added to the scaled scores
-            nn.init.normal_(self.table, std=dim**-0.5)
+            init_members_(self.table, lambda table: nn.init.normal_(table, std=dim**-0.5))
             self.scale = 1.0
 
     def bias(self, rows: slice, length: int, ctx: None) -> torch.Tensor:
         relative = offsets(length, self.table.device)
         buckets = t5_buckets(relative, self.num_buckets, self.max_distance)
-        per_offset = self.table[buckets].T * self.scale  # [H, 2T-1]
-        return toeplitz_rows(per_offset, rows, length)[None]
+        per_offset = self.table[:, buckets].transpose(1, 2) * self.scale  # [M, H, 2T-1]
+        return toeplitz_rows(per_offset, rows, length)[:, None]
 
 
 @register("t5_bias", "t5_relative")
@@ -76,12 +84,15 @@ class T5Encoding(PositionalEncoding):
         heads: int,
         layers: int,
         train_max_tokens: int,
+        members: int = 1,
         t5_num_buckets: int = 32,
         t5_max_distance: int = 128,
         t5_neox_scaling: bool = False,
         share_across_layers: bool = True,
     ) -> None:
-        super().__init__(dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens)
+        super().__init__(
+            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
+        )
         if t5_num_buckets < 4 or t5_num_buckets % 4:
             raise CheBenchError(
                 f"t5_num_buckets must be a positive multiple of 4; got {t5_num_buckets}"
@@ -89,7 +100,7 @@ class T5Encoding(PositionalEncoding):
         if t5_max_distance <= t5_num_buckets // 4:
             raise CheBenchError("t5_max_distance must exceed t5_num_buckets / 4")
         self.hooks = layer_hooks(
-            lambda: T5Hook(heads, t5_num_buckets, t5_max_distance, t5_neox_scaling, dim),
+            lambda: T5Hook(heads, t5_num_buckets, t5_max_distance, t5_neox_scaling, dim, members),
             layers,
             share_across_layers,
         )

@@ -1,0 +1,100 @@
+"""Which runs train together: grouping a grid into packs, and how wide a pack may be.
+
+Runs pack when they differ only in seed, data seed and learning rate (``RunConfig.pack_key``)
+and share a length seed. ``--pack N`` caps a pack at N members; ``--pack auto`` makes packs as
+wide as the device allows: on a GPU, as many members as fit in its free memory (measured with
+one training step of one member at the longest training length); on a CPU,
+``CPU_AUTO_WIDTH`` (packing there gains little: see ``benchmarks/bench_pack.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from che_bench.config import RunConfig
+from che_bench.errors import CheBenchError
+
+AUTO = "auto"
+#: ``--pack auto`` on a CPU (see the README's measured figures: one worker per core gains
+#: as much there and keeps runs independent, so a CPU packs only when asked to).
+CPU_AUTO_WIDTH = 1
+#: Share of the free GPU memory a pack's training may fill (the rest: fragmentation, the
+#: evaluation's own budget, other processes sharing the GPU).
+GPU_MEMORY_SHARE = 0.7
+#: Upper bound of ``--pack auto`` (beyond it a step is compute-bound: no further gain).
+MAX_AUTO_WIDTH = 64
+
+
+def parse_pack_width(text: str) -> int | str:
+    """``auto`` or a positive integer, else a CheBenchError."""
+    if text == AUTO:
+        return AUTO
+    try:
+        width = int(text)
+    except ValueError:
+        width = 0
+    if width < 1:
+        raise CheBenchError(f"--pack takes a positive integer or 'auto', got {text!r}")
+    return width
+
+
+def group_into_packs(configs: Sequence[RunConfig], width: int | None) -> list[list[RunConfig]]:
+    """Consecutive packs of at most ``width`` members (None: no limit) of runs that can train
+    together, in the order the runs first appear. Runs without a length seed train alone."""
+    cells: dict[str, list[RunConfig]] = {}
+    packs: list[list[RunConfig]] = []
+    for config in configs:
+        if config.length_seed is None:
+            packs.append([config])
+            continue
+        cell = cells.setdefault(config.pack_key(), [])
+        if not cell:
+            packs.append(cell)
+        cell.append(config)
+    return [pack[start : start + (width or len(pack))]
+            for pack in packs for start in range(0, len(pack), width or len(pack))]
+
+
+def unpackable(configs: Sequence[RunConfig]) -> int:
+    """How many of ``configs`` cannot pack with any other (no length seed)."""
+    return sum(config.length_seed is None for config in configs)
+
+
+def training_bytes_per_member(config: RunConfig, device: torch.device) -> int:
+    """Peak device memory of one training step of one member at the longest training length
+    (measured on ``device``, a GPU)."""
+    from che_bench.model import build_model
+    from che_bench.training import token_loss
+
+    task = config.build_task()
+    length = config.train_max_length
+    with torch.random.fork_rng(devices=[device]):
+        model = build_model(task, config.pe, config.kernel, **config.model_kwargs()).to(device)
+        batch = task.sample(length, config.batch_size, np.random.default_rng(0))
+        inputs = torch.from_numpy(batch.inputs.copy())
+        torch.cuda.synchronize(device)
+        baseline = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        logits = model(inputs.to(device))
+        targets = torch.zeros(logits.shape[:-1], dtype=torch.long, device=device)
+        token_loss(logits, targets).sum().backward()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - baseline
+    del model, logits
+    torch.cuda.empty_cache()
+    return max(1, peak)
+
+
+def resolve_width(width: int | str, config: RunConfig, device: torch.device) -> int:
+    """The pack width to use on ``device``: ``width`` itself, or for ``auto`` what the device
+    allows (see the module docstring)."""
+    if width != AUTO:
+        return int(width)
+    if device.type != "cuda":
+        return CPU_AUTO_WIDTH
+    free, _ = torch.cuda.mem_get_info(device)
+    fits = int(free * GPU_MEMORY_SHARE) // training_bytes_per_member(config, device)
+    return max(1, min(MAX_AUTO_WIDTH, fits))
