@@ -121,8 +121,8 @@ def _count_correct(model: Encoder, batch, device: torch.device) -> tuple[torch.T
         try:
             with torch.inference_mode():
                 counts = [
-                    masked_counts(model(inputs[i : i + chunk], draws), targets[i : i + chunk],
-                                  mask[i : i + chunk])
+                    masked_counts(model(inputs[i : i + chunk], draws, evaluating=True),
+                                  targets[i : i + chunk], mask[i : i + chunk])
                     for i in range(0, inputs.shape[0], chunk)
                 ]
             return sum(c for c, _ in counts).double(), sum(t for _, t in counts).double()

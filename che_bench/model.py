@@ -311,12 +311,15 @@ class Encoder(nn.Module):
             )
         return self.task.output_length(input_tokens)
 
-    def forward(self, inputs: torch.Tensor, draws: Draws | None = None) -> torch.Tensor:
+    def forward(
+        self, inputs: torch.Tensor, draws: Draws | None = None, *, evaluating: bool | None = None
+    ) -> torch.Tensor:
         """Logits ``[M, B, output_length(n), output_size]`` for int64 ``inputs`` ``[B, n]``
         (the same sequences for every member) or ``[M, B, n]`` (each member its own).
 
-        ``draws``: the randomized encodings' sample for this batch (default: drawn now, see
-        ``sample_draws``); however the batch is split, one sample serves all of it.
+        ``draws``: the randomized encodings' sample for this batch (default: drawn now with
+        ``sample_draws(evaluating=evaluating)``); however the batch is split, one sample serves
+        all of it.
         """
         if inputs.dim() == 2:
             inputs = inputs.expand(self.members, -1, -1)
@@ -332,7 +335,7 @@ class Encoder(nn.Module):
             if int(inputs.min()) < 0 or int(inputs.max()) >= self.task.input_size:
                 raise CheBenchError(f"input ids must lie in 0..{self.task.input_size - 1}")
         if draws is None:
-            draws = self.sample_draws(input_tokens)
+            draws = self.sample_draws(input_tokens, evaluating=evaluating)
         batch = inputs.shape[1]
         sub_batch = self._sub_batch_size(batch, input_tokens, inputs.device)
         if sub_batch < batch:

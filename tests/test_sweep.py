@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -31,10 +32,23 @@ TINY = """
     eval_samples = 8
 """
 
+CELLS = """
+    preset = "smoke"
+    tasks = ["even_pairs", "parity_check"]
+    encodings = ["none"]
+    seeds = [0, 1]
+    learning_rates = [1e-3, 3e-3]
+    [overrides]
+    steps = {steps}
+    test_lengths = "41"
+    eval_samples = 8
+    length_seed = 0
+"""
 
-def write_suite(tmp_path: Path, steps: int = 5) -> Path:
+
+def write_suite(tmp_path: Path, steps: int = 5, grid: str = TINY) -> Path:
     path = tmp_path / "tiny.toml"
-    path.write_text(textwrap.dedent(TINY.format(steps=steps)))
+    path.write_text(textwrap.dedent(grid.format(steps=steps)))
     return path
 
 
@@ -78,6 +92,23 @@ def test_sweep_runs_the_grid_in_parallel_and_skips_completed_runs(tmp_path, caps
     again = store.runs()
     assert dict(zip(again["run_id"], again["finished_at"])) == finished
     assert set(again["attempts"]) == {1}
+
+
+def test_packed_sweep_trains_each_cell_as_one_pack(tmp_path, capsys):
+    suite = write_suite(tmp_path, grid=CELLS)
+    store_path = tmp_path / "store.sqlite"
+    assert main(["sweep", str(suite), "--pack", "4", "--store", str(store_path),
+                 "--no-progress"]) == 0
+    runs = ResultStore(store_path).runs()
+    assert len(runs) == 8 and set(runs["status"]) == {"complete"}
+    assert {json.loads(t)["pack_members"] for t in runs["timings"]} == {4.0}
+    out = capsys.readouterr().out
+    assert "n=4" in out  # each cell of the table: the max over its 4 runs
+    # Without a length seed runs cannot share a schedule: they train alone, and it is said.
+    unseeded = write_suite(tmp_path, grid=CELLS.replace("length_seed = 0", ""))
+    assert main(["sweep", str(unseeded), "--pack", "4", "--store", str(tmp_path / "other.sqlite"),
+                 "--no-progress", "--max-runs", "1"]) == 0
+    assert "8 runs have no length_seed and train alone" in capsys.readouterr().out
 
 
 def _raise_in_worker() -> None:
@@ -182,13 +213,14 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
-def test_sweep_killed_with_sigkill_resumes_without_losing_or_repeating_runs(tmp_path):
-    # 4 runs of about a second each, so that runs are left when the first one lands.
-    suite = write_suite(tmp_path, steps=400)
+@pytest.mark.parametrize("grid, pack", [(TINY, "1"), (CELLS, "2")])
+def test_sweep_killed_with_sigkill_resumes_without_losing_or_repeating_runs(tmp_path, grid, pack):
+    # Runs of about a second each, so that runs are left when the first ones land.
+    suite = write_suite(tmp_path, steps=400, grid=grid)
     configs = load_suite(suite).configs()
     store_path = tmp_path / "store.sqlite"
     command = [sys.executable, "-m", "che_bench.cli", "sweep", str(suite), "--workers", "1",
-               "--store", str(store_path), "--no-progress"]
+               "--store", str(store_path), "--no-progress", "--pack", pack]
     sweep = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers: set[int] = set()
     try:
@@ -217,7 +249,7 @@ def test_sweep_killed_with_sigkill_resumes_without_losing_or_repeating_runs(tmp_
     assert 1 <= len(done_before) < len(configs)
 
     assert main(["sweep", str(suite), "--workers", "1", "--store", str(store_path),
-                 "--no-progress"]) == 0
+                 "--no-progress", "--pack", pack]) == 0
     after = ResultStore(store_path).runs().set_index("run_id")
     assert sorted(after.index) == sorted(c.run_id() for c in configs)  # complete, no duplicates
     assert set(after["status"]) == {"complete"}
