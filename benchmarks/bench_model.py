@@ -33,6 +33,7 @@ import torch
 
 from che_bench.model import MODEL_DEFAULTS, build_model
 from che_bench.tasks import get_task
+from che_bench.training import PackOptimizer, projected_modules, training_step
 
 
 def kernel_label(kernel: int | None) -> str:
@@ -44,20 +45,17 @@ def parse_kernel(text: str) -> int | None:
 
 
 def time_training_step(task_name: str, pe: str, kernel: int | None, args) -> tuple[float, float]:
-    """Median (wall, CPU) seconds of one training step."""
+    """Median (wall, CPU) seconds of one training step (the step of ``che-bench run``)."""
     task = get_task(task_name)
     torch.manual_seed(0)
     model = build_model(task, pe, kernel)
-    optimiser = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimiser = PackOptimizer(model, [1e-3], (0.9, 0.999), 1e-8, max_norm=1.0)
+    projected = projected_modules(model)
     batch = task.sample(args.train_length, args.batch, np.random.default_rng(0))
-    inputs, targets = torch.from_numpy(batch.inputs), torch.from_numpy(batch.targets)
+    inputs, targets = torch.from_numpy(batch.inputs), torch.from_numpy(batch.targets)[None]
 
     def step() -> None:
-        optimiser.zero_grad()
-        logits = model(inputs)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        loss.backward()
-        optimiser.step()
+        training_step(model, optimiser, inputs, targets, projected)
 
     step()  # warm-up
     walls, cpus = [], []
@@ -79,7 +77,7 @@ def _evaluation_in_this_process(task_name, pe, kernel, n, batch_size, budget, th
     task = get_task(task_name)
     torch.manual_seed(0)
     model = build_model(task, pe, kernel, memory_budget_bytes=budget).eval()
-    inputs = torch.from_numpy(task.sample(n, batch_size, np.random.default_rng(0)).inputs)
+    inputs = torch.from_numpy(task.sample(n, batch_size, np.random.default_rng(0)).inputs.copy())
     before = _current_rss_bytes()
     wall, cpu = time.perf_counter(), time.process_time()
     with torch.inference_mode():

@@ -19,9 +19,9 @@ import time
 import numpy as np
 import torch
 
-from che_bench.evaluation import length_accuracy
-from che_bench.model import build_model
+from che_bench.evaluation import length_accuracies
 from che_bench.config import make_config
+from che_bench.model import build_model
 from che_bench.runner import execute_run
 
 
@@ -51,7 +51,7 @@ def estimate_paper_eval(task_name: str, pe: str, kernel: int | None, lengths: li
     tokens, seconds = [], []
     for n in lengths:
         started = time.perf_counter()
-        length_accuracy(model, task, config, n, device)
+        length_accuracies(model, task, config, n, device)
         seconds.append(time.perf_counter() - started)
         tokens.append(task.input_length(n) + task.output_length(n))
         print(f"  measured: n={n} (T={tokens[-1]}), {config.eval_samples} sequences: "

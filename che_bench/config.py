@@ -263,8 +263,24 @@ def make_config(
         raise CheBenchError(
             f"no test length above {train_max_length + 1} to average with score_from_42"
         )
-    _check_model_builds(config)
+    check_evaluable(config, config.test_lengths)
     return config
+
+
+def check_evaluable(config: RunConfig, lengths: tuple[int, ...]) -> None:
+    """Refuse lengths the task cannot produce (the recall probes have a longest length) or
+    the model cannot take (learned and randomized positions end at their table / range),
+    before anything runs. Builds the model once (cached), so bad model options fail too."""
+    task = config.build_task()
+    task.check_length(max(lengths))
+    max_tokens = _check_model_builds(config)
+    longest = max(task.input_length(n) + task.output_length(n) for n in lengths)
+    if max_tokens is not None and longest > max_tokens:
+        raise CheBenchError(
+            f"test length {max(lengths)} needs {longest} model input tokens but encoding "
+            f"{config.pe!r} takes at most {max_tokens} (raise max_positions / noise_max_length "
+            "with --pe-option)"
+        )
 
 
 def _int_at_least(name: str, value: Any, minimum: int = 1) -> int:
@@ -280,20 +296,22 @@ def _positive_float(name: str, value: Any) -> float:
     return float(value)
 
 
-def _check_model_builds(config: RunConfig) -> None:
+def _check_model_builds(config: RunConfig) -> int | None:
     """Build the model once so that bad model/encoding/DAPE options fail before any training
-    (cached: the seeds and learning rates of a grid share one check)."""
-    _build_model_once(json.dumps(
+    (cached: the seeds and learning rates of a grid share one check); returns the longest
+    input the encoding takes (None: no limit)."""
+    return _build_model_once(json.dumps(
         [config.task, config.task_params, config.pe, config.kernel, config.model_kwargs()],
         sort_keys=True,
     ))
 
 
 @functools.lru_cache(maxsize=1024)
-def _build_model_once(arguments_json: str) -> None:
+def _build_model_once(arguments_json: str) -> int | None:
     from che_bench.model import build_model
     from che_bench.tasks import get_task
 
     task, task_params, pe, kernel, kwargs = json.loads(arguments_json)
     with torch.random.fork_rng(devices=[]):  # leave the global torch RNG untouched
-        build_model(get_task(task, **task_params), pe=pe, kernel=kernel, **kwargs)
+        model = build_model(get_task(task, **task_params), pe=pe, kernel=kernel, **kwargs)
+    return model.encoding.max_tokens()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from che_bench.errors import CheBenchError
@@ -51,9 +50,8 @@ class RayBackend:
 
     def __init__(self, *, address: str | None = None, run_cpus: float = 1.0,
                  run_gpus: float | None = None, device: str = "auto",
-                 checkpoint_dir: Path | None = None, models_dir: Path | None = None,
                  max_in_flight: int | None = None, local_cpus: int | None = None,
-                 packed: bool = False) -> None:
+                 packed: bool = False, **run_options: Any) -> None:
         self.ray = import_ray()
         self._connected_here = not self.ray.is_initialized()
         self._in_flight: set = set()
@@ -77,7 +75,8 @@ class RayBackend:
         self.max_in_flight = max_in_flight
         # A task that asks for no GPU must not pick one up through device "auto".
         self.device = "cpu" if device == "auto" and run_gpus == 0 else device
-        self.checkpoint_dir, self.models_dir = checkpoint_dir, models_dir
+        #: ``execute_runs`` keywords: checkpoint_dir, models_dir, tf32.
+        self.run_options = run_options
         self._remote = self.ray.remote(_run_in_ray_task).options(
             num_cpus=run_cpus, num_gpus=run_gpus, max_retries=SYSTEM_RETRIES,
         )
@@ -97,8 +96,7 @@ class RayBackend:
 
     def submit(self, configs: list[RunConfig], width: int | str):
         threads = max(1, math.floor(self.run_cpus))
-        ref = self._remote.remote(configs, width, self.device, self.checkpoint_dir,
-                                  self.models_dir, threads)
+        ref = self._remote.remote(configs, width, self.device, self.run_options, threads)
         self._in_flight.add(ref)
         return ref
 
@@ -129,11 +127,9 @@ class RayBackend:
 
 
 def _run_in_ray_task(configs: list[RunConfig], width: int | str, device: str,
-                     checkpoint_dir: Path | None, models_dir: Path | None,
-                     threads: int) -> list[RunResult]:
+                     run_options: dict[str, Any], threads: int) -> list[RunResult]:
     """Body of one Ray task: size torch's thread pool to the CPUs Ray granted, then run."""
     import torch
 
     torch.set_num_threads(threads)
-    return execute_runs(configs, pack=width, device=device, checkpoint_dir=checkpoint_dir,
-                        models_dir=models_dir, progress=False)
+    return execute_runs(configs, pack=width, device=device, progress=False, **run_options)

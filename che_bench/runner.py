@@ -25,8 +25,9 @@ from che_bench.config import RunConfig, RunResult
 from che_bench.errors import CheBenchError
 from che_bench.evaluation import evaluate
 from che_bench.kept_models import save_model
-from che_bench.model import build_model, member_state_dict, stack_members
+from che_bench.model import Encoder, build_model, member_state_dict, stack_members
 from che_bench.packing import group_into_packs, resolve_width
+from che_bench.tasks.base import Task
 from che_bench.training import Diverged, checkpoint_step, train_pack
 
 
@@ -66,6 +67,14 @@ def checkpoint_path(checkpoint_dir: str | Path, run_id: str) -> Path:
     return Path(checkpoint_dir) / f"{run_id}.pt"
 
 
+def configure_numerics(device: torch.device, tf32: bool) -> None:
+    """TF32 in GPU matrix products and convolutions only when asked for (cuDNN's own
+    default is on, which would make convolution results differ from CPU ones)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
 def check_pack(configs: Sequence[RunConfig]) -> None:
     """Refuse, before any training, runs that cannot train as one pack: members must agree on
     everything but seed, data seed and learning rate, be distinct, and share a length seed."""
@@ -95,6 +104,7 @@ def execute_pack(
     device: str = "auto",
     checkpoint_dir: str | Path | None = None,
     models_dir: str | Path | None = None,
+    tf32: bool = False,
     progress: bool = True,
     checkpoint_every: int = 1000,
     on_step: Callable[[int, list[float]], None] | None = None,
@@ -107,16 +117,19 @@ def execute_pack(
     (exactly the result of an uninterrupted run for an unchanged pack); members whose
     checkpoints are at different steps train as separate packs. A checkpoint is removed once
     its run has finished. With ``models_dir``, every completed run's final weights are kept
-    there (``che_bench.kept_models``). ``on_step(step, losses)`` is called after every
-    optimizer step with each member's loss (progress hooks, tests). A diverged member or a
-    crashed pack gives ``status="failed"`` results; KeyboardInterrupt propagates after the
-    checkpoints are saved.
+    there (``che_bench.kept_models``). ``tf32`` lets a GPU use TF32 (recorded with the runs).
+    ``on_step(step, losses)`` is called after every optimizer step with each member's loss
+    (progress hooks, tests). A diverged member or a crashed pack gives ``status="failed"``
+    results; a pack that runs out of GPU memory is split in two; KeyboardInterrupt
+    propagates after the checkpoints are saved.
     """
     check_pack(configs)
     torch_device = resolve_device(device)
+    configure_numerics(torch_device, tf32)
     results = [
         RunResult(run_id=config.run_id(), config=config, status="failed",
-                  versions=software_versions(), device=describe_device(torch_device))
+                  versions=software_versions(), device=describe_device(torch_device),
+                  details={"tf32": tf32} if torch_device.type == "cuda" else {})
         for config in configs
     ]
     checkpoints = (None if checkpoint_dir is None
@@ -160,11 +173,7 @@ def _execute_group(
     pack = {"members": len(configs), "run_ids": [config.run_id() for config in configs]}
     try:
         task = configs[0].build_task()
-        models = []
-        for config in configs:  # each member initialised exactly as the run alone would be
-            torch.manual_seed(config.seed)
-            models.append(build_model(task, config.pe, config.kernel, **config.model_kwargs()))
-        model = models[0] if len(models) == 1 else stack_members(models)
+        model = build_pack_model(task, configs)
         description = model.describe()
         for result in results:
             result.details["model"] = description
@@ -182,6 +191,16 @@ def _execute_group(
             result.error = str(exc)
         finished = [True] * len(configs)
     except Exception as exc:  # recorded as failed runs; the traceback is kept in details
+        if isinstance(exc, torch.cuda.OutOfMemoryError) and len(configs) > 1:
+            model = None  # the members resume from their checkpoints in two narrower packs
+            torch.cuda.empty_cache()
+            half = len(configs) // 2
+            for part in (slice(0, half), slice(half, None)):
+                _execute_group(configs[part], results[part], device,
+                               checkpoints=None if checkpoints is None else checkpoints[part],
+                               models_dir=models_dir, progress=progress,
+                               checkpoint_every=checkpoint_every, on_step=on_step)
+            return
         for result in results:
             result.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             result.details["traceback"] = traceback.format_exc()
@@ -207,6 +226,16 @@ def _execute_group(
         result.timings["total_s"] = total
         if checkpoints is not None and finished[member]:
             checkpoints[member].unlink(missing_ok=True)
+
+
+def build_pack_model(task: Task, configs: Sequence[RunConfig]) -> Encoder:
+    """The model of a pack (on the CPU): member m initialised exactly as run m alone would be,
+    from ``torch.manual_seed(configs[m].seed)``; the global RNG is left after the last one."""
+    models = []
+    for config in configs:
+        torch.manual_seed(config.seed)
+        models.append(build_model(task, config.pe, config.kernel, **config.model_kwargs()))
+    return models[0] if len(models) == 1 else stack_members(models)
 
 
 def execute_runs(

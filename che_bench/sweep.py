@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -255,14 +255,15 @@ class LocalBackend:
     """``workers`` spawned processes, each running one pack at a time (``execute_runs``) with
     ``threads`` torch threads; results travel back to the sweep process."""
 
-    def __init__(self, workers: int, *, device: str = "auto", checkpoint_dir: Path | None = None,
-                 models_dir: Path | None = None, threads: int | None = None) -> None:
+    def __init__(self, workers: int, *, device: str = "auto", threads: int | None = None,
+                 **run_options: Any) -> None:
         from che_bench.runner import resolve_device
 
         self.workers = workers
         self.device = device
         self.on_gpu = resolve_device(device).type == "cuda"
-        self.checkpoint_dir, self.models_dir = checkpoint_dir, models_dir
+        #: ``execute_runs`` keywords: checkpoint_dir, models_dir, tf32.
+        self.run_options = run_options
         self.threads = threads or default_threads_per_worker(workers)
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
@@ -271,7 +272,7 @@ class LocalBackend:
 
     def submit(self, configs: list[RunConfig], width: int | str) -> concurrent.futures.Future:
         return self._executor().submit(_run_in_worker, configs, width, self.device,
-                                       self.checkpoint_dir, self.models_dir)
+                                       self.run_options)
 
     def wait(self, handles):
         done, _ = concurrent.futures.wait(handles, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -335,13 +336,12 @@ def _init_worker(threads: int, sweep_pid: int) -> None:
 
 
 def _run_in_worker(configs: list[RunConfig], width: int | str, device: str,
-                   checkpoint_dir: Path | None, models_dir: Path | None) -> list[RunResult]:
+                   run_options: dict[str, Any]) -> list[RunResult]:
     """Runs in a worker; SIGINT stops them (training finishes its step and checkpoints)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _run_active.set()
     try:
-        return execute_runs(configs, pack=width, device=device, checkpoint_dir=checkpoint_dir,
-                            models_dir=models_dir, progress=False)
+        return execute_runs(configs, pack=width, device=device, progress=False, **run_options)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         _run_active.clear()

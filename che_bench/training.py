@@ -191,6 +191,30 @@ class PackOptimizer:
         self.steps = int(state["adam_steps"])
 
 
+def training_step(
+    model: Encoder,
+    optimizer: PackOptimizer,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    projected: Sequence[torch.nn.Module],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step of every member: forward, per-member loss, backward, clipped Adam,
+    projection of constrained parameters. Returns (losses ``[M]``, logits), on the device."""
+    logits = model(inputs)
+    losses = token_loss(logits, targets)
+    optimizer.zero_grad()
+    losses.sum().backward()  # members are independent: each gets its own gradient
+    optimizer.step()
+    for module in projected:
+        module.project_()
+    return losses.detach(), logits.detach()
+
+
+def projected_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules whose parameters are projected after every step (Kerple's positivity)."""
+    return [module for module in model.modules() if hasattr(module, "project_")]
+
+
 # --- batches ------------------------------------------------------------------------------
 
 
@@ -341,7 +365,7 @@ def train_pack(
                               configs[0].adam_eps, configs[0].grad_clip_norm)
     stream = BatchStream(task, configs)
     model.seed_draws([draw_seed(config.seed) for config in configs])
-    projected = [module for module in model.modules() if hasattr(module, "project_")]
+    projected = projected_modules(model)
     step, seconds_before = 0, 0.0
     if checkpoints is not None and any(path.exists() for path in checkpoints):
         step, seconds_before = _load_checkpoints(checkpoints, configs, model, optimizer, stream,
@@ -389,20 +413,15 @@ def train_pack(
             while step < steps:
                 between_steps = False
                 batch = next(batches)
-                logits = model(batch.inputs)
-                losses = token_loss(logits, batch.targets)
-                optimizer.zero_grad()
-                losses.sum().backward()  # members are independent: each gets its own gradient
-                optimizer.step()
-                for module in projected:
-                    module.project_()
+                losses, logits = training_step(model, optimizer, batch.inputs, batch.targets,
+                                               projected)
                 step += 1
                 last_states = batch.rng_states
                 between_steps = True
 
                 with torch.no_grad():
-                    correct, counted = masked_counts(logits.detach(), batch.targets, batch.mask)
-                readings.losses.append(losses.detach())
+                    correct, counted = masked_counts(logits, batch.targets, batch.mask)
+                readings.losses.append(losses)
                 readings.correct.append(correct)
                 readings.counted.append(counted)
                 if step % sync_every == 0 or step == steps:

@@ -286,3 +286,22 @@ def test_randomize_at_eval_off_holds_with_dropout_at_evaluation(monkeypatch):
     monkeypatch.setattr(model.encoding, "sample_draws",
                         lambda *a: pytest.fail("drew positions at evaluation"))
     evaluation.evaluate(model, task, config, torch.device("cpu"), progress=False)
+
+
+def test_a_pack_out_of_gpu_memory_trains_as_two_narrower_packs(monkeypatch):
+    from che_bench import runner
+
+    real_train_pack, widths = runner.train_pack, []
+
+    def tight_memory(model, task, configs, *args, **options):
+        widths.append(len(configs))
+        if len(configs) > 1:
+            raise torch.cuda.OutOfMemoryError("simulated")
+        return real_train_pack(model, task, configs, *args, **options)
+
+    monkeypatch.setattr(runner, "train_pack", tight_memory)
+    configs = cell("alibi")
+    results = execute_pack(configs, device="cpu", progress=False)
+    assert [r.status for r in results] == ["complete"] * 4
+    assert [r.run_id for r in results] == [c.run_id() for c in configs]
+    assert widths == [4, 2, 1, 1, 2, 1, 1]

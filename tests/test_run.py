@@ -159,6 +159,8 @@ def test_diverged_run_is_recorded_as_failed(tmp_path, monkeypatch, capsys):
     ["--task", "even_pairs", "--test-lengths", "500:41"],
     ["--task", "even_pairs", "--pe-option", "novalue"],
     ["--task", "even_pairs", "--device", "cuda:99" if torch.cuda.is_available() else "cuda"],
+    ["--task", "associative_recall", "--test-lengths", "41:1000"],  # the probe ends at 514
+    ["--task", "duplicate_string", "--pe", "learned", "--test-lengths", "700"],  # T 2100 > 2048
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args):
     store = tmp_path / "store.sqlite"

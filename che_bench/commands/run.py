@@ -38,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="runs trained side by side in one process (default auto: on a GPU as "
                            "many as fit in its memory, on a CPU 1)")
     add_keep_model_argument(parser)
+    add_tf32_argument(parser)
     parser.add_argument("--store", help="result store (default $CHE_BENCH_STORE or "
                         "results/che-bench.sqlite)")
     parser.add_argument("--checkpoint-dir",
@@ -111,6 +112,12 @@ def add_keep_model_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-keep-model", action="store_true",
                         help="do not keep the trained weights (default: models/<run id>.pt beside "
                              "the store, for `che-bench evaluate` and `attention`)")
+
+
+def add_tf32_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tf32", action="store_true",
+                        help="on a GPU, let matrix products and convolutions use TF32 (faster, "
+                             "~1e-3 relative error; off by default, recorded with the runs)")
 
 
 def cell_configs(args: argparse.Namespace) -> list:
@@ -205,7 +212,7 @@ def run_command(args: argparse.Namespace) -> int:
         )
     results = runner.execute_runs(
         todo, pack=width, device=args.device, checkpoint_dir=checkpoint_dir,
-        models_dir=models_dir, progress=not args.no_progress,
+        models_dir=models_dir, tf32=args.tf32, progress=not args.no_progress,
     ) if todo else []
     for result in results:
         store.record(result)

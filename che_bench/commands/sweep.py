@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from che_bench.commands.run import add_keep_model_argument
+from che_bench.commands.run import add_keep_model_argument, add_tf32_argument
 from che_bench.errors import CheBenchError
 
 
@@ -34,6 +34,7 @@ def register(subparsers) -> None:
                              "by side in one process; auto: as many as fit on a GPU, 1 on a "
                              "CPU (default 1; runs need a length_seed to pack)")
     add_keep_model_argument(parser)
+    add_tf32_argument(parser)
     parser.add_argument("--dry-run", action="store_true",
                         help="print the grid (count and runs, with their status) and run nothing")
     parser.add_argument("--store", default=None, metavar="PATH",
@@ -41,7 +42,8 @@ def register(subparsers) -> None:
                              "checkpoints go to checkpoints/ beside it")
     parser.add_argument("--max-runs", type=_positive_int, default=None, metavar="N",
                         help="start at most N of the runs still to do")
-    parser.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
+    parser.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]; "
+                        "several workers may share one GPU")
     parser.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
                         help="ray: cluster to join (default: start a local Ray instance)")
     parser.add_argument("--num-cpus", type=_non_negative_float, default=None, metavar="X",
@@ -73,12 +75,15 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         return 0
 
     store = ResultStore(args.store)
-    checkpoint_dir = checkpoint_dir_for(store)
-    models_dir = None if args.no_keep_model else models_dir_for(store.path)
+    run_options = {
+        "checkpoint_dir": checkpoint_dir_for(store),
+        "models_dir": None if args.no_keep_model else models_dir_for(store.path),
+        "tf32": args.tf32,
+    }
     if args.backend == "local":
-        make_backend = partial(_local_backend, args, checkpoint_dir, models_dir)
+        make_backend = partial(_local_backend, args, run_options)
     else:
-        make_backend = partial(_ray_backend, args, suite, checkpoint_dir, models_dir, pack != 1)
+        make_backend = partial(_ray_backend, args, suite, run_options, pack != 1)
     console.print(f"suite [bold]{suite.name}[/]: {len(configs)} runs, store {store.path}")
     alone = unpackable(configs) if pack != 1 else 0
     if alone:
@@ -109,22 +114,22 @@ def _check_backend_flags(args: argparse.Namespace) -> None:
         raise CheBenchError("--threads applies to --backend local; Ray runs get --num-cpus threads")
 
 
-def _local_backend(args: argparse.Namespace, checkpoint_dir, models_dir):
+def _local_backend(args: argparse.Namespace, run_options: dict):
     from che_bench.sweep import LocalBackend
 
     # A bad or unavailable device fails here, not in every worker.
-    return LocalBackend(args.workers or 1, device=args.device, checkpoint_dir=checkpoint_dir,
-                        models_dir=models_dir, threads=args.threads)
+    return LocalBackend(args.workers or 1, device=args.device, threads=args.threads,
+                        **run_options)
 
 
-def _ray_backend(args: argparse.Namespace, suite, checkpoint_dir, models_dir, packed: bool):
+def _ray_backend(args: argparse.Namespace, suite, run_options: dict, packed: bool):
     from che_bench.ray_backend import RayBackend
 
     num_cpus = args.num_cpus if args.num_cpus is not None else suite.resources.num_cpus
     num_gpus = args.num_gpus if args.num_gpus is not None else suite.resources.num_gpus
     return RayBackend(address=args.address, run_cpus=num_cpus, run_gpus=num_gpus,
-                      device=args.device, checkpoint_dir=checkpoint_dir, models_dir=models_dir,
-                      max_in_flight=args.workers, packed=packed)
+                      device=args.device, max_in_flight=args.workers, packed=packed,
+                      **run_options)
 
 
 def _print_grid(console: Console, suite, configs, store) -> None:

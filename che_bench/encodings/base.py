@@ -138,6 +138,10 @@ class PositionalEncoding(nn.Module):
         """Whether a forward pass draws random positions (randomized encodings only)."""
         return False
 
+    def max_tokens(self) -> int | None:
+        """The longest model input this encoding can take (None: no limit)."""
+        return None
+
     def sample_draws(self, length: int, generators: list[torch.Generator]) -> Draws:
         """One random sample for a forward pass over sequences of ``length`` tokens, one
         per member from its generator (randomized encodings only)."""

@@ -54,6 +54,9 @@ class LearnedEncoding(PositionalEncoding):
             "learned_init_std": learned_init_std,
         }
 
+    def max_tokens(self) -> int:
+        return self.table.shape[1]
+
     def embed(self, x: torch.Tensor, draws: Draws | None = None) -> torch.Tensor:
         length, rows = x.shape[-2], self.table.shape[1]
         if draws is not None:  # positions [M, T]: member m reads its rows of its own table

@@ -92,6 +92,9 @@ class RandomPositions:
     def draws_active(self, evaluating: bool) -> bool:
         return self.random.active(evaluating)
 
+    def max_tokens(self) -> int:
+        return self.random.noise_max_length
+
     def sample_draws(self, length: int, generators: list[torch.Generator]) -> Draws:
         return Draws(embedding=sample_sorted(length, self.random.noise_max_length, generators))
 
@@ -129,6 +132,9 @@ class RandomizedLayers:
 
     def draws_active(self, evaluating: bool) -> bool:
         return self.layer_draws.random.active(evaluating)
+
+    def max_tokens(self) -> int:
+        return self.layer_draws.random.noise_max_length
 
     def sample_draws(self, length: int, generators: list[torch.Generator]) -> Draws:
         return self.layer_draws.sample(length, generators)
