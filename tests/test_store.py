@@ -27,10 +27,11 @@ def synthetic_result(
     seed: int = 0,
     score: float = 0.5,
     status: str = "complete",
+    preset: str = "smoke",
     **overrides,
 ) -> RunResult:
     """A made-up complete run: every test length has accuracy ``score``."""
-    config = make_config(task, pe, kernel, "smoke", seed=seed, **overrides)
+    config = make_config(task, pe, kernel, preset, seed=seed, **overrides)
     complete = status == "complete"
     return RunResult(
         run_id=config.run_id(),
