@@ -1,5 +1,5 @@
-"""``che-bench table``, ``export``, ``plot``, ``runs`` and ``evaluations``: read the result
-store."""
+"""``che-bench table``, ``export``, ``plot``, ``report``, ``runs`` and ``evaluations``: read the
+result store."""
 
 from __future__ import annotations
 
@@ -38,6 +38,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_evaluation_argument(plot)
     _add_store_argument(plot)
     plot.set_defaults(handler=plot_command)
+
+    report = subparsers.add_parser(
+        "report", help="one self-contained HTML page: table, figures, what ran, how to reproduce"
+    )
+    selection = report.add_mutually_exclusive_group()
+    selection.add_argument("--suite", help="the runs of this suite file (or name in tasks/)")
+    selection.add_argument("--task", action="append", dest="tasks", metavar="TASK",
+                           help="the runs of this task (repeatable)")
+    selection.add_argument("--run", action="append", dest="run_ids", metavar="RUN_ID",
+                           help="this run (repeatable; default: every run in the store)")
+    report.add_argument("--out", required=True, help="HTML file, e.g. report.html")
+    _add_evaluation_argument(report)
+    _add_store_argument(report)
+    report.set_defaults(handler=report_command)
 
     runs = subparsers.add_parser("runs", help="list the store's runs and their status")
     _add_store_argument(runs)
@@ -107,6 +121,16 @@ def plot_command(args: argparse.Namespace) -> int:
 
     store = _existing_store(args.store)
     path = plot_accuracy(store, args.out, tasks=args.tasks, evaluation=args.evaluation)
+    print(f"wrote {path}")
+    return 0
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from che_bench.html_report import write_report
+
+    store = _existing_store(args.store)
+    path = write_report(store, args.out, suite=args.suite, tasks=args.tasks, run_ids=args.run_ids,
+                        evaluation=args.evaluation)
     print(f"wrote {path}")
     return 0
 
