@@ -238,6 +238,8 @@ def test_cli_evaluation_flag_export_to_stdout_and_listings(store, tmp_path, monk
     listing = capsys.readouterr().out
     assert evaluation in listing and "re-evaluation" in listing and "original" in listing
     assert "test lengths 41..1000" in listing
+    assert main(["evaluations", "--store", path, "--run", "nonexistent"]) == 2
+    assert "no run nonexistent" in capsys.readouterr().err
 
     kept = model_path(models_dir_for(store.path), result.run_id)
     kept.parent.mkdir()

@@ -175,8 +175,11 @@ def evaluations_command(args: argparse.Namespace) -> int:
     from che_bench.reports import encoding_label
 
     store = _existing_store(args.store)
-    evaluations = store.evaluations(args.run_ids)
     runs = store.runs().set_index("run_id")
+    unknown = sorted(set(args.run_ids or ()) - set(runs.index))
+    if unknown:
+        raise CheBenchError(f"no run {', '.join(unknown)} in {store.path}")
+    evaluations = store.evaluations(args.run_ids)
     table = Table(title=f"evaluations in {store.path}")
     for column in ("evaluation", "run id", "task", "encoding", "seed", "kind", "protocol",
                    "score %", "in-dist. %", "device", "evaluated"):
