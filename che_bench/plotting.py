@@ -1,17 +1,49 @@
-"""Accuracy-versus-length plots of the result store (matplotlib, Agg backend)."""
+"""Accuracy-versus-length plots of the result store (matplotlib, without pyplot's global state).
+
+``plot_accuracy`` writes one image with a panel per task; ``task_panel_png`` renders one task's
+panel to PNG bytes (for the HTML report). Both draw the panel with ``_draw_panel``.
+"""
 
 from __future__ import annotations
 
-import json
+import io
 import math
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from che_bench.errors import CheBenchError
-from che_bench.reports import labelled_runs
-from che_bench.store import ResultStore
+from che_bench.reports import complete_runs, labelled_runs
+from che_bench.store import ORIGINAL, ResultStore
+
+PANEL_SIZE = (6, 4)  # inches
+
+
+def plot_data(
+    store: ResultStore,
+    *,
+    tasks: Iterable[str] | None = None,
+    run_ids: Iterable[str] | None = None,
+    evaluation: str = ORIGINAL,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The labelled complete runs (``labelled_runs``) and their per-length curves under
+    ``evaluation``, with each run's ``task_label`` and ``column``; a CheBenchError when there
+    is no complete run to plot."""
+    runs = complete_runs(store, tasks, run_ids, evaluation)
+    if runs.empty:
+        raise CheBenchError("no complete runs to plot" + (" for the given task(s)" if tasks else ""))
+    runs = labelled_runs(runs)
+    curves = store.per_length(runs["run_id"], evaluation).merge(
+        runs[["run_id", "task_label", "column"]], on="run_id"
+    )
+    return runs, curves
+
+
+def task_labels(runs: pd.DataFrame) -> list[str]:
+    """The panels of ``plot_data``'s runs, in order of appearance."""
+    return list(dict.fromkeys(runs["task_label"]))
 
 
 def plot_accuracy(
@@ -20,66 +52,72 @@ def plot_accuracy(
     *,
     tasks: Iterable[str] | None = None,
     run_ids: Iterable[str] | None = None,
+    evaluation: str = ORIGINAL,
 ) -> Path:
-    """One panel per task: accuracy (%) against length, one line per configuration (mean over
-    seeds and learning rates), the chance level, for recall tasks the ceiling of a model blind
-    to positions (``task.ceiling(n)``), and the training range shaded. Writes ``out`` and returns its path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from che_bench.tasks import get_task
+    """One panel per task (see ``_draw_panel``), three to a row. Writes ``out`` and returns its
+    path."""
+    from matplotlib.figure import Figure
 
     out = Path(out)
-    runs = store.runs(run_ids)
-    runs = runs[runs["status"] == "complete"].reset_index(drop=True)
-    if tasks is not None:
-        wanted = {get_task(name).name for name in tasks}
-        runs = runs[runs["task"].isin(wanted)].reset_index(drop=True)
-    if runs.empty:
-        raise CheBenchError("no complete runs to plot" + (" for the given task(s)" if tasks else ""))
-    runs = labelled_runs(runs)
-    curves = store.per_length(runs["run_id"]).merge(
-        runs[["run_id", "task_label", "column"]], on="run_id"
-    )
-
-    panels = list(dict.fromkeys(runs["task_label"]))
+    runs, curves = plot_data(store, tasks=tasks, run_ids=run_ids, evaluation=evaluation)
+    panels = task_labels(runs)
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(6 * columns, 4 * rows), squeeze=False)
+    figure = Figure(figsize=(PANEL_SIZE[0] * columns, PANEL_SIZE[1] * rows))
+    axes = figure.subplots(rows, columns, squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     for ax, label in zip(axes.flat, panels):
-        task_runs = runs[runs["task_label"] == label]
-        config = json.loads(task_runs["config"].iloc[0])
-        task = get_task(config["task"], **config["task_params"])
-        train_max = max(json.loads(c)["train_max_length"] for c in task_runs["config"])
-        task_curves = curves[curves["task_label"] == label]
-        for column, curve in task_curves.groupby("column", sort=False):
-            mean = curve.groupby("length")["accuracy"].mean() * 100
-            seeds = curve["run_id"].nunique()
-            ax.plot(mean.index, mean.values, marker="." if len(mean) < 60 else None,
-                    label=f"{column} (n={seeds})")
-        lengths = np.arange(task.min_length, int(task_curves["length"].max()) + 1)
-        ax.axvspan(task.min_length, train_max, color="0.9", zorder=0, label="training lengths")
-        ax.axhline(task.chance * 100, color="0.4", linestyle=":", label="chance")
-        if task.level == "recall":
-            ceiling = [task.ceiling(int(n)) for n in lengths]
-            if None not in ceiling:
-                ax.plot(lengths, [100 * c for c in ceiling], color="0.2", linestyle="--",
-                        label="ceiling without positions")
-        ax.set_title(label)
-        ax.set_xlabel("length n")
-        ax.set_ylabel("accuracy (%)")
-        ax.set_ylim(0, 101)
-        ax.legend(fontsize="small")
+        _draw_panel(ax, runs, curves, label)
+    if evaluation != ORIGINAL:
+        figure.suptitle(f"evaluation {evaluation}")
     figure.tight_layout()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(out, dpi=120)
     except OSError as exc:
         raise CheBenchError(f"cannot write plot {out}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(figure)
     return out
+
+
+def task_panel_png(runs: pd.DataFrame, curves: pd.DataFrame, label: str, *, dpi: int = 100) -> bytes:
+    """The panel of task ``label`` (from ``plot_data``) as PNG bytes; nothing is written."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=PANEL_SIZE)
+    _draw_panel(figure.subplots(), runs, curves, label)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
+
+
+def _draw_panel(ax, runs: pd.DataFrame, curves: pd.DataFrame, label: str) -> None:
+    """Accuracy (%) against length for one task: one line per configuration (mean over seeds and
+    learning rates), the chance level, for recall tasks the ceiling of a model blind to positions
+    (``task.ceiling(n)``), and the training range shaded."""
+    from che_bench.tasks import get_task
+
+    task_runs = runs[runs["task_label"] == label]
+    settings = task_runs["settings"].iloc[0]
+    task = get_task(settings["task"], **settings["task_params"])
+    train_max = max(s["train_max_length"] for s in task_runs["settings"])
+    task_curves = curves[curves["task_label"] == label]
+    for column, curve in task_curves.groupby("column", sort=False):
+        mean = curve.groupby("length")["accuracy"].mean() * 100
+        seeds = curve["run_id"].nunique()
+        ax.plot(mean.index, mean.values, marker="." if len(mean) < 60 else None,
+                label=f"{column} (n={seeds})")
+    lengths = np.arange(task.min_length, int(task_curves["length"].max()) + 1)
+    ax.axvspan(task.min_length, train_max, color="0.9", zorder=0, label="training lengths")
+    ax.axhline(task.chance * 100, color="0.4", linestyle=":", label="chance")
+    if task.level == "recall":
+        ceiling = [task.ceiling(int(n)) for n in lengths]
+        if None not in ceiling:
+            ax.plot(lengths, [100 * c for c in ceiling], color="0.2", linestyle="--",
+                    label="ceiling without positions")
+    ax.set_title(label)
+    ax.set_xlabel("length n")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 101)
+    ax.legend(fontsize="small")

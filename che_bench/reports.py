@@ -6,10 +6,16 @@ CS, recall), one column per encoding x DAPE kernel ("Kerple", "DAPE_k1_Kerple",
 protocol) with mean +- std and the number of runs, in percent. Only complete runs count. Runs
 that differ in anything else (preset, steps, model size, encoding options, ...) get separate
 columns, labelled with the settings that differ.
+
+Scores come from one evaluation of each run: its original one (the default) or a re-evaluation
+under another protocol, chosen by protocol id (see ``che_bench.store``). Published values are
+set beside a cell always, but subtracted only where its runs followed the published protocol
+(``paper_protocol_differences``).
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import math
 from collections.abc import Iterable
@@ -19,8 +25,9 @@ from typing import Any
 
 import pandas as pd
 
+from che_bench import protocol
 from che_bench.errors import CheBenchError
-from che_bench.store import ResultStore
+from che_bench.store import ORIGINAL, ResultStore, describe_protocol
 
 LEVEL_LABELS = {"regular": "R", "dcf": "DCF", "cs": "CS", "recall": "recall"}
 #: Display names of the encodings in the published table (others keep their canonical name).
@@ -31,11 +38,21 @@ PAPER_ENCODING_LABELS = {
     "kerple": "Kerple",
     "fire": "FIRE",
 }
+#: The published table, shipped inside the package (a copy of results/reference/, which the
+#: tests keep identical) so that installed wheels compare too.
+PAPER_TABLE_RESOURCE = ("data", "dape_v2_table6.csv")
 PAPER_TABLE_FILE = Path("results") / "reference" / "dape_v2_table6.csv"
 PAPER_NOTE = (
     "paper: DAPE V2 (arXiv 2410.04798) Table 6: 200k steps, trained on lengths 1..40, "
     "score = mean accuracy over 41..500, max over runs"
 )
+#: How many differences from the published protocol a table cell names.
+SHOWN_DIFFERENCES = 3
+#: Words for the model options that differ from the published model: counted ones read
+#: "2 layers", the others "width 32".
+_MODEL_OPTION_WORDS = {"layers": "layer", "dim": "width", "heads": "head", "ffn": "FFN",
+                       "dropout": "dropout"}
+_COUNTED_MODEL_OPTIONS = ("layers", "heads")
 #: Config fields that identify a cell's row and column, or vary within a cell (seeds, lrs).
 _CELL_FIELDS = {"task", "task_params", "pe", "kernel", "seed", "data_seed", "lr",
                 "train_eval_lengths"}
@@ -49,29 +66,44 @@ def encoding_label(pe: str, kernel: int | None) -> str:
 
 
 @cache
-def _task_facts(name: str) -> tuple[str, float, str]:
-    """(level label, chance, JSON of the default parameters) of a task."""
+def _task_facts(name: str, params_json: str) -> tuple[str, float, str]:
+    """(level label, chance, table label) of a task with the given parameters (JSON): the
+    chance of the task the run trained on, e.g. 1/7 for cycle_navigation(cycle_length=7)."""
     from che_bench.tasks import get_task
 
-    task = get_task(name)
-    return LEVEL_LABELS.get(task.level, task.level), task.chance, json.dumps(task.params(), sort_keys=True)
+    task = get_task(name, **json.loads(params_json))
+    default = get_task(name)
+    label = name if task.params() == default.params() else (
+        f"{name}({', '.join(f'{k}={v}' for k, v in sorted(task.params().items()))})"
+    )
+    return LEVEL_LABELS.get(task.level, task.level), task.chance, label
+
+
+def run_settings(config_json: str, protocol_json: str | None) -> dict[str, Any]:
+    """A run's config with the fields of the evaluation shown (its protocol JSON, None for a
+    run without an evaluation) in place of the original ones."""
+    config = json.loads(config_json)
+    if isinstance(protocol_json, str):
+        config.update(json.loads(protocol_json))
+    return config
 
 
 def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
-    """Add ``level``, ``chance``, ``task_label``, ``encoding`` (paper-style label) and
-    ``column`` to a ``ResultStore.runs()`` frame. ``column`` is the encoding label plus, when
-    runs of that encoding differ in other settings (preset, steps, options...), those settings,
-    so that different protocols never share a cell."""
+    """Add ``settings`` (``run_settings``: a dict), ``level``, ``chance``, ``task_label``,
+    ``encoding`` (paper-style label), ``column`` and ``paper_differences`` to a
+    ``ResultStore.runs()`` frame. ``column`` is the encoding label plus, when runs of that
+    encoding differ in other settings (preset, steps, options...), those settings, so that
+    different protocols never share a cell. ``paper_differences`` is
+    ``paper_protocol_differences`` of each run."""
     frame = frame.copy()
-    configs = [json.loads(text) for text in frame["config"]]
-    facts = [_task_facts(config["task"]) for config in configs]
+    configs = [run_settings(c, p) for c, p in zip(frame["config"], frame["protocol"])]
+    frame["settings"] = configs
+    facts = [_task_facts(c["task"], json.dumps(c["task_params"], sort_keys=True)) for c in configs]
     frame["level"] = [level for level, _, _ in facts]
     frame["chance"] = [chance for _, chance, _ in facts]
-    frame["task_label"] = [
-        _task_label(config["task"], config["task_params"], defaults)
-        for config, (_, _, defaults) in zip(configs, facts)
-    ]
+    frame["task_label"] = [label for _, _, label in facts]
     frame["encoding"] = [encoding_label(c["pe"], c["kernel"]) for c in configs]
+    frame["paper_differences"] = [tuple(paper_protocol_differences(c)) for c in configs]
     variants = [
         {key: json.dumps(value, sort_keys=True) for key, value in config.items() if key not in _CELL_FIELDS}
         for config in configs
@@ -88,12 +120,6 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _task_label(task: str, params: dict[str, Any], default_params_json: str) -> str:
-    if json.dumps(params, sort_keys=True) == default_params_json:
-        return task
-    return f"{task}({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})"
-
-
 def _settings_suffix(config: dict[str, Any], keys: list[str]) -> str:
     if not keys:
         return ""
@@ -108,13 +134,68 @@ def _short(value: Any) -> str:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
 
 
+def paper_protocol_differences(settings: dict[str, Any]) -> list[str]:
+    """How a run's settings (``run_settings``) differ from the published protocol, most telling
+    first, e.g. ``["preset quick", "1500 steps", "2 layers", ...]``; empty when the run followed
+    it: preset paper with its steps, batch, optimiser, model, training lengths 1..40, and the
+    score over every test length 41..500 from 512 sequences each. Seeds, learning rates and
+    dropout at evaluation may differ (the reference code keeps dropout on at evaluation)."""
+    paper = protocol.preset_settings("paper")
+    differences = [] if settings["preset"] == "paper" else [f"preset {settings['preset']}"]
+    if settings["steps"] != paper["steps"]:
+        differences.append(f"{settings['steps']} steps")
+    model = settings["model_options"]
+    differences += [_model_option_text(name, model.get(name)) for name in _MODEL_OPTION_WORDS
+                    if model.get(name) != paper[name]]
+    if settings["batch_size"] != paper["batch_size"]:
+        differences.append(f"batch {settings['batch_size']}")
+    if settings["train_max_length"] != paper["train_max_length"]:
+        differences.append(f"training lengths up to {settings['train_max_length']}")
+    if tuple(settings["test_lengths"]) != protocol.parse_lengths(paper["test_lengths"]):
+        differences.append(f"test lengths {protocol.format_lengths(settings['test_lengths'])}")
+    if settings["score_from_42"]:
+        differences.append("score from 42")
+    if settings["eval_samples"] != paper["eval_samples"]:
+        differences.append(f"{settings['eval_samples']} samples")
+    if settings["eval_batch_size"] != paper["eval_batch_size"]:
+        differences.append(f"eval batch {settings['eval_batch_size']}")
+    optimiser = (tuple(settings["adam_betas"]), settings["adam_eps"], settings["grad_clip_norm"])
+    if optimiser != (protocol.ADAM_BETAS, protocol.ADAM_EPS, protocol.GRAD_CLIP_NORM):
+        differences.append("optimiser settings")
+    return differences
+
+
+def _model_option_text(name: str, value: Any) -> str:
+    word = _MODEL_OPTION_WORDS[name]
+    if name in _COUNTED_MODEL_OPTIONS:
+        return f"{value} {word}" + ("" if value == 1 else "s")
+    return f"{word} {value}"
+
+
+def _paper_protocol_text() -> str:
+    paper = protocol.preset_settings("paper")
+    return (
+        f"preset paper: {paper['steps']} steps, batch {paper['batch_size']}, training lengths up "
+        f"to {paper['train_max_length']}, score over test lengths "
+        f"{protocol.format_lengths(protocol.parse_lengths(paper['test_lengths']))} from "
+        f"{paper['eval_samples']} sequences each, model {paper['layers']} layers x "
+        f"{paper['dim']} wide x {paper['heads']} heads"
+    )
+
+
 def load_paper_table() -> pd.DataFrame:
-    """The published table, indexed by task id, values in percent."""
-    candidates = [Path(__file__).resolve().parent.parent / PAPER_TABLE_FILE, PAPER_TABLE_FILE]
-    for path in candidates:
-        if path.is_file():
-            return pd.read_csv(path).set_index("task_id")
-    raise CheBenchError(f"published table {PAPER_TABLE_FILE} not found (needed for --compare paper)")
+    """The published table (shipped with the package), indexed by task id, values in percent."""
+    resource = importlib.resources.files("che_bench")
+    for part in PAPER_TABLE_RESOURCE:
+        resource = resource.joinpath(part)
+    try:
+        with resource.open("rb") as handle:
+            return pd.read_csv(handle).set_index("task_id")
+    except OSError:
+        raise CheBenchError(
+            f"the published table che_bench/{'/'.join(PAPER_TABLE_RESOURCE)} is missing from this "
+            "installation (needed for --compare paper); reinstall che-bench"
+        ) from None
 
 
 def summarize(
@@ -123,24 +204,34 @@ def summarize(
     tasks: Iterable[str] | None = None,
     run_ids: Iterable[str] | None = None,
     compare: str = "none",
+    evaluation: str = ORIGINAL,
 ) -> pd.DataFrame:
-    """Long table, one row per (task, column): level, chance, max, mean, std, n (percent);
-    with ``compare="paper"`` also ``paper`` and ``diff`` (max - paper)."""
+    """Long table, one row per (task, column): level, chance, max, mean, std, n (percent) of
+    the scores of ``evaluation`` (see ``ResultStore.runs``). With ``compare="paper"`` also
+    ``paper``, ``comparable`` (the cell's runs followed the published protocol), ``diff``
+    (max - paper, NaN unless comparable), ``differences`` (a tuple: what differs from the
+    published protocol, empty when comparable) and ``dropout_at_eval`` (every run kept dropout
+    on at evaluation, as the reference code does)."""
+    _check_compare(compare)
+    return _summarize_runs(complete_runs(store, tasks, run_ids, evaluation), compare)
+
+
+def _check_compare(compare: str) -> None:
     if compare not in ("none", "paper"):
         raise CheBenchError(f"unknown comparison {compare!r}; valid: none, paper")
-    runs = store.runs(run_ids)
-    runs = runs[runs["status"] == "complete"]
-    if tasks is not None:
-        wanted = _canonical_tasks(tasks)
-        runs = runs[runs["task"].isin(wanted)]
+
+
+def _summarize_runs(runs: pd.DataFrame, compare: str) -> pd.DataFrame:
+    """``summarize`` of a frame of complete runs."""
     columns = ["level", "task", "column", "chance", "max", "mean", "std", "n"]
     if compare == "paper":
-        columns += ["paper", "diff"]
+        columns += ["paper", "diff", "comparable", "differences", "dropout_at_eval"]
     if runs.empty:
         return pd.DataFrame(columns=columns)
-    runs = labelled_runs(runs.reset_index(drop=True))
+    runs = labelled_runs(runs)
     runs["score_pct"] = runs["score"] * 100
     runs["kernel_order"] = [-1 if k is None else int(k) for k in runs["kernel"]]
+    runs["dropout_at_eval"] = [settings["dropout_at_eval"] for settings in runs["settings"]]
     cells = (
         runs.groupby(["level", "task_label", "column"], sort=False)
         .agg(
@@ -153,6 +244,8 @@ def summarize(
             mean=("score_pct", "mean"),
             std=("score_pct", "std"),
             n=("score_pct", "size"),
+            paper_differences=("paper_differences", _union),
+            dropout_at_eval=("dropout_at_eval", "all"),
         )
         .reset_index()
     )
@@ -164,11 +257,28 @@ def summarize(
             else math.nan
             for task, encoding, label in zip(cells["task"], cells["encoding"], cells["task_label"])
         ]
-        cells["diff"] = cells["max"] - cells["paper"]
+        cells["comparable"] = [not differences for differences in cells["paper_differences"]]
+        cells["diff"] = (cells["max"] - cells["paper"]).where(cells["comparable"])
+        cells["differences"] = cells["paper_differences"]
     cells["chance"] = cells["chance"] * 100
     paper_tasks = list(paper.index) if paper is not None else []
     cells = cells.iloc[_cell_order(cells, paper_tasks)].reset_index(drop=True)
     return cells.drop(columns=["task"]).rename(columns={"task_label": "task"})[columns]
+
+
+def complete_runs(store: ResultStore, tasks: Iterable[str] | None = None,
+                  run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL) -> pd.DataFrame:
+    """``store.runs(run_ids, evaluation)`` restricted to complete runs (of ``tasks``)."""
+    runs = store.runs(run_ids, evaluation)
+    runs = runs[runs["status"] == "complete"]
+    if tasks is not None:
+        runs = runs[runs["task"].isin(_canonical_tasks(tasks))]
+    return runs.reset_index(drop=True)
+
+
+def _union(groups: pd.Series) -> tuple:
+    """The distinct items of a column of tuples, in order of appearance."""
+    return tuple(dict.fromkeys(item for group in groups for item in group))
 
 
 def _canonical_tasks(tasks: Iterable[str]) -> set[str]:
@@ -215,22 +325,42 @@ def format_table(
     run_ids: Iterable[str] | None = None,
     compare: str = "none",
     fmt: str = "text",
+    evaluation: str = ORIGINAL,
 ) -> str:
-    """The CHE table of the store's complete runs as text, CSV, Markdown or LaTeX."""
+    """The CHE table of the store's complete runs (scores of ``evaluation``) as text, CSV,
+    Markdown or LaTeX."""
     if fmt not in FORMATS:
         raise CheBenchError(f"unknown table format {fmt!r}; valid: {', '.join(FORMATS)}")
-    cells = summarize(store, tasks=tasks, run_ids=run_ids, compare=compare)
-    if cells.empty:
-        return "" if fmt == "csv" else "(no complete runs)\n"
     if fmt == "csv":
-        return _numeric_pivot(cells, compare).to_csv(float_format="%.4f")
-    table = _text_pivot(cells, compare)
-    notes = _notes(store, run_ids, cells, compare)
+        cells = summarize(store, tasks=tasks, run_ids=run_ids, compare=compare, evaluation=evaluation)
+        return "" if cells.empty else _numeric_pivot(cells, compare).to_csv(float_format="%.4f")
+    table, notes = display_table(store, tasks=tasks, run_ids=run_ids, compare=compare,
+                                 evaluation=evaluation)
+    if table.empty:
+        return "(no complete runs)\n"
     if fmt == "text":
         return table.to_string() + "\n\n" + "\n".join(notes) + "\n"
     if fmt == "markdown":
         return _markdown(table) + "\n" + "".join(f"\n{note}  " for note in notes).rstrip() + "\n"
     return _latex(table, notes)
+
+
+def display_table(
+    store: ResultStore,
+    *,
+    tasks: Iterable[str] | None = None,
+    run_ids: Iterable[str] | None = None,
+    compare: str = "none",
+    evaluation: str = ORIGINAL,
+) -> tuple[pd.DataFrame, list[str]]:
+    """The table as display strings (one row per task, indexed by level, task and chance %)
+    and its notes; an empty frame when there is no complete run."""
+    _check_compare(compare)
+    runs = complete_runs(store, tasks, run_ids, evaluation)
+    cells = _summarize_runs(runs, compare)
+    if cells.empty:
+        return pd.DataFrame(), []
+    return _text_pivot(cells, compare), _notes(runs, cells, compare, evaluation)
 
 
 def _wide(cells: pd.DataFrame, values: dict[str, list]) -> pd.DataFrame:
@@ -246,20 +376,17 @@ def _wide(cells: pd.DataFrame, values: dict[str, list]) -> pd.DataFrame:
 
 
 def _numeric_pivot(cells: pd.DataFrame, compare: str) -> pd.DataFrame:
-    stats = ["max", "mean", "std", "n"] + (["paper", "diff"] if compare == "paper" else [])
+    stats = ["max", "mean", "std", "n"] + (["paper", "diff", "comparable"] if compare == "paper" else [])
     table = _wide(cells, {f" {stat}": list(cells[stat]) for stat in stats})
     counts = [column for column in table.columns if column.endswith(" n")]
     return table.astype({column: "Int64" for column in counts})
 
 
 def _text_pivot(cells: pd.DataFrame, compare: str) -> pd.DataFrame:
-    cells = cells.assign(chance=[f"{c:.0f}" for c in cells["chance"]])
+    cells = cells.assign(chance=[f"{c:.1f}" for c in cells["chance"]])
     values = {"": [_cell_text(row) for _, row in cells.iterrows()]}
     if compare == "paper":
-        values[" paper (diff)"] = [
-            "" if math.isnan(row["paper"]) else f"{row['paper']:.2f} ({row['diff']:+.2f})"
-            for _, row in cells.iterrows()
-        ]
+        values[" paper (diff)"] = [_paper_text(row) for _, row in cells.iterrows()]
     table = _wide(cells, values).fillna("")
     # Drop comparison columns with no published value at all (e.g. encodings not in the paper).
     return table[[c for c in table.columns if not (c.endswith(" paper (diff)") and (table[c] == "").all())]]
@@ -271,16 +398,40 @@ def _cell_text(row: pd.Series) -> str:
     return f"{row['max']:.2f} ({row['mean']:.2f}±{row['std']:.2f}, n={row['n']})"
 
 
-def _notes(store: ResultStore, run_ids, cells: pd.DataFrame, compare: str) -> list[str]:
-    runs = store.runs(run_ids)
-    runs = runs[runs["status"] == "complete"]
+def _paper_text(row: pd.Series) -> str:
+    """The published value and ours minus it, or what keeps the cell from being compared."""
+    if math.isnan(row["paper"]):
+        return ""
+    if row["comparable"]:
+        return f"{row['paper']:.2f} ({row['diff']:+.2f})"
+    shown = list(row["differences"][:SHOWN_DIFFERENCES])
+    if len(row["differences"]) > SHOWN_DIFFERENCES:
+        shown.append(f"+{len(row['differences']) - SHOWN_DIFFERENCES} more")
+    return f"{row['paper']:.2f} (not comparable: {', '.join(shown)})"
+
+
+def _notes(runs: pd.DataFrame, cells: pd.DataFrame, compare: str, evaluation: str) -> list[str]:
+    """What the table shows: cells, presets, the evaluation (when not the original one) and
+    the comparison with the paper."""
     presets = ", ".join(sorted(set(runs["preset"])))
     notes = [
         "cells: accuracy % = max over seeds/learning rates (mean±std over runs, n runs); "
-        f"complete runs only; preset(s): {presets}",
+        f"complete runs only; preset(s): {presets}; chance = 1 / number of classes",
     ]
+    if evaluation != ORIGINAL:
+        summary = describe_protocol(json.loads(runs["protocol"].iloc[0]))
+        notes.append(f"scores of evaluation {evaluation} ({summary}); runs without it are left out")
     if compare == "paper":
-        notes.append(PAPER_NOTE + "; in brackets: ours (max) minus paper")
+        notes.append(
+            f"{PAPER_NOTE}; in brackets: ours (max) minus paper where the runs followed the "
+            f"published protocol ({_paper_protocol_text()}), otherwise what differs"
+        )
+        shown = cells[~cells["paper"].isna()]
+        if (shown["comparable"] & ~shown["dropout_at_eval"].astype(bool)).any():
+            notes.append(
+                "compared runs were evaluated with dropout off; the reference code keeps dropout "
+                "on at evaluation (--dropout-at-eval)"
+            )
     return notes
 
 
@@ -312,26 +463,38 @@ def _latex(table: pd.DataFrame, notes: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def export_frame(store: ResultStore, *, per_length: bool = False) -> pd.DataFrame:
-    """One row per run (every status) or, with ``per_length``, per complete run, split and
-    length. Scores and accuracies are fractions in [0, 1]."""
-    runs = store.runs()
+_EXPORT_KEYS = ["task", "pe", "kernel", "encoding", "seed", "lr", "steps", "preset"]
+_EXPORT_PER_LENGTH = _EXPORT_KEYS + ["split", "length", "accuracy", "run_id", "evaluation"]
+_EXPORT_RUNS = _EXPORT_KEYS + [
+    "score", "train_accuracy", "status", "run_id", "evaluation", "test_lengths", "device",
+    "eval_device", "train_s", "eval_s", "total_s", "attempts", "created_at", "finished_at", "error",
+]
+
+
+def export_frame(store: ResultStore, *, per_length: bool = False,
+                 evaluation: str = ORIGINAL) -> pd.DataFrame:
+    """One row per run (every status; with a protocol id as ``evaluation``, the runs evaluated
+    under it) or, with ``per_length``, per complete run, split and length. Scores and
+    accuracies (fractions in [0, 1]), test lengths and ``eval_*`` come from ``evaluation``;
+    ``train_s`` and ``total_s`` are the run's."""
+    runs = store.runs(evaluation=evaluation)
     if runs.empty:
-        columns = ["task", "pe", "kernel", "encoding", "seed", "lr", "steps", "preset"]
-        return pd.DataFrame(columns=columns + (["split", "length", "accuracy", "run_id"] if per_length
-                                               else ["score", "train_accuracy", "status", "run_id"]))
-    runs = runs.copy()
+        return pd.DataFrame(columns=_EXPORT_PER_LENGTH if per_length else _EXPORT_RUNS)
     runs["encoding"] = [encoding_label(pe, k) for pe, k in zip(runs["pe"], runs["kernel"])]
     if per_length:
-        curves = store.per_length().merge(runs[["run_id", "encoding"]], on="run_id")
-        return curves[["task", "pe", "kernel", "encoding", "seed", "lr", "steps", "preset",
-                       "split", "length", "accuracy", "run_id"]]
-    timings = [json.loads(text) if isinstance(text, str) else {} for text in runs["timings"]]
-    for name in ("train_s", "eval_s", "total_s"):
-        runs[name] = [timing.get(name) for timing in timings]
+        curves = store.per_length(evaluation=evaluation).merge(runs[["run_id", "encoding"]], on="run_id")
+        return curves[_EXPORT_PER_LENGTH]
+    run_timings = [_json_or_empty(text) for text in runs["timings"]]
+    runs["train_s"] = [timing.get("train_s") for timing in run_timings]
+    runs["total_s"] = [timing.get("total_s") for timing in run_timings]
+    runs["eval_s"] = [_json_or_empty(text).get("eval_s") for text in runs["eval_timings"]]
     runs["test_lengths"] = [
-        _short(json.loads(config)["test_lengths"]) for config in runs["config"]
+        _short(run_settings(config, protocol)["test_lengths"])
+        for config, protocol in zip(runs["config"], runs["protocol"])
     ]
-    return runs[["task", "pe", "kernel", "encoding", "seed", "lr", "steps", "preset", "score",
-                 "train_accuracy", "status", "run_id", "test_lengths", "device", "train_s",
-                 "eval_s", "total_s", "attempts", "created_at", "finished_at", "error"]]
+    return runs[_EXPORT_RUNS]
+
+
+def _json_or_empty(text: str | None) -> dict[str, Any]:
+    """A stored JSON object, or {} where none is stored (NULL)."""
+    return json.loads(text) if isinstance(text, str) else {}

@@ -1,10 +1,18 @@
 """The result store: one SQLite file (WAL mode) shared by every command and worker.
 
 Table ``runs`` holds one row per run id (status ``started`` -> ``complete`` | ``failed``;
-a run whose process died stays ``started``), table ``accuracies`` the per-length curves
-(split ``test`` or ``train``, accuracies as fractions). A file is recognised by SQLite's
-``application_id`` header field plus a ``meta`` table; anything else is refused and never
-modified. Every write is one transaction, and a busy timeout lets several processes write.
+a run whose process died stays ``started``). Table ``evaluations`` holds a run's evaluations:
+its *original* one, made when the run completed, and any re-evaluation of its kept model under
+another protocol. An evaluation is identified by its run and its protocol id
+(``config.protocol_id``), so evaluations of different runs under the same protocol share the id.
+Table ``accuracies`` holds the per-length curve of each evaluation (split ``test`` or
+``train``, accuracies as fractions). ``runs.score`` and ``runs.train_accuracy`` repeat the
+original evaluation's values.
+
+A file is recognised by SQLite's ``application_id`` header field plus a ``meta`` table; anything
+else is refused and never modified. A store of schema version 1 (one curve per run) is upgraded
+in place, in one transaction. Every write is one transaction, and a busy timeout lets several
+processes write.
 """
 
 from __future__ import annotations
@@ -16,11 +24,12 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from che_bench.errors import CheBenchError
+from che_bench.protocol import EVAL_SEED, format_lengths
 
 if TYPE_CHECKING:
     from che_bench.config import RunConfig, RunResult
@@ -28,10 +37,12 @@ if TYPE_CHECKING:
 DEFAULT_PATH = Path("results") / "che-bench.sqlite"
 STORE_ENV = "CHE_BENCH_STORE"
 APPLICATION_ID = 0x43484542  # "CHEB"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 60.0
+#: ``evaluation`` argument of the readers: each run's own original evaluation.
+ORIGINAL = "original"
 
-_SCHEMA = """
+_RUNS_SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
@@ -55,20 +66,46 @@ CREATE TABLE runs (
     created_at TEXT NOT NULL,
     finished_at TEXT
 );
-CREATE TABLE accuracies (
+"""
+#: What version 2 added to version 1 (whose ``accuracies`` had one curve per run); run both
+#: by ``_create`` and by the upgrade of a version-1 store.
+_EVALUATIONS_SCHEMA = """
+CREATE TABLE evaluations (
     run_id TEXT NOT NULL REFERENCES runs(run_id),
+    evaluation_id TEXT NOT NULL,
+    protocol TEXT NOT NULL,
+    is_original INTEGER NOT NULL CHECK (is_original IN (0, 1)),
+    score REAL,
+    train_accuracy REAL,
+    device TEXT,
+    versions TEXT,
+    timings TEXT,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (run_id, evaluation_id)
+);
+CREATE UNIQUE INDEX one_original_evaluation_per_run ON evaluations (run_id) WHERE is_original = 1;
+CREATE INDEX evaluations_by_protocol ON evaluations (evaluation_id);
+CREATE TABLE accuracies (
+    run_id TEXT NOT NULL,
+    evaluation_id TEXT NOT NULL,
     split TEXT NOT NULL CHECK (split IN ('test', 'train')),
     length INTEGER NOT NULL,
     accuracy REAL NOT NULL,
-    PRIMARY KEY (run_id, split, length)
+    PRIMARY KEY (run_id, evaluation_id, split, length),
+    FOREIGN KEY (run_id, evaluation_id) REFERENCES evaluations (run_id, evaluation_id)
 );
 """
+_SCHEMA = _RUNS_SCHEMA + _EVALUATIONS_SCHEMA
 
+#: Columns of ``runs()`` taken from the ``runs`` table; the evaluation shown adds ``score``,
+#: ``train_accuracy`` and ``EVALUATION_COLUMNS``.
 RUN_COLUMNS = (
-    "run_id", "task", "pe", "kernel", "seed", "lr", "steps", "preset", "status", "score",
-    "train_accuracy", "device", "error", "attempts", "created_at", "finished_at",
-    "config", "timings",
+    "run_id", "task", "pe", "kernel", "seed", "lr", "steps", "preset", "status", "device",
+    "error", "attempts", "created_at", "finished_at", "config", "versions", "timings",
 )
+#: Columns of ``runs()`` that describe the evaluation shown: its id, protocol (JSON), and the
+#: device and timings of that evaluation (a re-evaluation may run elsewhere than training).
+EVALUATION_COLUMNS = ("evaluation", "protocol", "eval_device", "eval_timings")
 
 
 def default_store_path() -> Path:
@@ -80,8 +117,31 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def _protocol_id(protocol: dict[str, Any]) -> str:
+    # che_bench.config imports torch: load it only when a write needs an id.
+    from che_bench.config import protocol_id
+
+    return protocol_id(protocol)
+
+
+def describe_protocol(protocol: dict[str, Any]) -> str:
+    """One line about an evaluation protocol, e.g. ``test lengths 41..1000, 512 samples
+    (batch 64), in-distribution 1..40 (5 lengths), dropout at eval``."""
+    parts = [f"test lengths {format_lengths(protocol['test_lengths'])}"]
+    if protocol["score_from_42"]:
+        parts.append("score from 42")
+    parts.append(f"{protocol['eval_samples']} samples (batch {protocol['eval_batch_size']})")
+    parts.append(f"in-distribution {format_lengths(protocol['train_eval_lengths'])}")
+    if protocol["eval_seed"] != EVAL_SEED:
+        parts.append(f"eval seed {protocol['eval_seed']}")
+    if protocol["dropout_at_eval"]:
+        parts.append("dropout at eval")
+    return ", ".join(parts)
+
+
 class ResultStore:
-    """Runs and their per-length accuracies in one SQLite file (see the module docstring)."""
+    """Runs, their evaluations and per-length accuracies in one SQLite file (see the module
+    docstring)."""
 
     def __init__(self, path: str | os.PathLike | None = None) -> None:
         self.path = Path(path) if path is not None else default_store_path()
@@ -121,8 +181,8 @@ class ResultStore:
             connection.execute("COMMIT")
 
     def _open_or_create(self) -> None:
-        """Check the file is a che-bench store (creating it when new or empty); never write to
-        anything else."""
+        """Check the file is a che-bench store (creating it when new or empty, upgrading it
+        from version 1); never write to anything else."""
         with self._connect() as connection:
             try:
                 application_id = connection.execute("PRAGMA application_id").fetchone()[0]
@@ -139,13 +199,13 @@ class ResultStore:
                     f"{self.path} is an SQLite file of another application, not a che-bench "
                     "result store; refusing to touch it"
                 )
-            version = connection.execute(
-                "SELECT value FROM meta WHERE key = 'schema_version'"
-            ).fetchone()
-            if version is None or int(version[0]) != SCHEMA_VERSION:
+            version = _schema_version(connection)
+            if version == 1:
+                self._upgrade_from_1(connection)
+            elif version != SCHEMA_VERSION:
                 raise CheBenchError(
-                    f"result store {self.path} has schema version {version and version[0]}, "
-                    f"this che-bench reads version {SCHEMA_VERSION}"
+                    f"result store {self.path} has schema version {version}, "
+                    f"this che-bench reads versions 1 and {SCHEMA_VERSION}"
                 )
 
     def _create(self, connection: sqlite3.Connection) -> None:
@@ -158,15 +218,38 @@ class ResultStore:
         if connection.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
             connection.execute("COMMIT")
             return
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                connection.execute(statement)
+        _execute_script(connection, _SCHEMA)
         connection.executemany(
             "INSERT INTO meta (key, value) VALUES (?, ?)",
             [("application", "che-bench"), ("schema_version", str(SCHEMA_VERSION)),
              ("created_at", _now())],
         )
         connection.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        connection.execute("COMMIT")
+
+    def _upgrade_from_1(self, connection: sqlite3.Connection) -> None:
+        """Upgrade a version-1 store in place, in one transaction: every stored curve becomes
+        its run's original evaluation, with the protocol taken from the run's config. Any
+        failure (or a crash) leaves the version-1 store as it was."""
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise CheBenchError(
+                f"result store {self.path} has schema version 1 and cannot be upgraded to "
+                f"{SCHEMA_VERSION}: {exc}"
+            ) from None
+        try:
+            # Re-check inside the lock: another process may have upgraded the store meanwhile.
+            if _schema_version(connection) == 1:
+                _migrate_1_to_2(connection)
+        except BaseException as exc:
+            connection.execute("ROLLBACK")
+            if isinstance(exc, (ValueError, sqlite3.DatabaseError)):  # CheBenchError included
+                raise CheBenchError(
+                    f"cannot upgrade result store {self.path} from schema version 1 (left "
+                    f"unchanged): {exc}"
+                ) from None
+            raise
         connection.execute("COMMIT")
 
     # -- writing -----------------------------------------------------------------------------
@@ -188,7 +271,8 @@ class ResultStore:
             )
 
     def record(self, result: RunResult) -> None:
-        """Write a finished run (row and accuracies) in one transaction."""
+        """Write a finished run (row, original evaluation and its curves) in one transaction.
+        The run's re-evaluations are kept."""
         config = result.config
         row = (
             result.run_id, config.task, config.pe, config.kernel, config.seed, config.lr,
@@ -197,8 +281,8 @@ class ResultStore:
             json.dumps(result.timings), json.dumps(result.details, default=str), result.error,
             _now(), _now(),
         )
-        accuracies = [(result.run_id, "test", n, acc) for n, acc in result.per_length.items()]
-        accuracies += [(result.run_id, "train", n, acc) for n, acc in result.train_per_length.items()]
+        protocol = config.evaluation_protocol()
+        evaluation_id = _protocol_id(protocol)
         with self._transaction() as connection:
             connection.execute(
                 """INSERT INTO runs (run_id, task, pe, kernel, seed, lr, steps, preset, status,
@@ -213,11 +297,63 @@ class ResultStore:
                        error = excluded.error, finished_at = excluded.finished_at""",
                 row,
             )
-            connection.execute("DELETE FROM accuracies WHERE run_id = ?", (result.run_id,))
-            connection.executemany(
-                "INSERT INTO accuracies (run_id, split, length, accuracy) VALUES (?, ?, ?, ?)",
-                accuracies,
+            _delete_evaluation(connection, result.run_id, evaluation_id)
+            if result.status == "complete" or result.per_length or result.train_per_length:
+                _insert_evaluation(
+                    connection, result.run_id, evaluation_id, protocol, is_original=True,
+                    score=result.score, train_accuracy=result.train_accuracy,
+                    per_length=result.per_length, train_per_length=result.train_per_length,
+                    device=result.device, versions=result.versions, timings=result.timings,
+                )
+
+    def record_evaluation(
+        self,
+        run_id: str,
+        protocol: dict[str, Any],
+        *,
+        score: float,
+        train_accuracy: float,
+        per_length: dict[int, float],
+        train_per_length: dict[int, float],
+        device: str,
+        versions: dict[str, str],
+        timings: dict[str, float],
+    ) -> str:
+        """Record a re-evaluation of complete run ``run_id`` under ``protocol`` (a dict like
+        ``RunConfig.evaluation_protocol()``) in one transaction, replacing an earlier one under
+        the same protocol; returns the evaluation id (the protocol's id). The curves must cover
+        exactly the protocol's test and in-distribution lengths."""
+        protocol = _checked_protocol(protocol)
+        _check_accuracy("score", score)
+        _check_accuracy("train_accuracy", train_accuracy)
+        _check_curve("test", per_length, protocol["test_lengths"])
+        _check_curve("in-distribution", train_per_length, protocol["train_eval_lengths"])
+        evaluation_id = _protocol_id(protocol)
+        with self._transaction() as connection:
+            run = connection.execute(
+                "SELECT status FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if run is None:
+                raise CheBenchError(f"no run {run_id!r} in result store {self.path}")
+            if run[0] != "complete":
+                raise CheBenchError(f"run {run_id} is {run[0]}, not complete: nothing to re-evaluate")
+            original = connection.execute(
+                "SELECT evaluation_id FROM evaluations WHERE run_id = ? AND is_original = 1",
+                (run_id,),
+            ).fetchone()
+            if original is not None and original[0] == evaluation_id:
+                raise CheBenchError(
+                    f"protocol {evaluation_id} is the original evaluation of run {run_id}; "
+                    "re-evaluate under another protocol"
+                )
+            _delete_evaluation(connection, run_id, evaluation_id)
+            _insert_evaluation(
+                connection, run_id, evaluation_id, protocol, is_original=False, score=score,
+                train_accuracy=train_accuracy, per_length=per_length,
+                train_per_length=train_per_length, device=device, versions=versions,
+                timings=timings,
             )
+        return evaluation_id
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -226,32 +362,206 @@ class ResultStore:
             rows = connection.execute("SELECT run_id FROM runs WHERE status = 'complete'")
             return {row[0] for row in rows}
 
-    def runs(self, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
-        """One row per run (every status), oldest first; ``kernel`` is None without DAPE."""
+    def runs(self, run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL) -> pd.DataFrame:
+        """One row per run, oldest first; ``kernel`` is None without DAPE. ``score``,
+        ``train_accuracy`` and ``EVALUATION_COLUMNS`` come from ``evaluation``: ``"original"``
+        (every run, each with its original evaluation where it has one) or a protocol id (only
+        the runs evaluated under it)."""
+        run_columns = ", ".join(f"r.{column}" for column in RUN_COLUMNS)
+        with self._connect() as connection:
+            join, params = self._evaluation_join(connection, evaluation)
+            frame = pd.read_sql_query(
+                f"""SELECT {run_columns}, e.score, e.train_accuracy,
+                           e.evaluation_id AS evaluation, e.protocol, e.device AS eval_device,
+                           e.timings AS eval_timings
+                    FROM runs r {join}
+                    ORDER BY r.created_at, r.run_id""",
+                connection, params=params,
+            )
+        return _selected(frame, run_ids)
+
+    def per_length(self, run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL) -> pd.DataFrame:
+        """Per-length accuracies of complete runs under ``evaluation`` (as in ``runs``), with the
+        evaluation id and the run's identifying columns."""
+        with self._connect() as connection:
+            join, params = self._evaluation_join(connection, evaluation, inner=True)
+            frame = pd.read_sql_query(
+                f"""SELECT r.run_id, e.evaluation_id AS evaluation, r.task, r.pe, r.kernel,
+                           r.seed, r.lr, r.steps, r.preset, a.split, a.length, a.accuracy
+                    FROM runs r {join}
+                    JOIN accuracies a
+                        ON a.run_id = e.run_id AND a.evaluation_id = e.evaluation_id
+                    WHERE r.status = 'complete'
+                    ORDER BY r.created_at, r.run_id, a.split, a.length""",
+                connection, params=params,
+            )
+        return _selected(frame, run_ids)
+
+    def evaluations(self, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
+        """One row per evaluation, oldest first: ``evaluation`` (protocol id), ``run_id``,
+        ``original`` (bool), ``protocol`` (a readable summary), ``score``, ``train_accuracy``,
+        ``device``, ``versions`` (JSON) and ``created_at``."""
         with self._connect() as connection:
             frame = pd.read_sql_query(
-                f"SELECT {', '.join(RUN_COLUMNS)} FROM runs ORDER BY created_at, run_id", connection
+                """SELECT evaluation_id AS evaluation, run_id, is_original AS original, protocol,
+                          score, train_accuracy, device, versions, created_at
+                   FROM evaluations ORDER BY created_at, run_id, is_original DESC, evaluation_id""",
+                connection,
             )
-        frame["kernel"] = _nullable_ints(frame["kernel"])
+        frame["original"] = frame["original"].astype(bool)
+        frame["protocol"] = [describe_protocol(json.loads(text)) for text in frame["protocol"]]
         if run_ids is not None:
             frame = frame[frame["run_id"].isin(set(run_ids))]
         return frame.reset_index(drop=True)
 
-    def per_length(self, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
-        """Per-length accuracies of complete runs with the run's identifying columns."""
-        with self._connect() as connection:
-            frame = pd.read_sql_query(
-                """SELECT a.run_id, r.task, r.pe, r.kernel, r.seed, r.lr, r.steps, r.preset,
-                          a.split, a.length, a.accuracy
-                   FROM accuracies a JOIN runs r USING (run_id)
-                   WHERE r.status = 'complete'
-                   ORDER BY r.created_at, a.run_id, a.split, a.length""",
-                connection,
+    def _evaluation_join(
+        self, connection: sqlite3.Connection, evaluation: str, *, inner: bool = False
+    ) -> tuple[str, tuple]:
+        """SQL joining ``runs r`` to the chosen evaluation ``e`` of each run, and its parameters;
+        an unknown evaluation id is a CheBenchError listing the known ones."""
+        if evaluation == ORIGINAL:
+            kind = "JOIN" if inner else "LEFT JOIN"
+            return f"{kind} evaluations e ON e.run_id = r.run_id AND e.is_original = 1", ()
+        known = [row[0] for row in connection.execute(
+            "SELECT DISTINCT evaluation_id FROM evaluations ORDER BY evaluation_id"
+        )]
+        if evaluation not in known:
+            listed = ", ".join([ORIGINAL] + known[:20]) + (", ..." if len(known) > 20 else "")
+            raise CheBenchError(
+                f"unknown evaluation {evaluation!r} in {self.path}; known: {listed} "
+                "(see `che-bench evaluations`)"
             )
-        frame["kernel"] = _nullable_ints(frame["kernel"])
-        if run_ids is not None:
-            frame = frame[frame["run_id"].isin(set(run_ids))]
-        return frame.reset_index(drop=True)
+        return "JOIN evaluations e ON e.run_id = r.run_id AND e.evaluation_id = ?", (evaluation,)
+
+
+def _schema_version(connection: sqlite3.Connection) -> int | None:
+    row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return None if row is None else int(row[0])
+
+
+def _execute_script(connection: sqlite3.Connection, script: str) -> None:
+    """Run a schema script statement by statement (``executescript`` would commit the open
+    transaction first)."""
+    for statement in script.split(";"):
+        if statement.strip():
+            connection.execute(statement)
+
+
+def _migrate_1_to_2(connection: sqlite3.Connection) -> None:
+    """Schema version 1 -> 2 inside the caller's transaction (see ``_upgrade_from_1``)."""
+    connection.execute("ALTER TABLE accuracies RENAME TO accuracies_v1")
+    _execute_script(connection, _EVALUATIONS_SCHEMA)
+    evaluated = connection.execute(
+        """SELECT run_id, config, score, train_accuracy, device, versions, timings,
+                  coalesce(finished_at, created_at)
+           FROM runs
+           WHERE status = 'complete' OR run_id IN (SELECT run_id FROM accuracies_v1)"""
+    ).fetchall()
+    fields = _protocol_fields()
+    for run_id, config_json, score, train_accuracy, device, versions, timings, at in evaluated:
+        config = json.loads(config_json)
+        protocol = _checked_protocol({name: config[name] for name in fields if name in config}, run_id)
+        connection.execute(
+            """INSERT INTO evaluations (run_id, evaluation_id, protocol, is_original, score,
+                                        train_accuracy, device, versions, timings, created_at)
+               VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?)""",
+            (run_id, _protocol_id(protocol), json.dumps(protocol), score, train_accuracy,
+             device, versions, timings, at),
+        )
+    copied = connection.execute(
+        """INSERT INTO accuracies (run_id, evaluation_id, split, length, accuracy)
+           SELECT a.run_id, e.evaluation_id, a.split, a.length, a.accuracy
+           FROM accuracies_v1 a JOIN evaluations e ON e.run_id = a.run_id AND e.is_original = 1"""
+    ).rowcount
+    stored = connection.execute("SELECT count(*) FROM accuracies_v1").fetchone()[0]
+    if copied != stored:
+        raise CheBenchError(f"{stored - copied} stored accuracies belong to no run")
+    connection.execute("DROP TABLE accuracies_v1")
+    connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+    connection.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('upgraded_from_1_at', ?)",
+                       (_now(),))
+
+
+def _protocol_fields() -> tuple[str, ...]:
+    from che_bench.config import EVALUATION_FIELDS
+
+    return EVALUATION_FIELDS
+
+
+def _checked_protocol(protocol: Any, run_id: str | None = None) -> dict[str, Any]:
+    """``protocol`` as plain JSON data with exactly the evaluation fields, or a CheBenchError."""
+    whose = f"run {run_id}: " if run_id else ""
+    fields = set(_protocol_fields())
+    if not isinstance(protocol, dict) or set(protocol) != fields:
+        given = sorted(protocol) if isinstance(protocol, dict) else type(protocol).__name__
+        raise CheBenchError(
+            f"{whose}an evaluation protocol has the fields {', '.join(sorted(fields))}; got {given}"
+        )
+    try:
+        return json.loads(json.dumps(protocol))
+    except (TypeError, ValueError) as exc:
+        raise CheBenchError(f"{whose}evaluation protocol is not JSON data: {exc}") from None
+
+
+def _check_accuracy(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise CheBenchError(f"{name} must be an accuracy in [0, 1], got {value!r}")
+
+
+def _check_curve(split: str, curve: dict[int, float], lengths: list[int]) -> None:
+    """A re-evaluation's curve must hold one accuracy per length of its protocol."""
+    if sorted(curve) != sorted(lengths):
+        raise CheBenchError(
+            f"the {split} accuracies cover lengths {format_lengths(curve)}, the protocol's "
+            f"{split} lengths are {format_lengths(lengths)}"
+        )
+    for length, accuracy in curve.items():
+        _check_accuracy(f"{split} accuracy at length {length}", accuracy)
+
+
+def _delete_evaluation(connection: sqlite3.Connection, run_id: str, evaluation_id: str) -> None:
+    connection.execute("DELETE FROM accuracies WHERE run_id = ? AND evaluation_id = ?",
+                       (run_id, evaluation_id))
+    connection.execute("DELETE FROM evaluations WHERE run_id = ? AND evaluation_id = ?",
+                       (run_id, evaluation_id))
+
+
+def _insert_evaluation(
+    connection: sqlite3.Connection,
+    run_id: str,
+    evaluation_id: str,
+    protocol: dict[str, Any],
+    *,
+    is_original: bool,
+    score: float | None,
+    train_accuracy: float | None,
+    per_length: dict[int, float],
+    train_per_length: dict[int, float],
+    device: str,
+    versions: dict[str, str],
+    timings: dict[str, float],
+) -> None:
+    connection.execute(
+        """INSERT INTO evaluations (run_id, evaluation_id, protocol, is_original, score,
+                                    train_accuracy, device, versions, timings, created_at)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        (run_id, evaluation_id, json.dumps(protocol), int(is_original), score, train_accuracy,
+         device, json.dumps(versions), json.dumps(timings), _now()),
+    )
+    accuracies = [(run_id, evaluation_id, "test", n, acc) for n, acc in per_length.items()]
+    accuracies += [(run_id, evaluation_id, "train", n, acc) for n, acc in train_per_length.items()]
+    connection.executemany(
+        "INSERT INTO accuracies (run_id, evaluation_id, split, length, accuracy) VALUES (?, ?, ?, ?, ?)",
+        accuracies,
+    )
+
+
+def _selected(frame: pd.DataFrame, run_ids: Iterable[str] | None) -> pd.DataFrame:
+    """``frame`` with plain-int kernels, restricted to ``run_ids`` when given."""
+    frame["kernel"] = _nullable_ints(frame["kernel"])
+    if run_ids is not None:
+        frame = frame[frame["run_id"].isin(set(run_ids))]
+    return frame.reset_index(drop=True)
 
 
 def _nullable_ints(column: pd.Series) -> pd.Series:

@@ -4,15 +4,23 @@ only exercise the aggregation; not results of any model)."""
 from __future__ import annotations
 
 import io
+import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_store import synthetic_result
+from test_store import reevaluation, synthetic_result
 
+from che_bench import reports
+from che_bench.cli import main
 from che_bench.errors import CheBenchError
+from che_bench.kept_models import model_path, models_dir_for
 from che_bench.plotting import plot_accuracy
 from che_bench.reports import encoding_label, export_frame, format_table, summarize
 from che_bench.store import ResultStore
+from che_bench.tasks import get_task, list_tasks
+
+REPOSITORY = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -45,7 +53,9 @@ def test_cells_are_max_and_mean_over_complete_runs(store):
     assert k3["std"] == pytest.approx(14.1421, abs=1e-3)
     assert k3["n"] == 2
     assert k3["paper"] == pytest.approx(99.65)
-    assert k3["diff"] == pytest.approx(80.0 - 99.65)
+    # smoke runs: the published value is shown, no difference
+    assert not k3["comparable"] and math.isnan(k3["diff"])
+    assert k3["differences"][:3] == ("preset smoke", "20 steps", "1 layer")
     # the failed (90%) and the crashed run do not count
     even = cells.loc[("even_pairs", "Kerple")]
     assert (even["max"], even["n"], even["paper"]) == (pytest.approx(70.0), 1, pytest.approx(57.50))
@@ -102,3 +112,141 @@ def test_plot_writes_a_png(store, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(CheBenchError):
         plot_accuracy(store, tmp_path / "x.png", tasks=["bucket_sort"])
+
+
+def test_paper_difference_only_where_the_published_protocol_was_followed(tmp_path):
+    store = ResultStore(tmp_path / "s.sqlite")
+    store.record(synthetic_result("missing_duplicate", "kerple", 3, score=0.90, preset="paper"))
+    store.record(synthetic_result("missing_duplicate", "kerple", None, score=0.85, preset="paper",
+                                  steps=1000))
+    store.record(synthetic_result("even_pairs", "alibi", None, score=0.60, preset="quick"))
+    cells = summarize(store, compare="paper").set_index(["task", "column"])
+    paper_run = cells.loc[("missing_duplicate_string", "DAPE_k3_Kerple")]
+    assert paper_run["comparable"] and paper_run["diff"] == pytest.approx(90.0 - 99.65)
+    assert paper_run["differences"] == ()
+    short = cells.loc[("missing_duplicate_string", "Kerple")]
+    assert not short["comparable"] and short["differences"] == ("1000 steps",)
+    quick = cells.loc[("even_pairs", "ALiBi")]
+    assert quick["differences"][:3] == ("preset quick", "1500 steps", "2 layers")
+
+    text = format_table(store, compare="paper")
+    assert "99.65 (-9.65)" in text
+    assert "79.06 (not comparable: 1000 steps)" in text
+    assert "73.52 (not comparable: preset quick, 1500 steps, 2 layers, +4 more)" in text
+    assert "-13.52" not in text  # 60.00 - 73.52 is not shown for the quick run
+    assert "reference code keeps dropout on" in text
+
+    csv = pd.read_csv(io.StringIO(format_table(store, compare="paper", fmt="csv"))).set_index("task")
+    row = csv.loc["missing_duplicate_string"]
+    assert row["DAPE_k3_Kerple diff"] == pytest.approx(90.0 - 99.65)
+    assert bool(row["DAPE_k3_Kerple comparable"]) and not bool(row["Kerple comparable"])
+    assert math.isnan(row["Kerple diff"]) and row["Kerple paper"] == pytest.approx(79.06)
+    assert math.isnan(csv.loc["even_pairs", "ALiBi diff"])
+
+
+def test_dropout_at_eval_runs_compare_without_the_dropout_note(tmp_path):
+    store = ResultStore(tmp_path / "s.sqlite")
+    store.record(synthetic_result("even_pairs", "alibi", score=0.8, preset="paper", dropout_at_eval=True))
+    text = format_table(store, compare="paper")
+    assert "73.52 (+6.48)" in text
+    assert "keeps dropout on" not in text
+
+
+def test_chance_is_that_of_the_run_s_own_task_parameters(tmp_path):
+    store = ResultStore(tmp_path / "s.sqlite")
+    store.record(synthetic_result("cycle_navigation", "alibi", task_params={"cycle_length": 7}))
+    store.record(synthetic_result("cycle_navigation", "alibi"))
+    chances = dict(zip(summarize(store)["task"], summarize(store)["chance"]))
+    assert chances == {"cycle_navigation(cycle_length=7)": pytest.approx(100 / 7),
+                       "cycle_navigation": pytest.approx(20.0)}
+    assert "14.3" in format_table(store)
+
+
+def test_chance_is_one_over_the_classes_as_the_readme_says():
+    # The README's list: 20% for these, 33.3% for these, 50% for every other CHE task.
+    readme = " ".join((REPOSITORY / "README.md").read_text().split())
+    stated = {20.0: ["modular-arithmetic", "cycle navigation", "solve equation", "bucket sort"],
+              33.3: ["stack manipulation", "binary addition", "binary multiplication"]}
+    for words in stated.values():
+        for word in words:
+            assert word in readme
+    for name in list_tasks():
+        task = get_task(name)
+        if task.level == "recall":
+            continue
+        expected = next((c for c, words in stated.items()
+                         if any(w.replace("-", "_").replace(" ", "_") in name for w in words)), 50.0)
+        assert round(100 * task.chance, 1) == expected, name
+
+
+def test_the_packaged_paper_table_is_the_reference_copy(monkeypatch, tmp_path):
+    packaged = REPOSITORY / "che_bench" / "data" / "dape_v2_table6.csv"
+    assert packaged.read_bytes() == (REPOSITORY / reports.PAPER_TABLE_FILE).read_bytes()
+    assert reports.load_paper_table().at["even_pairs", "Kerple"] == pytest.approx(57.50)
+    monkeypatch.setattr(reports, "PAPER_TABLE_RESOURCE", ("data", "missing.csv"))
+    store = ResultStore(tmp_path / "s.sqlite")
+    store.record(synthetic_result())
+    with pytest.raises(CheBenchError, match="missing from this installation"):
+        format_table(store, compare="paper")
+    assert "Kerple" in format_table(store)  # without --compare, no published table needed
+
+
+def test_tables_exports_and_plots_of_a_reevaluation(store, tmp_path):
+    best = store.runs().set_index("score").loc[0.80]
+    result = synthetic_result("missing_duplicate", "kerple", 3, seed=1, score=0.80)
+    assert result.run_id == best["run_id"]
+    evaluation = store.record_evaluation(result.run_id, **reevaluation(result, accuracy=0.30,
+                                                                       dropout_at_eval=True))
+    cells = summarize(store, evaluation=evaluation)
+    assert cells[["task", "column", "max", "n"]].values.tolist() == [
+        ["missing_duplicate_string", "DAPE_k3_Kerple", pytest.approx(30.0), 1]]
+    text = format_table(store, evaluation=evaluation)
+    assert f"scores of evaluation {evaluation} (test lengths 41..1000 (2 lengths)" in text
+    assert "dropout at eval" in text
+    assert "scores of evaluation" not in format_table(store)
+
+    runs = export_frame(store, evaluation=evaluation)
+    assert runs[["run_id", "evaluation", "score", "test_lengths", "eval_device"]].values.tolist() == [
+        [result.run_id, evaluation, 0.30, "[41, 1000]", "synthetic-gpu"]]
+    assert export_frame(store)["evaluation"].notna().sum() == 4  # the complete runs' originals
+    curves = export_frame(store, per_length=True, evaluation=evaluation)
+    assert set(curves["evaluation"]) == {evaluation}
+    assert sorted(curves.loc[curves["split"] == "test", "length"]) == [41, 1000]
+    assert plot_accuracy(store, tmp_path / "re.png", evaluation=evaluation).is_file()
+    with pytest.raises(CheBenchError, match="unknown evaluation"):
+        plot_accuracy(store, tmp_path / "x.png", evaluation="0123456789")
+
+
+def test_cli_evaluation_flag_export_to_stdout_and_listings(store, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    path = str(store.path)
+    result = synthetic_result("missing_duplicate", "kerple", 3, seed=1, score=0.80)
+    evaluation = store.record_evaluation(result.run_id, **reevaluation(result))
+
+    assert main(["export", "--store", path, "--out", "-", "--evaluation", evaluation]) == 0
+    exported = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert exported["evaluation"].tolist() == [evaluation]
+    assert not (tmp_path / "-").exists()
+
+    assert main(["table", "--store", path, "--evaluation", evaluation]) == 0
+    assert f"scores of evaluation {evaluation}" in capsys.readouterr().out
+    assert main(["table", "--store", path, "--evaluation", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown evaluation 'nope'" in err and evaluation in err
+
+    assert main(["evaluations", "--store", path, "--run", result.run_id]) == 0
+    listing = capsys.readouterr().out
+    assert evaluation in listing and "re-evaluation" in listing and "original" in listing
+    assert "test lengths 41..1000" in listing
+    assert main(["evaluations", "--store", path, "--run", "nonexistent"]) == 2
+    assert "no run nonexistent" in capsys.readouterr().err
+
+    kept = model_path(models_dir_for(store.path), result.run_id)
+    kept.parent.mkdir()
+    kept.write_bytes(b"a kept model (stand-in)")
+    assert main(["runs", "--store", path]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "model" in next(line for line in lines if "run id" in line)
+    rows = [line for line in lines if "smoke" in line]
+    assert [("kept" in line) for line in rows] == [run_id == result.run_id for run_id in
+                                                   store.runs()["run_id"]]

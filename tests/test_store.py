@@ -1,4 +1,5 @@
-"""ResultStore: creation, refusal of foreign files, atomic writes, several writer processes.
+"""ResultStore: creation, refusal of foreign files, atomic writes, several writer processes,
+re-evaluations, and the upgrade of version-1 stores.
 
 The RunResults here are SYNTHETIC fixtures (made-up accuracies), used only to test the
 bookkeeping; they are not results of any model.
@@ -6,13 +7,16 @@ bookkeeping; they are not results of any model.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
 import sqlite3
 
 import pytest
 
+from che_bench import store as store_module
 from che_bench.errors import CheBenchError
-from che_bench.config import RunResult, make_config
+from che_bench.config import RunResult, make_config, protocol_id
 from che_bench.store import APPLICATION_ID, ResultStore
 
 
@@ -23,10 +27,11 @@ def synthetic_result(
     seed: int = 0,
     score: float = 0.5,
     status: str = "complete",
+    preset: str = "smoke",
     **overrides,
 ) -> RunResult:
     """A made-up complete run: every test length has accuracy ``score``."""
-    config = make_config(task, pe, kernel, "smoke", seed=seed, **overrides)
+    config = make_config(task, pe, kernel, preset, seed=seed, **overrides)
     complete = status == "complete"
     return RunResult(
         run_id=config.run_id(),
@@ -138,3 +143,250 @@ def test_several_writer_processes(tmp_path):
     assert len(store.per_length()) == sum(
         len(r.per_length) + len(r.train_per_length) for batch in batches for r in batch
     )
+
+
+def reevaluation(result: RunResult, test_lengths=(41, 1000), accuracy: float = 0.25, **changes) -> dict:
+    """Keyword arguments of ``record_evaluation`` for a made-up (SYNTHETIC) re-evaluation of
+    ``result``'s model under its protocol with ``test_lengths`` and ``changes``."""
+    protocol = dict(result.config.evaluation_protocol(), test_lengths=list(test_lengths), **changes)
+    return dict(
+        protocol=protocol, score=accuracy, train_accuracy=0.95,
+        per_length={n: accuracy for n in test_lengths},
+        train_per_length={n: 0.95 for n in protocol["train_eval_lengths"]},
+        device="synthetic-gpu", versions={"che_bench": "synthetic"}, timings={"eval_s": 2.0},
+    )
+
+
+def test_reevaluations_are_kept_beside_the_original(tmp_path):
+    store = ResultStore(tmp_path / "s.sqlite")
+    first, second = synthetic_result(seed=0, score=0.6), synthetic_result(seed=1, score=0.7)
+    for result in (first, second):
+        store.record(result)
+    original_id = protocol_id(first.config.evaluation_protocol())
+    evaluation = store.record_evaluation(first.run_id, **reevaluation(first, dropout_at_eval=True))
+    assert evaluation == protocol_id(reevaluation(first, dropout_at_eval=True)["protocol"])
+    assert evaluation != original_id
+
+    # "original": every run with its own score; the protocol id: only the runs evaluated under it
+    runs = store.runs()
+    assert dict(zip(runs["run_id"], runs["score"])) == {first.run_id: 0.6, second.run_id: 0.7}
+    assert runs["evaluation"].tolist() == [original_id, original_id]
+    chosen = store.runs(evaluation=evaluation)
+    assert chosen["run_id"].tolist() == [first.run_id]
+    assert chosen["score"].tolist() == [0.25]
+    assert chosen["eval_device"].tolist() == ["synthetic-gpu"]
+    assert json.loads(chosen["protocol"][0])["test_lengths"] == [41, 1000]
+    curve = store.per_length(evaluation=evaluation)
+    assert set(curve["evaluation"]) == {evaluation}
+    assert sorted(curve.loc[curve["split"] == "test", "length"]) == [41, 1000]
+    assert set(store.per_length()["evaluation"]) == {original_id}
+
+    listing = store.evaluations()
+    assert len(listing) == 3
+    row = listing[~listing["original"]].iloc[0]
+    assert (row["run_id"], row["evaluation"], row["score"]) == (first.run_id, evaluation, 0.25)
+    assert row["protocol"].startswith("test lengths 41..1000 (2 lengths), 8 samples")
+    assert row["protocol"].endswith("dropout at eval")
+    assert store.evaluations([second.run_id])["original"].tolist() == [True]
+
+    # the same (run, protocol) again replaces it; re-recording the run keeps it
+    store.record_evaluation(first.run_id, **reevaluation(first, accuracy=0.5, dropout_at_eval=True))
+    store.record(first)
+    assert store.runs(evaluation=evaluation)["score"].tolist() == [0.5]
+    assert len(store.evaluations()) == 3
+    assert len(store.per_length(evaluation=evaluation)) == 2 + len(first.train_per_length)
+
+
+def test_bad_reevaluations_are_refused_and_change_nothing(tmp_path):
+    store = ResultStore(tmp_path / "s.sqlite")
+    done, failed = synthetic_result(seed=0), synthetic_result(seed=1, status="failed")
+    store.record(done)
+    store.record(failed)
+    before = store.evaluations()
+    bad = {
+        "no run": ("nonexistent", reevaluation(done)),
+        "not complete": (failed.run_id, reevaluation(done)),
+        "original evaluation": (done.run_id, reevaluation(done, done.config.test_lengths)),
+        "lengths": (done.run_id, dict(reevaluation(done), per_length={41: 0.5})),
+        "fields": (done.run_id, dict(reevaluation(done), protocol={"test_lengths": [41]})),
+        r"\[0, 1\]": (done.run_id, dict(reevaluation(done), score=float("nan"))),
+    }
+    for match, (run_id, arguments) in bad.items():
+        with pytest.raises(CheBenchError, match=match):
+            store.record_evaluation(run_id, **arguments)
+    assert before.equals(store.evaluations())
+    with pytest.raises(CheBenchError, match=r"unknown evaluation 'abc'.*known: original, [0-9a-f]{10}"):
+        store.runs(evaluation="abc")
+    with pytest.raises(CheBenchError, match="unknown evaluation"):
+        store.per_length(evaluation="abc")
+
+
+# The schema of version-1 stores, verbatim (che-bench before evaluations were stored): a
+# fixture for the upgrade, deliberately not derived from the current schema.
+V1_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY,
+    task TEXT NOT NULL,
+    pe TEXT NOT NULL,
+    kernel INTEGER,
+    seed INTEGER NOT NULL,
+    lr REAL NOT NULL,
+    steps INTEGER NOT NULL,
+    preset TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('started', 'complete', 'failed')),
+    score REAL,
+    train_accuracy REAL,
+    config TEXT NOT NULL,
+    versions TEXT,
+    device TEXT,
+    timings TEXT,
+    details TEXT,
+    error TEXT,
+    attempts INTEGER NOT NULL DEFAULT 1,
+    created_at TEXT NOT NULL,
+    finished_at TEXT
+);
+CREATE TABLE accuracies (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    split TEXT NOT NULL CHECK (split IN ('test', 'train')),
+    length INTEGER NOT NULL,
+    accuracy REAL NOT NULL,
+    PRIMARY KEY (run_id, split, length)
+);
+"""
+
+
+def v1_store(path, results: list[RunResult]):
+    """A version-1 store written with plain sqlite3, as che-bench 0.1 wrote it, each complete
+    result's curves in ``accuracies``."""
+    with sqlite3.connect(path, isolation_level=None) as connection:
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.executescript(V1_SCHEMA)
+        connection.executemany("INSERT INTO meta VALUES (?, ?)", [
+            ("application", "che-bench"), ("schema_version", "1"), ("created_at", "2024-01-01")])
+        connection.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        for number, result in enumerate(results):
+            c = result.config
+            connection.execute(
+                """INSERT INTO runs (run_id, task, pe, kernel, seed, lr, steps, preset, status,
+                   score, train_accuracy, config, versions, device, timings, error, created_at,
+                   finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                (result.run_id, c.task, c.pe, c.kernel, c.seed, c.lr, c.steps, c.preset,
+                 result.status, result.score, result.train_accuracy, json.dumps(c.to_dict()),
+                 json.dumps(result.versions), result.device, json.dumps(result.timings),
+                 result.error, f"2024-01-01T00:00:0{number}", "2024-01-02T00:00:00"),
+            )
+            curves = [("test", n, a) for n, a in result.per_length.items()]
+            curves += [("train", n, a) for n, a in result.train_per_length.items()]
+            connection.executemany("INSERT INTO accuracies VALUES (?, ?, ?, ?)",
+                                   [(result.run_id, *curve) for curve in curves])
+    return path
+
+
+def dump(path) -> list[str]:
+    with sqlite3.connect(path) as connection:
+        return list(connection.iterdump())
+
+
+def v1_results() -> list[RunResult]:
+    return [synthetic_result(seed=0, score=0.6), synthetic_result("parity_check", kernel=3, score=0.8),
+            synthetic_result(seed=2, status="failed")]
+
+
+def test_a_version_1_store_is_upgraded_in_place_with_nothing_lost(tmp_path):
+    results = v1_results()
+    path = v1_store(tmp_path / "v1.sqlite", results)
+    store = ResultStore(path)
+    with sqlite3.connect(path) as connection:
+        assert connection.execute(
+            "SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+        assert connection.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+
+    runs = store.runs().set_index("run_id")
+    assert list(runs.index) == [result.run_id for result in results]
+    assert list(runs["status"]) == ["complete", "complete", "failed"]
+    assert list(runs["score"][:2]) == [0.6, 0.8]
+    assert runs["error"].iloc[2] == "synthetic failure"
+    curves = store.per_length()
+    for result in results[:2]:
+        mine = curves[curves["run_id"] == result.run_id]
+        test, train = mine[mine["split"] == "test"], mine[mine["split"] == "train"]
+        assert dict(zip(test["length"], test["accuracy"])) == result.per_length
+        assert dict(zip(train["length"], train["accuracy"])) == result.train_per_length
+        # the upgrade's original evaluation has the id a fresh record() would give
+        assert set(mine["evaluation"]) == {protocol_id(result.config.evaluation_protocol())}
+    listing = store.evaluations()
+    assert sorted(listing["run_id"]) == sorted(r.run_id for r in results[:2])
+    assert listing["original"].all()
+    assert listing["device"].tolist() == ["synthetic", "synthetic"]
+    # the upgraded store takes new runs and re-evaluations, and opens again as it is
+    store.record_evaluation(results[0].run_id, **reevaluation(results[0]))
+    store.record(synthetic_result(seed=5))
+    assert len(ResultStore(path).runs()) == 4
+
+
+def _upgrade_then_crash(path: str) -> None:
+    """Child process: die (no rollback, no cleanup) in the middle of the upgrade, when the new
+    tables exist and the first run's evaluation is written."""
+    calls = []
+    real_protocol_id = store_module._protocol_id
+
+    def protocol_id_then_crash(protocol):
+        calls.append(protocol)
+        if len(calls) == 2:
+            os._exit(9)
+        return real_protocol_id(protocol)
+
+    store_module._protocol_id = protocol_id_then_crash
+    ResultStore(path)
+
+
+def test_an_interrupted_or_failing_upgrade_leaves_the_version_1_store_intact(tmp_path):
+    path = v1_store(tmp_path / "v1.sqlite", v1_results())
+    before = dump(path)
+    child = multiprocessing.get_context("fork").Process(target=_upgrade_then_crash, args=(str(path),))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 9
+    assert dump(path) == before
+
+    # a config without an evaluation field: the upgrade fails cleanly
+    bad = v1_store(tmp_path / "old.sqlite", v1_results())
+    with sqlite3.connect(bad) as connection:
+        connection.execute("UPDATE runs SET config = json_remove(config, '$.test_lengths') "
+                           "WHERE status = 'complete' AND task = 'parity_check'")
+    bad_before = dump(bad)
+    with pytest.raises(CheBenchError, match="cannot upgrade .* schema version 1 .*unchanged"):
+        ResultStore(bad)
+    assert dump(bad) == bad_before
+    # after the crash, the next open upgrades the store
+    assert len(ResultStore(path).per_length()) == sum(
+        len(r.per_length) + len(r.train_per_length) for r in v1_results())
+
+
+def test_newer_stores_are_refused_untouched(tmp_path):
+    path = tmp_path / "future.sqlite"
+    ResultStore(path)
+    with sqlite3.connect(path) as connection:
+        connection.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    before = dump(path)
+    with pytest.raises(CheBenchError, match="schema version 3"):
+        ResultStore(path)
+    assert dump(path) == before
+
+
+def _open_store(path: str) -> None:
+    ResultStore(path).runs()
+
+
+def test_several_processes_opening_a_version_1_store_upgrade_it_once(tmp_path):
+    path = v1_store(tmp_path / "v1.sqlite", v1_results())
+    context = multiprocessing.get_context("fork")
+    openers = [context.Process(target=_open_store, args=(str(path),)) for _ in range(3)]
+    for opener in openers:
+        opener.start()
+    for opener in openers:
+        opener.join(60)
+        assert opener.exitcode == 0
+    assert len(ResultStore(path).evaluations()) == 2

@@ -1,4 +1,5 @@
-"""``che-bench table``, ``export``, ``plot`` and ``runs``: read the result store."""
+"""``che-bench table``, ``export``, ``plot``, ``report``, ``runs`` and ``evaluations``: read the
+result store."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     table.add_argument("--format", dest="fmt", choices=FORMATS, default="text")
     table.add_argument("--task", action="append", dest="tasks", metavar="TASK",
                        help="only this task (repeatable)")
+    _add_evaluation_argument(table)
     _add_store_argument(table)
     table.set_defaults(handler=table_command)
 
@@ -24,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--format", choices=["csv"], default="csv")
     export.add_argument("--per-length", action="store_true",
                         help="one row per run, split (test/train) and length")
-    export.add_argument("--out", help="output file (default: standard output)")
+    export.add_argument("--out", help="output file (default or '-': standard output)")
+    _add_evaluation_argument(export)
     _add_store_argument(export)
     export.set_defaults(handler=export_command)
 
@@ -32,17 +35,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plot.add_argument("--task", action="append", dest="tasks", metavar="TASK",
                       help="only this task (repeatable; default every task in the store)")
     plot.add_argument("--out", required=True, help="image file, e.g. accuracy.png")
+    _add_evaluation_argument(plot)
     _add_store_argument(plot)
     plot.set_defaults(handler=plot_command)
+
+    report = subparsers.add_parser(
+        "report", help="one self-contained HTML page: table, figures, what ran, how to reproduce"
+    )
+    selection = report.add_mutually_exclusive_group()
+    selection.add_argument("--suite", help="the runs of this suite file (or name in tasks/)")
+    selection.add_argument("--task", action="append", dest="tasks", metavar="TASK",
+                           help="the runs of this task (repeatable)")
+    selection.add_argument("--run", action="append", dest="run_ids", metavar="RUN_ID",
+                           help="this run (repeatable; default: every run in the store)")
+    report.add_argument("--out", required=True, help="HTML file, e.g. report.html")
+    _add_evaluation_argument(report)
+    _add_store_argument(report)
+    report.set_defaults(handler=report_command)
 
     runs = subparsers.add_parser("runs", help="list the store's runs and their status")
     _add_store_argument(runs)
     runs.set_defaults(handler=runs_command)
 
+    evaluations = subparsers.add_parser(
+        "evaluations", help="list the store's evaluations (original and re-evaluations) and their ids"
+    )
+    evaluations.add_argument("--run", action="append", dest="run_ids", metavar="RUN_ID",
+                             help="only this run's evaluations (repeatable)")
+    _add_store_argument(evaluations)
+    evaluations.set_defaults(handler=evaluations_command)
+
 
 def _add_store_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", help="result store (default $CHE_BENCH_STORE or "
                         "results/che-bench.sqlite)")
+
+
+def _add_evaluation_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--evaluation", default="original", metavar="ID|original",
+                        help="whose scores: each run's original evaluation (default) or the "
+                             "re-evaluations with this id (see `che-bench evaluations`)")
 
 
 def _existing_store(path: str | None):
@@ -56,7 +88,8 @@ def _existing_store(path: str | None):
 
 
 def _write_text(text: str, out: str | None) -> None:
-    if out is None:
+    """``text`` to file ``out``, or to standard output when ``out`` is None or "-"."""
+    if out is None or out == "-":
         sys.stdout.write(text)
         return
     try:
@@ -69,7 +102,8 @@ def table_command(args: argparse.Namespace) -> int:
     from che_bench.reports import format_table
 
     store = _existing_store(args.store)
-    sys.stdout.write(format_table(store, tasks=args.tasks, compare=args.compare, fmt=args.fmt))
+    sys.stdout.write(format_table(store, tasks=args.tasks, compare=args.compare, fmt=args.fmt,
+                                  evaluation=args.evaluation))
     return 0
 
 
@@ -77,7 +111,8 @@ def export_command(args: argparse.Namespace) -> int:
     from che_bench.reports import export_frame
 
     store = _existing_store(args.store)
-    _write_text(export_frame(store, per_length=args.per_length).to_csv(index=False), args.out)
+    frame = export_frame(store, per_length=args.per_length, evaluation=args.evaluation)
+    _write_text(frame.to_csv(index=False), args.out)
     return 0
 
 
@@ -85,38 +120,100 @@ def plot_command(args: argparse.Namespace) -> int:
     from che_bench.plotting import plot_accuracy
 
     store = _existing_store(args.store)
-    path = plot_accuracy(store, args.out, tasks=args.tasks)
+    path = plot_accuracy(store, args.out, tasks=args.tasks, evaluation=args.evaluation)
+    print(f"wrote {path}")
+    return 0
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from che_bench.html_report import write_report
+
+    store = _existing_store(args.store)
+    path = write_report(store, args.out, suite=args.suite, tasks=args.tasks, run_ids=args.run_ids,
+                        evaluation=args.evaluation)
     print(f"wrote {path}")
     return 0
 
 
 def runs_command(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    from che_bench.kept_models import model_path, models_dir_for
     from che_bench.reports import encoding_label
 
     store = _existing_store(args.store)
     runs = store.runs()
+    models_dir = models_dir_for(store.path)
     table = Table(title=f"runs in {store.path}")
     numeric = {"seed", "lr", "steps", "score %", "in-dist. %"}
     for column in ("run id", "task", "encoding", "seed", "lr", "steps", "preset", "status",
-                   "score %", "in-dist. %", "finished / error"):
+                   "score %", "in-dist. %", "model", "finished / error"):
         table.add_column(column, justify="right" if column in numeric else "left", no_wrap=True)
     styles = {"complete": "green", "failed": "red", "started": "yellow"}
     for run in runs.itertuples(index=False):
         status = "started (incomplete)" if run.status == "started" else run.status
         table.add_row(
-            run.run_id, run.task, encoding_label(run.pe, run.kernel), str(run.seed), f"{run.lr:g}",
-            str(run.steps), run.preset, f"[{styles[run.status]}]{status}[/]",
+            escape(run.run_id), escape(run.task), escape(encoding_label(run.pe, run.kernel)),
+            str(run.seed), f"{run.lr:g}", str(run.steps), escape(run.preset),
+            f"[{styles[run.status]}]{status}[/]",
             _percent(run.score), _percent(run.train_accuracy),
-            run.error if run.status == "failed" else (run.finished_at or ""),
+            "kept" if model_path(models_dir, run.run_id).is_file() else "-",
+            escape(_text(run.error if run.status == "failed" else run.finished_at)),
         )
-    console = Console(width=None if sys.stdout.isatty() else 240)
+    console = _console()
     console.print(table)
     counts = runs["status"].value_counts().to_dict()
     console.print(", ".join(f"{counts.get(s, 0)} {s}" for s in ("complete", "failed", "started")))
     return 0
+
+
+def evaluations_command(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from che_bench.reports import encoding_label
+
+    store = _existing_store(args.store)
+    runs = store.runs().set_index("run_id")
+    unknown = sorted(set(args.run_ids or ()) - set(runs.index))
+    if unknown:
+        raise CheBenchError(f"no run {', '.join(unknown)} in {store.path}")
+    evaluations = store.evaluations(args.run_ids)
+    table = Table(title=f"evaluations in {store.path}")
+    for column in ("evaluation", "run id", "task", "encoding", "seed", "kind", "protocol",
+                   "score %", "in-dist. %", "device", "evaluated"):
+        table.add_column(column, justify="right" if column.endswith("%") or column == "seed"
+                         else "left", no_wrap=column != "protocol")
+    for evaluation in evaluations.itertuples(index=False):
+        run = runs.loc[evaluation.run_id]
+        table.add_row(
+            evaluation.evaluation, escape(evaluation.run_id), escape(run.task),
+            escape(encoding_label(run.pe, run.kernel)), str(run.seed),
+            "original" if evaluation.original else "re-evaluation", escape(evaluation.protocol),
+            _percent(evaluation.score), _percent(evaluation.train_accuracy),
+            escape(_text(evaluation.device)), escape(evaluation.created_at),
+        )
+    console = _console()
+    console.print(table)
+    reevaluated = evaluations[~evaluations["original"]]
+    console.print(
+        f"{len(evaluations)} evaluations of {evaluations['run_id'].nunique()} runs: "
+        f"{len(reevaluated)} re-evaluations under {reevaluated['evaluation'].nunique()} protocol(s)"
+        " (select one with --evaluation ID)"
+    )
+    return 0
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 240)
+
+
+def _text(value: str | float | None) -> str:
+    """A stored text, or "" for NULL (None, or NaN in a pandas column)."""
+    return "" if value is None or value != value else str(value)
 
 
 def _percent(value: float | None) -> str:

@@ -1,0 +1,391 @@
+"""``che-bench report``: one self-contained, static HTML page about a selection of runs.
+
+The page holds the CHE table (``reports.display_table``), one accuracy-versus-length figure per
+task (``plotting.task_panel_png``, embedded as base64 PNG data URIs), what ran (presets, steps,
+versions, devices, statuses, failures) and the commands that reproduce it. It loads nothing:
+no external CSS, scripts, fonts or images, and its Content-Security-Policy forbids every fetch
+but its own inline style, its one tiny script and data: images. Every string taken from the
+store is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import html
+import json
+import shlex
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from che_bench.errors import CheBenchError
+from che_bench.protocol import preset_settings
+from che_bench.reports import display_table, encoding_label, paper_table_or_none
+from che_bench.store import ORIGINAL, ResultStore, describe_protocol
+
+#: Up to this many runs, the page lists one ``che-bench run`` command per run.
+MAX_RUN_COMMANDS = 10
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; color: #222; max-width: 80em; margin: 2em auto;
+       padding: 0 1em; line-height: 1.4; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+.wide { overflow-x: auto; }
+table { border-collapse: collapse; font-size: 0.85em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: right; vertical-align: top; }
+th { background: #f2f2f2; }
+th.text, td.text { text-align: left; }
+figure { display: inline-block; margin: 0.5em; }
+img { max-width: 100%; height: auto; }
+pre { background: #f6f6f6; padding: 0.5em; white-space: pre-wrap; word-break: break-all; }
+.notes { font-size: 0.85em; color: #444; }
+@media print {
+  body { max-width: none; margin: 0; font-size: 9pt; }
+  .wide { overflow: visible; }
+  h2 { break-after: avoid; }
+  figure, tr, pre { break-inside: avoid; }
+}
+"""
+#: Records, once the page has loaded, how many images decoded (``data-images-loaded="3/3"`` on
+#: the body): the browser test reads it. It touches nothing else and needs no network.
+_SCRIPT = (
+    'addEventListener("load", function () { var all = document.images, ok = 0;'
+    " for (var i = 0; i < all.length; i++) { if (all[i].complete && all[i].naturalWidth > 0) ok++; }"
+    ' document.body.setAttribute("data-images-loaded", ok + "/" + all.length); });'
+)
+
+
+def _csp_hash(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+_CONTENT_SECURITY_POLICY = (
+    f"default-src 'none'; img-src data:; style-src {_csp_hash(_STYLE)}; "
+    f"script-src {_csp_hash(_SCRIPT)}"
+)
+
+
+def select_runs(
+    store: ResultStore,
+    *,
+    suite: str | None = None,
+    tasks: Iterable[str] | None = None,
+    run_ids: Iterable[str] | None = None,
+) -> tuple[pd.DataFrame, str]:
+    """The runs (``store.runs()`` rows, every status) of a suite file, of some tasks, with
+    some run ids, or (none given) the whole store, and a title for them. Selecting nothing is a
+    CheBenchError."""
+    if sum(choice is not None for choice in (suite, tasks, run_ids)) > 1:
+        raise CheBenchError("select runs by one of --suite, --task or --run")
+    runs = store.runs()
+    if suite is not None:
+        from che_bench.suites import load_suite
+
+        loaded = load_suite(suite)
+        wanted = [config.run_id() for config in loaded.configs()]
+        runs = runs[runs["run_id"].isin(wanted)]
+        title, missing = f"suite {loaded.name}", f"of suite {loaded.path} ({len(wanted)} runs)"
+    elif tasks is not None:
+        from che_bench.tasks import get_task
+
+        names = sorted({get_task(name).name for name in tasks})
+        runs = runs[runs["task"].isin(names)]
+        title = missing = f"task{'s' if len(names) > 1 else ''} {', '.join(names)}"
+    elif run_ids is not None:
+        run_ids = list(dict.fromkeys(run_ids))
+        unknown = sorted(set(run_ids) - set(runs["run_id"]))
+        if unknown:
+            raise CheBenchError(f"no run {', '.join(unknown)} in {store.path}")
+        runs = runs[runs["run_id"].isin(run_ids)]
+        title = missing = f"run{'s' if len(run_ids) > 1 else ''} {', '.join(run_ids)}"
+    else:
+        title, missing = f"all runs in {store.path.name}", "at all"
+    if runs.empty:
+        raise CheBenchError(f"no runs {missing} in {store.path}: nothing to report")
+    return runs.reset_index(drop=True), title
+
+
+def render_report(
+    store: ResultStore,
+    *,
+    suite: str | None = None,
+    tasks: Iterable[str] | None = None,
+    run_ids: Iterable[str] | None = None,
+    evaluation: str = ORIGINAL,
+) -> str:
+    """The report page (HTML text) of a selection (see ``select_runs``) under ``evaluation``."""
+    from che_bench.plotting import plot_data, task_labels, task_panel_png
+
+    runs, title = select_runs(store, suite=suite, tasks=tasks, run_ids=run_ids)
+    ids = list(runs["run_id"])
+    evaluated = store.runs(ids, evaluation)
+    if evaluation != ORIGINAL and not (evaluated["status"] == "complete").any():
+        raise CheBenchError(f"no complete run of {title} has evaluation {evaluation}")
+    compare = "paper" if paper_table_or_none() is not None else "none"
+    table, notes = display_table(store, run_ids=ids, compare=compare, evaluation=evaluation)
+    figures = []
+    if not table.empty:
+        plotted, curves = plot_data(store, run_ids=ids, evaluation=evaluation)
+        # In the table's row order (by level, then the paper's task order).
+        panels = set(task_labels(plotted))
+        labels = [task for _, task, _ in table.index if task in panels]
+        figures = [(label, task_panel_png(plotted, curves, label)) for label in labels]
+    shown = _shown_evaluation(evaluated, evaluation)
+    sections = [
+        f"<h1>che-bench report: {_e(title)}</h1>",
+        f"<p>Store <code>{_e(store.path)}</code>, generated "
+        f"{dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. Scores: {_e(shown)}.</p>",
+        "<h2>Table</h2>",
+        _table_html(table, notes),
+        "<h2>Accuracy against length</h2>",
+        "".join(_figure_html(label, png) for label, png in figures) or "<p>No complete runs.</p>",
+        "<h2>What ran</h2>",
+        _what_ran_html(store, runs, evaluation),
+        "<h2>Reproduce</h2>",
+        _reproduce_html(store, runs, suite, tasks, run_ids, evaluation, shown),
+    ]
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CONTENT_SECURITY_POLICY}\">\n"
+        f"<title>che-bench report: {_e(title)}</title>\n<style>{_STYLE}</style>\n"
+        f"<script>{_SCRIPT}</script>\n</head>\n<body>\n" + "\n".join(sections) + "\n</body>\n</html>\n"
+    )
+
+
+def write_report(store: ResultStore, out: str | Path, **selection: Any) -> Path:
+    """Render the report (``render_report`` keywords) into file ``out``; returns its path."""
+    out = Path(out)
+    page = render_report(store, **selection)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise CheBenchError(f"cannot write report {out}: {exc.strerror or exc}") from None
+    return out
+
+
+def _e(value: Any) -> str:
+    """HTML-escaped text of any value (every string from the store goes through here)."""
+    return html.escape(str(value), quote=True)
+
+
+def _shown_evaluation(evaluated: pd.DataFrame, evaluation: str) -> str:
+    if evaluation == ORIGINAL:
+        return "each run's original evaluation"
+    summary = describe_protocol(json.loads(evaluated["protocol"].iloc[0]))
+    return f"evaluation {evaluation} ({summary}), a re-evaluation of the kept models"
+
+
+def _table_html(table: pd.DataFrame, notes: list[str]) -> str:
+    if table.empty:
+        return "<p>No complete runs.</p>"
+    frame = table.reset_index().rename(columns={"chance": "chance %"})
+    text_columns = {"level", "task"}
+    header = "".join(
+        f"<th class=\"{'text' if column in text_columns else 'num'}\">{_e(column)}</th>"
+        for column in frame.columns
+    )
+    rows = [
+        "<tr>" + "".join(
+            f"<td class=\"{'text' if column in text_columns else 'num'}\">{_e(value)}</td>"
+            for column, value in zip(frame.columns, row)
+        ) + "</tr>"
+        for row in frame.itertuples(index=False)
+    ]
+    notes_html = "".join(f"<li>{_e(note)}</li>" for note in notes)
+    return (
+        f"<div class=\"wide\"><table id=\"che-table\"><thead><tr>{header}</tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div>\n<ul class=\"notes\">{notes_html}</ul>"
+    )
+
+
+def _figure_html(label: str, png: bytes) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return (
+        f"<figure><img src=\"data:image/png;base64,{data}\" width=\"600\" height=\"400\" "
+        f"alt=\"accuracy against length, {_e(label)}\"></figure>"
+    )
+
+
+def _counts(values: Iterable[Any]) -> str:
+    """``"paper (12), quick (3)"``: the distinct values, most frequent first, with counts."""
+    return ", ".join(f"{value} ({count})" for value, count in Counter(values).most_common()) or "-"
+
+
+def _versions(texts: Iterable[str | None]) -> str:
+    """Every package version recorded by the given runs or evaluations (JSON texts)."""
+    seen: dict[str, set[str]] = {}
+    for text in texts:
+        for package, version in (json.loads(text) if isinstance(text, str) else {}).items():
+            seen.setdefault(package, set()).add(str(version))
+    return ", ".join(f"{package} {' / '.join(sorted(versions))}"
+                     for package, versions in sorted(seen.items())) or "-"
+
+
+def _what_ran_html(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> str:
+    finished = runs[runs["status"] != "started"]
+    statuses = Counter(runs["status"])
+    items = [
+        ("runs", ", ".join(f"{statuses[status]} {status}" for status in ("complete", "failed", "started"))),
+        ("presets", _counts(runs["preset"])),
+        ("training steps", _counts(runs["steps"])),
+        ("devices", _counts(finished["device"].fillna("-"))),
+        ("software", _versions(finished["versions"])),
+    ]
+    if evaluation != ORIGINAL:
+        evaluations = store.evaluations(runs["run_id"])
+        evaluations = evaluations[evaluations["evaluation"] == evaluation]
+        items += [
+            (f"evaluation {evaluation}", f"{len(evaluations)} runs: {evaluations['protocol'].iloc[0]}"),
+            ("evaluation devices", _counts(evaluations["device"].fillna("-"))),
+            ("evaluation software", _versions(evaluations["versions"])),
+        ]
+    started = (runs["status"] == "started").sum()
+    if started:
+        items.append(("not finished", f"{started} started runs have no result (interrupted, or "
+                                      "still running)"))
+    listing = "".join(f"<li><b>{_e(name)}</b>: {_e(value)}</li>" for name, value in items)
+    failed = runs[runs["status"] == "failed"]
+    if failed.empty:
+        return f"<ul>{listing}</ul>"
+    rows = "".join(
+        f"<tr><td class=\"text\">{_e(run.run_id)}</td><td class=\"text\">{_e(run.task)}</td>"
+        f"<td class=\"text\">{_e(encoding_label(run.pe, run.kernel))}</td>"
+        f"<td class=\"num\">{_e(run.seed)}</td><td class=\"text\">{_e(run.error)}</td></tr>"
+        for run in failed.itertuples(index=False)
+    )
+    return (
+        f"<ul>{listing}</ul>\n<h3>Failures</h3>\n<div class=\"wide\"><table id=\"failures\"><thead><tr>"
+        "<th class=\"text\">run id</th><th class=\"text\">task</th><th class=\"text\">encoding</th>"
+        f"<th>seed</th><th class=\"text\">error</th></tr></thead><tbody>{rows}</tbody></table></div>"
+    )
+
+
+def _reproduce_html(store: ResultStore, runs: pd.DataFrame, suite: str | None,
+                    tasks: Iterable[str] | None, run_ids: Iterable[str] | None,
+                    evaluation: str, shown: str) -> str:
+    """The commands that rerun the selection and rebuild this page."""
+    store_args = ["--store", str(store.path)]
+    parts = []
+    if suite is not None:
+        from che_bench.suites import resolve_suite_path
+
+        parts.append(_pre([shlex.join(["che-bench", "sweep", str(resolve_suite_path(suite)), *store_args])]))
+    elif len(runs) <= MAX_RUN_COMMANDS:
+        commands, inexpressible = [], []
+        for run in runs.itertuples(index=False):
+            argv = run_command_line(json.loads(run.config), run.run_id)
+            if argv is None:
+                inexpressible.append(run.run_id)
+            else:
+                commands.append(shlex.join(["che-bench", *argv, *store_args]))
+        parts.append(_pre(commands) if commands else "")
+        if inexpressible:
+            parts.append(f"<p>Runs {_e(', '.join(inexpressible))} use settings that "
+                         "<code>che-bench run</code> has no flag for; their full configurations "
+                         "are in the store (<code>che-bench export</code>, column "
+                         "<code>run_id</code>).</p>")
+    else:
+        parts.append(f"<p>{len(runs)} runs: too many to list one <code>che-bench run</code> "
+                     "command each. Their full configurations are in the store; a suite file "
+                     "(see <code>tasks/</code>) with <code>che-bench sweep</code> reruns such "
+                     "a grid.</p>")
+    if evaluation != ORIGINAL:
+        parts.append(f"<p>The scores are those of {_e(shown)}: re-evaluate the kept models under "
+                     "that protocol before rebuilding this page.</p>")
+    report = ["che-bench", "report"]
+    if suite is not None:
+        report += ["--suite", str(suite)]
+    for flag, values in (("--task", tasks), ("--run", run_ids)):
+        for value in values or ():
+            report += [flag, str(value)]
+    if evaluation != ORIGINAL:
+        report += ["--evaluation", evaluation]
+    parts.append("<p>This page:</p>" + _pre([shlex.join([*report, *store_args, "--out", "report.html"])]))
+    return "\n".join(part for part in parts if part)
+
+
+def _pre(lines: list[str]) -> str:
+    return "<pre>" + "\n".join(_e(line) for line in lines) + "</pre>"
+
+
+#: ``che-bench run`` flags of the scalar settings a config may override.
+_SCALAR_FLAGS = {
+    "steps": "--steps", "batch_size": "--batch-size", "lr": "--lr",
+    "train_max_length": "--train-max-length", "eval_samples": "--eval-samples",
+    "eval_batch_size": "--eval-batch-size",
+}
+_MODEL_FLAGS = {"layers": "--layers", "dim": "--dim", "heads": "--heads", "ffn": "--ffn",
+                "dropout": "--dropout"}
+_DAPE_FLAGS = {"dape_width": "--dape-width", "dape_variant": "--dape-variant"}
+
+
+def run_command_line(config: dict[str, Any], run_id: str) -> list[str] | None:
+    """``che-bench run`` arguments that recreate the run with this stored config, or None when
+    no such command exists (settings without a flag). Checked: the arguments are parsed by the
+    CLI's own parser and must give back ``run_id``."""
+    from che_bench.cli import build_parser
+    from che_bench.commands.run import overrides_from_args
+    from che_bench.config import DAPE_DEFAULTS, make_config
+    from che_bench.tasks import get_task
+
+    try:
+        preset = preset_settings(config["preset"])
+        argv = ["run", "--task", config["task"], "--pe", config["pe"]]
+        if config["kernel"] is not None:
+            argv += ["--kernel", str(config["kernel"])]
+        argv += ["--preset", config["preset"]]
+        if config["seed"] != 0:
+            argv += ["--seed", str(config["seed"])]
+        if config["data_seed"] != config["seed"]:
+            argv += ["--data-seed", str(config["data_seed"])]
+        for field, flag in _SCALAR_FLAGS.items():
+            if config[field] != preset[field]:
+                argv += [flag, str(config[field])]
+        for field, flag in _MODEL_FLAGS.items():
+            if config["model_options"][field] != preset[field]:
+                argv += [flag, str(config["model_options"][field])]
+        for field, flag in _DAPE_FLAGS.items():
+            if field in config["dape_options"] and config["dape_options"][field] != DAPE_DEFAULTS[field]:
+                argv += [flag, str(config["dape_options"][field])]
+        defaults = get_task(config["task"]).params()
+        for key, value in sorted(config["task_params"].items()):
+            if defaults.get(key) != value:
+                argv += ["--task-param", f"{key}={_flag_value(value)}"]
+        for key, value in sorted(config["pe_options"].items()):
+            argv += ["--pe-option", f"{key}={_flag_value(value)}"]
+        for field in ("dropout_at_eval", "score_from_42"):
+            if config[field]:
+                argv.append("--" + field.replace("_", "-"))
+        # Lengths last: the preset's "auto" in-distribution lengths follow the other settings.
+        args = build_parser().parse_args(argv)
+        resolved = make_config(args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args))
+        for field, flag in (("test_lengths", "--test-lengths"), ("train_eval_lengths", "--train-eval-lengths")):
+            if list(getattr(resolved, field)) != config[field]:
+                argv += [flag, _lengths_spec(config[field])]
+        args = build_parser().parse_args(argv)
+        rebuilt = make_config(args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args))
+    except (CheBenchError, KeyError, TypeError, SystemExit):
+        return None  # an old or hand-edited config that today's CLI cannot express
+    return argv if rebuilt.run_id() == run_id else None
+
+
+def _flag_value(value: Any) -> str:
+    """A ``KEY=VALUE`` value as ``parse_key_values`` reads it back (strings stay bare)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _lengths_spec(lengths: list[int]) -> str:
+    """``--test-lengths`` text of a length list: runs of consecutive lengths as START:END."""
+    parts, start = [], 0
+    for index in range(1, len(lengths) + 1):
+        if index == len(lengths) or lengths[index] != lengths[index - 1] + 1:
+            first, last = lengths[start], lengths[index - 1]
+            parts.append(str(first) if first == last else f"{first}:{last}")
+            start = index
+    return ",".join(parts)
