@@ -21,6 +21,7 @@ import datetime as dt
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -185,8 +186,13 @@ class ResultStore:
         from version 1); never write to anything else."""
         with self._connect() as connection:
             try:
+                # One read transaction: a store that another process is creating right now is
+                # seen either whole or not at all (two separate reads could see its tables but
+                # not yet its application id, and refuse it as foreign).
+                connection.execute("BEGIN")
                 application_id = connection.execute("PRAGMA application_id").fetchone()[0]
                 tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
+                connection.execute("COMMIT")
             except sqlite3.DatabaseError:
                 raise CheBenchError(
                     f"{self.path} is not a che-bench result store (not an SQLite database); "
@@ -209,8 +215,8 @@ class ResultStore:
                 )
 
     def _create(self, connection: sqlite3.Connection) -> None:
+        self._enable_wal(connection)
         try:
-            connection.execute("PRAGMA journal_mode=WAL")
             connection.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             raise CheBenchError(f"cannot write result store {self.path}: {exc}") from None
@@ -226,6 +232,20 @@ class ResultStore:
         )
         connection.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         connection.execute("COMMIT")
+
+    def _enable_wal(self, connection: sqlite3.Connection) -> None:
+        """Switch a new store to WAL mode (a no-op once any process did). The switch needs the
+        file to itself, and SQLite reports a conflict there at once instead of waiting, so
+        several processes creating one store retry until the busy timeout."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                connection.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise CheBenchError(f"cannot write result store {self.path}: {exc}") from None
+            time.sleep(0.01)
 
     def _upgrade_from_1(self, connection: sqlite3.Connection) -> None:
         """Upgrade a version-1 store in place, in one transaction: every stored curve becomes

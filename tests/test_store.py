@@ -120,6 +120,36 @@ def test_crashed_run_stays_started_and_others_are_kept(tmp_path):
     assert store.completed_run_ids() == {done.run_id}
 
 
+def _open_when_all_are_ready(path: str, barrier, errors) -> None:
+    barrier.wait()
+    try:
+        ResultStore(path)
+    except CheBenchError as exc:
+        errors.put(str(exc))
+
+
+def test_processes_creating_one_new_store_at_once_all_open_it(tmp_path):
+    # Races seen here before they were fixed: a store caught half-created was refused as
+    # "another application", and the switch to WAL failed with "database is locked"; 60 such
+    # trials gave 4 to 31 refusals.
+    context = multiprocessing.get_context("fork")
+    errors = context.Queue()
+    for trial in range(30):
+        barrier = context.Barrier(6)
+        path = str(tmp_path / f"store{trial}.sqlite")
+        openers = [context.Process(target=_open_when_all_are_ready, args=(path, barrier, errors))
+                   for _ in range(6)]
+        for opener in openers:
+            opener.start()
+        for opener in openers:
+            opener.join(60)
+            assert opener.exitcode == 0
+    refusals = []
+    while not errors.empty():
+        refusals.append(errors.get())
+    assert refusals == []
+
+
 def _write_results(path: str, results: list[RunResult]) -> None:
     store = ResultStore(path)
     for result in results:
