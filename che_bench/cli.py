@@ -19,6 +19,8 @@ COMMAND_MODULES = (
     "che_bench.commands.run",
     "che_bench.commands.reports",
     "che_bench.commands.sweep",
+    "che_bench.commands.evaluate",
+    "che_bench.commands.attention",
 )
 
 

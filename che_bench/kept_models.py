@@ -62,8 +62,8 @@ def load_model(models_dir: str | Path, run_id: str) -> tuple[RunConfig, Encoder]
     try:
         content = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # any unreadable file: truncated, not a torch file, foreign pickle
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CheBenchError(f"kept model {path} is damaged or not a che-bench model ({reason})") from None
+        raise CheBenchError(f"kept model {path} is damaged or not a che-bench model "
+                            f"({_reason(exc)})") from None
     if not isinstance(content, dict) or content.get("format") != FORMAT:
         raise CheBenchError(f"{path} is not a che-bench model file")
     if content.get("version") != VERSION:
@@ -78,6 +78,11 @@ def load_model(models_dir: str | Path, run_id: str) -> tuple[RunConfig, Encoder]
     except CheBenchError:
         raise
     except Exception as exc:  # wrong keys, shapes or config fields: a damaged or foreign file
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CheBenchError(f"kept model {path} does not rebuild ({reason})") from None
+        raise CheBenchError(f"kept model {path} does not rebuild ({_reason(exc)})") from None
     return config, model.eval()
+
+
+def _reason(exc: Exception) -> str:
+    """The first line of an exception, named by its type."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

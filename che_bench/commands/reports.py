@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     table.add_argument("--task", action="append", dest="tasks", metavar="TASK",
                        help="only this task (repeatable)")
     _add_evaluation_argument(table)
-    _add_store_argument(table)
+    add_store_argument(table)
     table.set_defaults(handler=table_command)
 
     export = subparsers.add_parser("export", help="runs (or per-length accuracies) as CSV")
@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="one row per run, split (test/train) and length")
     export.add_argument("--out", help="output file (default or '-': standard output)")
     _add_evaluation_argument(export)
-    _add_store_argument(export)
+    add_store_argument(export)
     export.set_defaults(handler=export_command)
 
     plot = subparsers.add_parser("plot", help="accuracy against length, one line per configuration")
@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="only this task (repeatable; default every task in the store)")
     plot.add_argument("--out", required=True, help="image file, e.g. accuracy.png")
     _add_evaluation_argument(plot)
-    _add_store_argument(plot)
+    add_store_argument(plot)
     plot.set_defaults(handler=plot_command)
 
     report = subparsers.add_parser(
@@ -50,11 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help="this run (repeatable; default: every run in the store)")
     report.add_argument("--out", required=True, help="HTML file, e.g. report.html")
     _add_evaluation_argument(report)
-    _add_store_argument(report)
+    add_store_argument(report)
     report.set_defaults(handler=report_command)
 
     runs = subparsers.add_parser("runs", help="list the store's runs and their status")
-    _add_store_argument(runs)
+    add_store_argument(runs)
     runs.set_defaults(handler=runs_command)
 
     evaluations = subparsers.add_parser(
@@ -62,11 +62,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     evaluations.add_argument("--run", action="append", dest="run_ids", metavar="RUN_ID",
                              help="only this run's evaluations (repeatable)")
-    _add_store_argument(evaluations)
+    add_store_argument(evaluations)
     evaluations.set_defaults(handler=evaluations_command)
 
 
-def _add_store_argument(parser: argparse.ArgumentParser) -> None:
+def add_store_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", help="result store (default $CHE_BENCH_STORE or "
                         "results/che-bench.sqlite)")
 
@@ -77,7 +77,7 @@ def _add_evaluation_argument(parser: argparse.ArgumentParser) -> None:
                              "re-evaluations with this id (see `che-bench evaluations`)")
 
 
-def _existing_store(path: str | None):
+def existing_store(path: str | None):
     """Open a store for reading; a missing file is an error rather than a new empty store."""
     from che_bench.store import ResultStore, default_store_path
 
@@ -101,7 +101,7 @@ def _write_text(text: str, out: str | None) -> None:
 def table_command(args: argparse.Namespace) -> int:
     from che_bench.reports import format_table
 
-    store = _existing_store(args.store)
+    store = existing_store(args.store)
     sys.stdout.write(format_table(store, tasks=args.tasks, compare=args.compare, fmt=args.fmt,
                                   evaluation=args.evaluation))
     return 0
@@ -110,7 +110,7 @@ def table_command(args: argparse.Namespace) -> int:
 def export_command(args: argparse.Namespace) -> int:
     from che_bench.reports import export_frame
 
-    store = _existing_store(args.store)
+    store = existing_store(args.store)
     frame = export_frame(store, per_length=args.per_length, evaluation=args.evaluation)
     _write_text(frame.to_csv(index=False), args.out)
     return 0
@@ -119,7 +119,7 @@ def export_command(args: argparse.Namespace) -> int:
 def plot_command(args: argparse.Namespace) -> int:
     from che_bench.plotting import plot_accuracy
 
-    store = _existing_store(args.store)
+    store = existing_store(args.store)
     path = plot_accuracy(store, args.out, tasks=args.tasks, evaluation=args.evaluation)
     print(f"wrote {path}")
     return 0
@@ -128,7 +128,7 @@ def plot_command(args: argparse.Namespace) -> int:
 def report_command(args: argparse.Namespace) -> int:
     from che_bench.html_report import write_report
 
-    store = _existing_store(args.store)
+    store = existing_store(args.store)
     path = write_report(store, args.out, suite=args.suite, tasks=args.tasks, run_ids=args.run_ids,
                         evaluation=args.evaluation)
     print(f"wrote {path}")
@@ -142,7 +142,7 @@ def runs_command(args: argparse.Namespace) -> int:
     from che_bench.kept_models import model_path, models_dir_for
     from che_bench.reports import encoding_label
 
-    store = _existing_store(args.store)
+    store = existing_store(args.store)
     runs = store.runs()
     models_dir = models_dir_for(store.path)
     table = Table(title=f"runs in {store.path}")
@@ -174,7 +174,7 @@ def evaluations_command(args: argparse.Namespace) -> int:
 
     from che_bench.reports import encoding_label
 
-    store = _existing_store(args.store)
+    store = existing_store(args.store)
     runs = store.runs().set_index("run_id")
     unknown = sorted(set(args.run_ids or ()) - set(runs.index))
     if unknown:

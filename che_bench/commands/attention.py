@@ -1,0 +1,65 @@
+"""``che-bench attention RUN_ID --length N --out FILE.png``: a kept model's attention maps."""
+
+from __future__ import annotations
+
+import argparse
+
+from che_bench.commands.reports import add_store_argument, existing_store
+from che_bench.errors import CheBenchError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "attention",
+        help="draw a kept model's attention maps (scores, DAPE logits, softmax) for one input",
+        description="For one test input of the given length (sequence --sample of the first "
+        "evaluation sub-batch), draw each head's query x key maps of one layer: the raw "
+        "scores (q.k plus the encoding's bias), the DAPE-processed logits for DAPE runs, and "
+        "the softmax probabilities, as in DAPE V2's Appendix K. --compare adds a second run.",
+    )
+    parser.add_argument("run_id", metavar="RUN_ID")
+    parser.add_argument("--length", type=int, required=True, help="test length n")
+    parser.add_argument("--sample", type=int, default=0, help="which test sequence (default 0)")
+    parser.add_argument("--layer", type=int, default=0, help="layer (default 0; -1: the last)")
+    parser.add_argument("--heads", default="all", help="comma list of heads, or all (default)")
+    parser.add_argument("--compare", metavar="RUN_ID2", help="a second run, side by side")
+    parser.add_argument("--out", required=True, help="image file, e.g. attention.png")
+    add_store_argument(parser)
+    parser.set_defaults(handler=attention_command)
+
+
+def attention_command(args: argparse.Namespace) -> int:
+    from che_bench.attention_maps import attention_maps, plot_attention
+    from che_bench.kept_models import load_model, models_dir_for
+    from che_bench.reports import encoding_label
+
+    store = existing_store(args.store)
+    known = set(store.runs()["run_id"])
+    run_ids = [args.run_id] + ([args.compare] if args.compare else [])
+    for run_id in run_ids:
+        if run_id not in known:
+            raise CheBenchError(f"no run {run_id} in {store.path} (see `che-bench runs`)")
+    loaded = [load_model(models_dir_for(store.path), run_id) for run_id in run_ids]
+    if len({(config.task, str(config.task_params), config.eval_seed) for config, _ in loaded}) > 1:
+        raise CheBenchError("--compare needs a run of the same task and evaluation seed "
+                            "(so that both see the same input)")
+    maps = [
+        attention_maps(model, config, f"{encoding_label(config.pe, config.kernel)} ({run_id})",
+                       length=args.length, sample=args.sample, layer=args.layer)
+        for run_id, (config, model) in zip(run_ids, loaded)
+    ]
+    config = loaded[0][0]
+    heads = (list(range(maps[0].probabilities.shape[0])) if args.heads == "all"
+             else _heads(args.heads))
+    title = (f"{config.task}, n = {args.length} (T = {maps[0].tokens}), test sequence "
+             f"{args.sample}, layer {args.layer}")
+    print(f"wrote {plot_attention(maps, heads, args.out, title)}")
+    return 0
+
+
+def _heads(text: str) -> list[int]:
+    try:
+        heads = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise CheBenchError(f"--heads takes a comma list of head numbers or 'all', got {text!r}") from None
+    return heads
