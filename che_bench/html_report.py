@@ -25,7 +25,7 @@ import pandas as pd
 
 from che_bench.errors import CheBenchError
 from che_bench.protocol import preset_settings
-from che_bench.reports import display_table, encoding_label, paper_table_or_none
+from che_bench.reports import display_table, encoding_label, labelled_runs, paper_table_or_none
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
 
 #: Up to this many runs, the page lists one ``che-bench run`` command per run.
@@ -142,6 +142,8 @@ def render_report(
         f"{dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. Scores: {_e(shown)}.</p>",
         "<h2>Table</h2>",
         _table_html(table, notes),
+        "<h2>Did the models learn the training lengths?</h2>",
+        _learning_html(evaluated),
         "<h2>Accuracy against length</h2>",
         "".join(_figure_html(label, png) for label, png in figures) or "<p>No complete runs.</p>",
         "<h2>What ran</h2>",
@@ -225,6 +227,44 @@ def _versions(texts: Iterable[str | None]) -> str:
             seen.setdefault(package, set()).add(str(version))
     return ", ".join(f"{package} {' / '.join(sorted(versions))}"
                      for package, versions in sorted(seen.items())) or "-"
+
+
+#: Below this mean in-distribution accuracy a cell's runs count as not having learned the task.
+LEARNED_IN_DISTRIBUTION = 0.9
+
+
+def _learning_html(evaluated: pd.DataFrame) -> str:
+    """Each cell's in-distribution accuracy, and which cells did not learn the training
+    lengths: their scores beyond them say little about the encoding."""
+    complete = evaluated[evaluated["status"] == "complete"].reset_index(drop=True)
+    if complete.empty:
+        return "<p>No complete runs.</p>"
+    cells = (labelled_runs(complete).groupby(["task_label", "column"], sort=False)["train_accuracy"]
+             .agg(["mean", "min", "size"]).reset_index())
+    rows = "".join(
+        f"<tr><td class=\"text\">{_e(cell.task_label)}</td><td class=\"text\">{_e(cell.column)}</td>"
+        f"<td class=\"num\">{100 * cell.mean:.2f}</td><td class=\"num\">{100 * cell.min:.2f}</td>"
+        f"<td class=\"num\">{cell.size}</td></tr>"
+        for cell in cells.itertuples(index=False)
+    )
+    unlearned = cells[cells["mean"] < LEARNED_IN_DISTRIBUTION]
+    threshold = f"{LEARNED_IN_DISTRIBUTION:.0%}"
+    if unlearned.empty:
+        verdict = (f"Every cell learned the training lengths (mean in-distribution accuracy at "
+                   f"least {threshold}).")
+    else:
+        names = "; ".join(f"{cell.task_label} / {cell.column} ({100 * cell.mean:.1f}%)"
+                          for cell in unlearned.itertuples(index=False))
+        verdict = (f"Not learned in this budget (mean in-distribution accuracy below {threshold}): "
+                   f"{names}. Their scores beyond the training lengths measure no extrapolation of "
+                   "a learned solution (for a recall probe, a position-blind model's ceiling is "
+                   "drawn in its figure).")
+    return (
+        f"<p id=\"learning\">{_e(verdict)}</p>\n<div class=\"wide\"><table id=\"in-distribution\">"
+        "<thead><tr><th class=\"text\">task</th><th class=\"text\">column</th>"
+        "<th>in-distribution % (mean)</th><th>min</th><th>runs</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></div>"
+    )
 
 
 def _what_ran_html(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> str:

@@ -209,3 +209,18 @@ def test_chromium_displays_the_table_and_every_image(page, tmp_path):
     broken = tmp_path / "broken.html"
     broken.write_text(page.replace("base64,iVBOR", "base64,AAAAA", 1), encoding="utf-8")
     assert 'data-images-loaded="2/3"' in _rendered_dom(broken, tmp_path / "profile2")
+
+
+def test_cells_that_did_not_learn_the_training_lengths_are_named(tmp_path):
+    store = ResultStore(tmp_path / "s.sqlite")
+    learned = synthetic_result("even_pairs", "alibi", None, seed=0, score=0.7)  # 90% in-dist.
+    unlearned = synthetic_result("even_pairs", "kerple", None, seed=0, score=0.5)
+    unlearned.train_accuracy = 0.55
+    unlearned.train_per_length = {n: 0.55 for n in unlearned.train_per_length}
+    for result in (learned, unlearned):
+        store.record(result)
+    verdict = re.search(r'<p id="learning">([^<]*)</p>', render_report(store)).group(1)
+    assert "even_pairs / Kerple (55.0%)" in verdict and "ALiBi" not in verdict
+    store = ResultStore(tmp_path / "learned.sqlite")
+    store.record(learned)
+    assert "Every cell learned" in render_report(store)

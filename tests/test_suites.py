@@ -156,6 +156,17 @@ def test_shipped_suites_are_valid_and_have_the_documented_grids():
     assert {(c.seed, c.lr) for c in table6} == {
         (s, lr) for s in range(10) for lr in (1e-4, 3e-4, 5e-4)}
     assert len(table6) == 14 * 11 * 30 and {c.steps for c in table6} == {200_000}
+    # Each cell's 30 runs can train as one pack.
+    from che_bench.packing import group_into_packs
+
+    assert {c.length_seed for c in table6} == {0}
+    assert len(group_into_packs(table6, None)) == 14 * 11
+
+    laptop = load_suite(REPO / "tasks" / "laptop.toml").configs()
+    assert {(c.task, c.pe, c.kernel) for c in laptop} == {
+        (task, pe, k) for task in ("induction", "missing_duplicate_string")
+        for pe, kernels in (("none", (None, 1, 3)), ("kerple", (None, 3))) for k in kernels}
+    assert len(laptop) == 30 and {c.preset for c in laptop} == {"quick"}
 
     recall = load_suite(REPO / "tasks" / "recall.toml").configs()
     assert {(c.task, c.pe, c.kernel) for c in recall} == {

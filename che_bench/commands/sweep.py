@@ -49,8 +49,9 @@ def register(subparsers) -> None:
     parser.add_argument("--num-cpus", type=_non_negative_float, default=None, metavar="X",
                         help="ray: CPUs per run (default: suite [resources], else 1)")
     parser.add_argument("--num-gpus", type=_non_negative_float, default=None, metavar="X",
-                        help="ray: GPUs per run, fractions allowed (default: suite [resources], "
-                             "else 0.25 on a cluster with GPUs, else 0)")
+                        help="ray: GPUs per task (a run, or a pack with --pack), fractions "
+                             "allowed (default on a cluster with GPUs: a run the suite's "
+                             "[resources] or 0.25, a pack 1; else 0)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no live progress bar (one line per finished run is still printed)")
     parser.set_defaults(handler=run_sweep_command)
@@ -126,7 +127,9 @@ def _ray_backend(args: argparse.Namespace, suite, run_options: dict, packed: boo
     from che_bench.ray_backend import RayBackend
 
     num_cpus = args.num_cpus if args.num_cpus is not None else suite.resources.num_cpus
-    num_gpus = args.num_gpus if args.num_gpus is not None else suite.resources.num_gpus
+    # A suite's GPU share is per run; a pack sizes itself to a whole GPU unless told otherwise.
+    suite_gpus = None if packed else suite.resources.num_gpus
+    num_gpus = args.num_gpus if args.num_gpus is not None else suite_gpus
     return RayBackend(address=args.address, run_cpus=num_cpus, run_gpus=num_gpus,
                       device=args.device, max_in_flight=args.workers, packed=packed,
                       **run_options)
