@@ -52,7 +52,7 @@ def time_training_step(task_name: str, pe: str, kernel: int | None, args) -> tup
     optimiser = PackOptimizer(model, [1e-3], (0.9, 0.999), 1e-8, max_norm=1.0)
     projected = projected_modules(model)
     batch = task.sample(args.train_length, args.batch, np.random.default_rng(0))
-    inputs, targets = torch.from_numpy(batch.inputs), torch.from_numpy(batch.targets)[None]
+    inputs, targets = (torch.from_numpy(array)[None] for array in (batch.inputs, batch.targets))
 
     def step() -> None:
         training_step(model, optimiser, inputs, targets, projected)

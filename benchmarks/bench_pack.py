@@ -3,7 +3,7 @@
 Parts (``--parts``, default all that fit the device):
 
 * ``step``: one training step (forward, backward, clipped Adam, projection: the step of
-  ``che-bench run``) of a pack of N paper-size models (5 layers, width 64, batch 128 each) at
+  ``che-bench run``, with its micro-batches on a CPU) of a pack of N paper-size models (5 layers, width 64, batch 128 each) at
   the longest training length n = 40, for each task x encoding x kernel and each N in
   ``--packs``. Prints ms per step, runs per device-hour at the paper's 200k steps, and the
   ratio (pack-of-N step) / (N x single step): below 1, packing gains.
@@ -43,7 +43,13 @@ from che_bench.runner import (
     resolve_device,
     software_versions,
 )
-from che_bench.training import PackOptimizer, projected_modules, train_pack, training_step
+from che_bench.training import (
+    PackOptimizer,
+    micro_batches_for,
+    projected_modules,
+    train_pack,
+    training_step,
+)
 
 PAPER_STEPS = 200_000
 
@@ -74,6 +80,7 @@ def step_seconds(task: str, pe: str, kernel: int | None, members: int, device: t
     optimizer = PackOptimizer(model, [c.lr for c in configs], configs[0].adam_betas,
                               configs[0].adam_eps, configs[0].grad_clip_norm)
     projected = projected_modules(model)
+    micro_batches = micro_batches_for(members, device)
     batches = [task_obj.sample(40, configs[0].batch_size, np.random.default_rng(c.data_seed))
                for c in configs]
     inputs = torch.from_numpy(np.stack([b.inputs for b in batches])).to(device)
@@ -81,12 +88,12 @@ def step_seconds(task: str, pe: str, kernel: int | None, members: int, device: t
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     for _ in range(2):  # warm-up (allocator, kernels)
-        training_step(model, optimizer, inputs, targets, projected)
+        training_step(model, optimizer, inputs, targets, projected, micro_batches)
     times = []
     for _ in range(repeats):
         synchronize(device)
         started = time.perf_counter()
-        training_step(model, optimizer, inputs, targets, projected)
+        training_step(model, optimizer, inputs, targets, projected, micro_batches)
         synchronize(device)
         times.append(time.perf_counter() - started)
     return statistics.median(times), peak_bytes(device)

@@ -4,7 +4,7 @@ Runs pack when they differ only in seed, data seed and learning rate (``RunConfi
 and share a length seed. ``--pack N`` caps a pack at N members; ``--pack auto`` makes packs as
 wide as the device allows: on a GPU, as many members as fit in its free memory (measured with
 one training step of one member at the longest training length); on a CPU,
-``CPU_AUTO_WIDTH`` (packing there gains little: see ``benchmarks/bench_pack.py``).
+``CPU_AUTO_WIDTH`` (packing there gains nothing measurable: see ``CPU_AUTO_WIDTH``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
 
 AUTO = "auto"
-#: ``--pack auto`` on a CPU (see the README's measured figures: one worker per core gains
-#: as much there and keeps runs independent, so a CPU packs only when asked to).
+#: ``--pack auto`` on a CPU. There a step is memory-bound: a pack of 4 measured 0.99-1.07x
+#: four single steps on the 2-core reference machine (benchmarks/results/
+#: bench_pack_cpu_2core.json), break-even at best, so a CPU packs only when asked to and
+#: keeps one run per worker.
 CPU_AUTO_WIDTH = 1
 #: Share of the free GPU memory a pack's training may fill (the rest: fragmentation, the
 #: evaluation's own budget, other processes sharing the GPU).

@@ -197,17 +197,39 @@ def training_step(
     inputs: torch.Tensor,
     targets: torch.Tensor,
     projected: Sequence[torch.nn.Module],
+    micro_batches: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step of every member: forward, per-member loss, backward, clipped Adam,
-    projection of constrained parameters. Returns (losses ``[M]``, logits), on the device."""
-    logits = model(inputs)
-    losses = token_loss(logits, targets)
+    projection of constrained parameters. Returns (losses ``[M]``, logits), on the device.
+
+    ``micro_batches`` > 1 splits the batch (every member's sequences alike) into that many
+    forward/backward passes whose gradients add up to the whole batch's (the loss is a mean
+    over sequences, so each part is weighted by its share); one random draw serves them all.
+    On a CPU this keeps a pack's working set that of a single run: the step is memory-bound
+    there, and a pack four times as wide no longer fits the caches a single run fits in.
+    """
+    batch = inputs.shape[1]
+    draws = model.sample_draws(inputs.shape[-1])
     optimizer.zero_grad()
-    losses.sum().backward()  # members are independent: each gets its own gradient
+    losses, logits = [], []
+    for part in torch.arange(batch).tensor_split(min(micro_batches, batch)):
+        rows = slice(int(part[0]), int(part[-1]) + 1)
+        part_logits = model(inputs[:, rows], draws)
+        part_losses = token_loss(part_logits, targets[:, rows])
+        # Members are independent: each gets the gradient of its own loss.
+        (part_losses.sum() * (part.numel() / batch)).backward()
+        losses.append(part_losses.detach() * (part.numel() / batch))
+        logits.append(part_logits.detach())
     optimizer.step()
     for module in projected:
         module.project_()
-    return losses.detach(), logits.detach()
+    return torch.stack(losses).sum(0), torch.cat(logits, dim=1)
+
+
+def micro_batches_for(members: int, device: torch.device) -> int:
+    """Passes per training step: on a CPU one per member, so that each pass holds as many
+    sequences as a single run's step (see ``training_step``); on a GPU one, the widest."""
+    return members if device.type == "cpu" else 1
 
 
 def projected_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -366,6 +388,7 @@ def train_pack(
     stream = BatchStream(task, configs)
     model.seed_draws([draw_seed(config.seed) for config in configs])
     projected = projected_modules(model)
+    micro_batches = micro_batches_for(len(configs), device)
     step, seconds_before = 0, 0.0
     if checkpoints is not None and any(path.exists() for path in checkpoints):
         step, seconds_before = _load_checkpoints(checkpoints, configs, model, optimizer, stream,
@@ -414,7 +437,7 @@ def train_pack(
                 between_steps = False
                 batch = next(batches)
                 losses, logits = training_step(model, optimizer, batch.inputs, batch.targets,
-                                               projected)
+                                               projected, micro_batches)
                 step += 1
                 last_states = batch.rng_states
                 between_steps = True

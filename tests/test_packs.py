@@ -305,3 +305,29 @@ def test_a_pack_out_of_gpu_memory_trains_as_two_narrower_packs(monkeypatch):
     assert [r.status for r in results] == ["complete"] * 4
     assert [r.run_id for r in results] == [c.run_id() for c in configs]
     assert widths == [4, 2, 1, 1, 2, 1, 1]
+
+
+def test_micro_batches_add_up_to_the_whole_batch(monkeypatch):
+    from che_bench.runner import build_pack_model
+    from che_bench.training import projected_modules, training_step
+
+    configs = cell("random_alibi", 3)  # dropout 0; one random draw must serve every pass
+    task = configs[0].build_task()
+    batches = [task.sample(12, configs[0].batch_size, np.random.default_rng(c.data_seed))
+               for c in configs]
+    inputs = torch.from_numpy(np.stack([b.inputs for b in batches]))
+    targets = torch.from_numpy(np.stack([b.targets for b in batches]))
+    outcomes = []
+    for micro_batches in (1, 4):
+        model = build_pack_model(task, configs)
+        model.seed_draws([7] * len(configs))
+        optimizer = PackOptimizer(model, [c.lr for c in configs], (0.9, 0.999), 1e-8, 1.0)
+        draws = []
+        sample = model.sample_draws
+        monkeypatch.setattr(model, "sample_draws", lambda *a, **k: draws.append(1) or sample(*a, **k))
+        losses, logits = training_step(model, optimizer, inputs, targets,
+                                       projected_modules(model), micro_batches)
+        assert len(draws) == 1 and logits.shape[:2] == (4, configs[0].batch_size)
+        outcomes.append((losses, optimizer.flat_grad.clone()))  # the (clipped) gradients
+    torch.testing.assert_close(outcomes[0][0], outcomes[1][0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(outcomes[0][1], outcomes[1][1], atol=1e-7, rtol=1e-4)
