@@ -8,11 +8,11 @@ damaged file is a ``CheBenchError`` (one line), never a crash.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
+from che_bench.atomic import save_atomically
 from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
 from che_bench.model import Encoder, build_model
@@ -40,13 +40,7 @@ def save_model(models_dir: str | Path, config: RunConfig, state: dict[str, torch
         "config": config.to_dict(),
         "state": {name: tensor.detach().cpu() for name, tensor in state.items()},
     }
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        torch.save(content, temporary)
-        os.replace(temporary, path)
-    except OSError as exc:
-        raise CheBenchError(f"cannot write model {path}: {exc.strerror or exc}") from None
+    save_atomically(content, path, "model")
     return path
 
 

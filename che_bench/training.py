@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import queue
 import signal
 import sys
@@ -53,6 +52,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from che_bench.atomic import save_atomically
 from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
 from che_bench.model import Encoder
@@ -551,13 +551,7 @@ def _save_checkpoints(
             "draw_rng": draw_states[member],
             **optimizer.member_state(member),
         }
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            torch.save(state, temporary)
-            os.replace(temporary, path)
-        except OSError as exc:
-            raise CheBenchError(f"cannot write checkpoint {path}: {exc.strerror or exc}") from None
+        save_atomically(state, path, "checkpoint")
 
 
 def _load_checkpoints(
