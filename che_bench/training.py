@@ -296,37 +296,50 @@ def on_device(batches: Iterator[PackBatch], device: torch.device) -> Iterator[Pa
     """The batches on ``device``: as they are on a CPU; on a GPU made ahead on a background
     thread (``PREFETCH_DEPTH`` of them) and copied from pinned memory without waiting."""
     if device.type == "cpu":
-        yield from batches
-        return
+        return batches
 
     def copied(batch: PackBatch) -> PackBatch:
         move = lambda tensor: tensor.pin_memory().to(device, non_blocking=True)  # noqa: E731
         return PackBatch(batch.length, move(batch.inputs), move(batch.targets), move(batch.mask),
                          batch.rng_states)
 
-    ready: queue.Queue = queue.Queue(maxsize=PREFETCH_DEPTH)
+    return prefetched(map(copied, batches), PREFETCH_DEPTH)
+
+
+_EXHAUSTED = object()
+
+
+def prefetched(items: Iterator[Any], depth: int) -> Iterator[Any]:
+    """``items`` in order, computed up to ``depth`` ahead on a background thread; an error
+    there is raised here, and closing this generator stops the thread."""
+    ready: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
+
+    def offer(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def produce() -> None:
         try:
-            for batch in batches:
-                item = copied(batch)
-                while not stop.is_set():
-                    try:
-                        ready.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+            for item in items:
+                if not offer(item):
                     return
+            offer(_EXHAUSTED)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
-            ready.put(exc)
+            offer(exc)
 
     producer = threading.Thread(target=produce, daemon=True)
     producer.start()
     try:
         while True:
             item = ready.get()
+            if item is _EXHAUSTED:
+                return
             if isinstance(item, BaseException):
                 raise item
             yield item

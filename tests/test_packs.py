@@ -331,3 +331,25 @@ def test_micro_batches_add_up_to_the_whole_batch(monkeypatch):
         outcomes.append((losses, optimizer.flat_grad.clone()))  # the (clipped) gradients
     torch.testing.assert_close(outcomes[0][0], outcomes[1][0], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(outcomes[0][1], outcomes[1][1], atol=1e-7, rtol=1e-4)
+
+
+def test_batches_made_ahead_keep_their_order_errors_and_stop_cleanly():
+    import threading
+
+    from che_bench.training import prefetched
+
+    assert list(prefetched(iter(range(50)), 4)) == list(range(50))
+
+    def failing():
+        yield 1
+        raise ValueError("made in the background")
+
+    items = prefetched(failing(), 2)
+    assert next(items) == 1
+    with pytest.raises(ValueError, match="background"):
+        next(items)
+    endless = prefetched(iter(lambda: 0, 1), 2)  # never ends; the queue fills up
+    next(endless)
+    before = threading.active_count()
+    endless.close()  # the producer, blocked on a full queue, stops
+    assert threading.active_count() == before - 1
