@@ -404,8 +404,7 @@ def train_pack(
     micro_batches = micro_batches_for(len(configs), device)
     step, seconds_before = 0, 0.0
     if checkpoints is not None and any(path.exists() for path in checkpoints):
-        step, seconds_before = _load_checkpoints(checkpoints, configs, model, optimizer, stream,
-                                                 device)
+        step, seconds_before = _load_checkpoints(checkpoints, configs, model, optimizer, stream)
     resumed_from = step
     members = len(configs)
     diverged_at: list[int | None] = [None] * members
@@ -573,7 +572,6 @@ def _load_checkpoints(
     model: Encoder,
     optimizer: PackOptimizer,
     stream: BatchStream,
-    device: torch.device,
 ) -> tuple[int, float]:
     states = [_read_checkpoint(path, config) for path, config in zip(paths, configs)]
     steps = {int(state["step"]) for state in states}
