@@ -228,12 +228,6 @@ def make_config(
         train_eval_lengths = protocol.auto_train_eval_lengths(task_obj.min_length, train_max_length)
     else:
         train_eval_lengths = protocol.parse_lengths(train_eval_spec)
-    for label, lengths in (("test", test_lengths), ("in-distribution", train_eval_lengths)):
-        if lengths[0] < task_obj.min_length:
-            raise CheBenchError(
-                f"{label} length {lengths[0]} is below the minimum length {task_obj.min_length} "
-                f"of task {task_obj.name!r}"
-            )
 
     config = RunConfig(
         task=task_obj.name,
@@ -259,19 +253,31 @@ def make_config(
         length_seed=(None if settings.get("length_seed") is None
                      else _int_at_least("length_seed", settings["length_seed"], minimum=0)),
     )
-    if not config.score_lengths:
-        raise CheBenchError(
-            f"no test length above {train_max_length + 1} to average with score_from_42"
-        )
-    check_evaluable(config, config.test_lengths)
+    check_evaluation(config)
     return config
 
 
-def check_evaluable(config: RunConfig, lengths: tuple[int, ...]) -> None:
-    """Refuse lengths the task cannot produce (the recall probes have a longest length) or
-    the model cannot take (learned and randomized positions end at their table / range),
-    before anything runs. Builds the model once (cached), so bad model options fail too."""
+def check_evaluation(config: RunConfig) -> None:
+    """Refuse, before anything runs, an evaluation protocol the run cannot have: sizes below
+    1, lengths below the task's minimum or beyond what the task can produce (the recall
+    probes have a longest length) or the model can take (learned and randomized positions
+    end at their table / range), no length to average with score_from_42. Builds the model
+    once (cached), so bad model options fail here too."""
+    for name in ("eval_samples", "eval_batch_size"):
+        _int_at_least(name, getattr(config, name))
     task = config.build_task()
+    for label, lengths in (("test", config.test_lengths),
+                           ("in-distribution", config.train_eval_lengths)):
+        if lengths[0] < task.min_length:
+            raise CheBenchError(
+                f"{label} length {lengths[0]} is below the minimum length {task.min_length} "
+                f"of task {task.name!r}"
+            )
+    if not config.score_lengths:
+        raise CheBenchError(
+            f"no test length above {config.train_max_length + 1} to average with score_from_42"
+        )
+    lengths = config.test_lengths
     task.check_length(max(lengths))
     max_tokens = _check_model_builds(config)
     longest = max(task.input_length(n) + task.output_length(n) for n in lengths)

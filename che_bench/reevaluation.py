@@ -15,8 +15,7 @@ from typing import Any
 import torch
 
 from che_bench import protocol
-from che_bench.config import RunConfig, check_evaluable
-from che_bench.errors import CheBenchError
+from che_bench.config import RunConfig, check_evaluation
 from che_bench.evaluation import Evaluation, evaluate
 from che_bench.model import Encoder, stack_members
 from che_bench.packing import group_into_packs
@@ -29,18 +28,8 @@ def reevaluation_config(config: RunConfig, **changes: Any) -> RunConfig:
     changes = {name: value for name, value in changes.items() if value is not None}
     if "test_lengths" in changes:
         changes["test_lengths"] = protocol.parse_lengths(changes["test_lengths"])
-    for name in ("eval_samples", "eval_batch_size"):
-        if name in changes and (isinstance(changes[name], bool) or changes[name] < 1):
-            raise CheBenchError(f"{name} must be a positive integer, got {changes[name]!r}")
     updated = dataclasses.replace(config, **changes)
-    task = updated.build_task()
-    if updated.test_lengths[0] < task.min_length:
-        raise CheBenchError(f"test length {updated.test_lengths[0]} is below the minimum length "
-                            f"{task.min_length} of task {task.name!r}")
-    if not updated.score_lengths:
-        raise CheBenchError(f"no test length above {updated.train_max_length + 1} to average "
-                            "with --score-from-42")
-    check_evaluable(updated, updated.test_lengths)
+    check_evaluation(updated)
     return updated
 
 

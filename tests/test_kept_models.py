@@ -67,7 +67,7 @@ def test_longer_lengths_are_recorded_as_another_evaluation_and_selected_by_id(tr
 @pytest.mark.parametrize("flags, message", [
     (["--test-lengths", "41:100000"], "pass --yes"),  # Kerple has no length limit: only cost
     (["--test-lengths", "50:41"], "bad length range"),
-    (["--eval-samples", "0"], "positive integer"),
+    (["--eval-samples", "0"], "eval_samples must be an integer >= 1"),
 ])
 def test_impossible_or_far_costlier_evaluations_are_refused_up_front(trained, capsys, flags, message):
     store, run_ids = trained
