@@ -17,6 +17,7 @@ import torch
 
 from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
+from che_bench.evaluation import seed_for_length
 from che_bench.model import Encoder
 
 MAP_TITLES = {"scores": "scores (q.k + bias)", "logits": "DAPE logits", "probabilities": "softmax"}
@@ -45,12 +46,13 @@ def attention_maps(
     sub_batch = min(config.eval_batch_size, config.eval_samples)
     if not 0 <= sample < sub_batch:
         raise CheBenchError(f"--sample must lie in 0..{sub_batch - 1} (the first test sub-batch)")
-    # As the evaluation draws it: the data and the randomized positions seeded per length.
-    batch = task.sample(length, sub_batch, np.random.default_rng([config.eval_seed, length]))
-    model.seed_draws([config.eval_seed * 1_000_003 + length] * model.members)
+    # As the evaluation draws it: the data, the randomized positions and dropout per length.
+    data_rng, seed = seed_for_length(model, config, length)
+    batch = task.sample(length, sub_batch, data_rng)
     model.train(config.dropout_at_eval)
     inputs = torch.from_numpy(batch.inputs[sample : sample + 1].copy())
-    with torch.no_grad(), model.capture_attention() as captured:
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), model.capture_attention() as captured:
+        torch.manual_seed(seed)
         model(inputs, evaluating=True)
     chunks = captured[layer]
 

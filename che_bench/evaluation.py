@@ -84,13 +84,22 @@ def set_memory_budget(model: Encoder, budget_bytes: int) -> None:
         block.attention.memory_budget_bytes = budget_bytes
 
 
+def seed_for_length(
+    model: Encoder, config: RunConfig, length: int
+) -> tuple[np.random.Generator, int]:
+    """The test data generator of ``length`` and the seed of its dropout (when on), with
+    which the model's draw generators are seeded too (alike for every member): every model
+    sees the same test sequences and positions at a length, whatever else is evaluated."""
+    seed = config.eval_seed * 1_000_003 + length
+    model.seed_draws([seed] * model.members)
+    return np.random.default_rng([config.eval_seed, length]), seed
+
+
 def length_accuracies(
     model: Encoder, task: Task, config: RunConfig, length: int, device: torch.device
 ) -> list[float]:
     """Each member's mean over sub-batches of the pooled masked token accuracy at one length."""
-    data_rng = np.random.default_rng([config.eval_seed, length])
-    seed = config.eval_seed * 1_000_003 + length
-    model.seed_draws([seed] * model.members)
+    data_rng, seed = seed_for_length(model, config, length)
     sub_batch_accuracies = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)  # dropout at evaluation
