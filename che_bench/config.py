@@ -141,7 +141,9 @@ def protocol_id(evaluation_protocol: dict[str, Any]) -> str:
 
 @dataclass
 class RunResult:
-    """Outcome of ``execute_run`` (picklable). Accuracies are fractions in [0, 1]."""
+    """Outcome of ``execute_run`` (picklable). Accuracies are fractions in [0, 1]: token-level
+    (``score``, ``per_length``, ...) and exact match, the share of sequences whose every masked
+    position is right (``exact_score``, ``exact_per_length``, ...)."""
 
     run_id: str
     config: RunConfig
@@ -150,6 +152,12 @@ class RunResult:
     train_accuracy: float | None = None
     per_length: dict[int, float] = field(default_factory=dict)
     train_per_length: dict[int, float] = field(default_factory=dict)
+    exact_score: float | None = None
+    train_exact_accuracy: float | None = None
+    exact_per_length: dict[int, float] = field(default_factory=dict)
+    train_exact_per_length: dict[int, float] = field(default_factory=dict)
+    #: Training history rows (``che_bench.history``), also of failed runs.
+    history: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
@@ -160,19 +168,21 @@ class RunResult:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["config"] = self.config.to_dict()
-        data["per_length"] = {str(n): acc for n, acc in self.per_length.items()}
-        data["train_per_length"] = {str(n): acc for n, acc in self.train_per_length.items()}
+        for name in _CURVE_FIELDS:
+            data[name] = {str(n): acc for n, acc in getattr(self, name).items()}
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunResult:
         data = dict(data)
         data["config"] = RunConfig.from_dict(data["config"])
-        data["per_length"] = {int(n): acc for n, acc in data.get("per_length", {}).items()}
-        data["train_per_length"] = {
-            int(n): acc for n, acc in data.get("train_per_length", {}).items()
-        }
+        for name in _CURVE_FIELDS:
+            data[name] = {int(n): acc for n, acc in data.get(name, {}).items()}
         return cls(**data)
+
+
+#: The per-length curves of a RunResult (JSON keys are strings).
+_CURVE_FIELDS = ("per_length", "train_per_length", "exact_per_length", "train_exact_per_length")
 
 
 def make_config(

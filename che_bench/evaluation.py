@@ -3,9 +3,10 @@
 For every length, ``eval_samples`` sequences are drawn in sub-batches of ``eval_batch_size``
 from a numpy Generator seeded with (eval_seed, length), so every model sees the same test
 sequences whatever lengths are evaluated, and every member of a pack sees the same batches. A
-sub-batch's accuracy is the masked token accuracy pooled over its sequences; a length's
-accuracy is the mean over its sub-batches; the run's score is the mean over the test lengths
-(``RunConfig.score_lengths``). Dropout is off unless ``dropout_at_eval`` (the reference keeps
+sub-batch's accuracy is the masked token accuracy pooled over its sequences, its exact-match
+accuracy the share of its sequences whose every masked position is right; a length's
+accuracies are the means over its sub-batches; the run's scores are the means over the test
+lengths (``RunConfig.score_lengths``). Dropout is off unless ``dropout_at_eval`` (the reference keeps
 it on; it then draws from torch's RNG seeded per length); randomized encodings draw from their
 own generators, seeded per length, once per sub-batch, and only if ``randomize_at_eval``.
 
@@ -29,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from che_bench.config import RunConfig
 from che_bench.model import Encoder
 from che_bench.tasks.base import Task
-from che_bench.training import check_token_ids, masked_counts
+from che_bench.training import check_token_ids, exact_counts, masked_counts
 
 #: Share of the free GPU memory an evaluation's row chunks may fill (the rest: weights,
 #: activations outside attention, the allocator's slack, other processes on the GPU).
@@ -38,11 +39,17 @@ GPU_BUDGET_SHARE = 0.5
 
 @dataclass
 class Evaluation:
+    """One member's accuracies: token-level and exact match (see the module docstring)."""
+
     per_length: dict[int, float]
     train_per_length: dict[int, float]
     score: float
     train_accuracy: float
     seconds: float
+    exact_per_length: dict[int, float]
+    train_exact_per_length: dict[int, float]
+    exact_score: float
+    train_exact_accuracy: float
 
 
 def evaluate(
@@ -57,22 +64,32 @@ def evaluate(
         set_memory_budget(model, int(free * GPU_BUDGET_SHARE))
     lengths = [*config.train_eval_lengths, *config.test_lengths]
     accuracies: dict[int, list[float]] = {}
+    exact: dict[int, list[float]] = {}
     with _progress_bar(progress, len(lengths)) as bar:
         for length in dict.fromkeys(lengths):  # in order, each once
-            accuracies[length] = length_accuracies(model, task, config, length, device)
+            accuracies[length], exact[length] = length_scores(model, task, config, length, device)
             if bar is not None:
                 bar.update(bar.task_ids[0], advance=1, description=f"eval n={length}")
     seconds = time.perf_counter() - started
     evaluations = []
     for member in range(model.members):
-        per_length = {n: accuracies[n][member] for n in config.test_lengths}
-        train_per_length = {n: accuracies[n][member] for n in config.train_eval_lengths}
+        test, train, test_exact, train_exact = (
+            {n: values[n][member] for n in lengths}
+            for values, lengths in ((accuracies, config.test_lengths),
+                                    (accuracies, config.train_eval_lengths),
+                                    (exact, config.test_lengths),
+                                    (exact, config.train_eval_lengths))
+        )
         evaluations.append(Evaluation(
-            per_length=per_length,
-            train_per_length=train_per_length,
-            score=float(np.mean([per_length[n] for n in config.score_lengths])),
-            train_accuracy=float(np.mean(list(train_per_length.values()))),
+            per_length=test,
+            train_per_length=train,
+            score=float(np.mean([test[n] for n in config.score_lengths])),
+            train_accuracy=float(np.mean(list(train.values()))),
             seconds=seconds,
+            exact_per_length=test_exact,
+            train_exact_per_length=train_exact,
+            exact_score=float(np.mean([test_exact[n] for n in config.score_lengths])),
+            train_exact_accuracy=float(np.mean(list(train_exact.values()))),
         ))
     return evaluations
 
@@ -99,15 +116,25 @@ def length_accuracies(
     model: Encoder, task: Task, config: RunConfig, length: int, device: torch.device
 ) -> list[float]:
     """Each member's mean over sub-batches of the pooled masked token accuracy at one length."""
+    return length_scores(model, task, config, length, device)[0]
+
+
+def length_scores(
+    model: Encoder, task: Task, config: RunConfig, length: int, device: torch.device
+) -> tuple[list[float], list[float]]:
+    """Each member's token accuracy (``length_accuracies``) and exact-match accuracy (mean
+    over sub-batches of the share of sequences with every masked position right) at one
+    length."""
     data_rng, seed = seed_for_length(model, config, length)
-    sub_batch_accuracies = []
+    sub_batch_scores = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)  # dropout at evaluation
         for size in _sub_batch_sizes(config.eval_samples, config.eval_batch_size):
             batch = task.sample(length, size, data_rng)
-            correct, counted = _count_correct(model, batch, device)
-            sub_batch_accuracies.append(correct / counted)
-    return torch.stack(sub_batch_accuracies).mean(0).tolist()
+            correct, counted, exact, sequences = _count_correct(model, batch, device)
+            sub_batch_scores.append(torch.stack([correct / counted, exact / sequences]))
+    token, exact = torch.stack(sub_batch_scores).mean(0).tolist()
+    return token, exact
 
 
 def _sub_batch_sizes(samples: int, batch_size: int) -> list[int]:
@@ -115,9 +142,9 @@ def _sub_batch_sizes(samples: int, batch_size: int) -> list[int]:
     return [batch_size] * full + ([rest] if rest else [])
 
 
-def _count_correct(model: Encoder, batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Correct and counted positions of one sub-batch per member (``[M]``, on the device, so
-    that a length costs one synchronisation), halving the
+def _count_correct(model: Encoder, batch, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Correct and counted positions, exactly right and counted sequences of one sub-batch per
+    member (``[M]`` each, on the device, so that a length costs one synchronisation), halving the
     forward chunk on CUDA out-of-memory; one random draw serves the whole sub-batch."""
     check_token_ids(batch.inputs, model.task)
     # Copies: task arrays may be reversed views, whose negative strides torch rejects (and
@@ -130,16 +157,21 @@ def _count_correct(model: Encoder, batch, device: torch.device) -> tuple[torch.T
         try:
             with torch.inference_mode():
                 counts = [
-                    masked_counts(model(inputs[i : i + chunk], draws, evaluating=True),
+                    _chunk_counts(model(inputs[i : i + chunk], draws, evaluating=True),
                                   targets[i : i + chunk], mask[i : i + chunk])
                     for i in range(0, inputs.shape[0], chunk)
                 ]
-            return sum(c for c, _ in counts).double(), sum(t for _, t in counts).double()
+            return tuple(sum(parts).double() for parts in zip(*counts))
         except torch.cuda.OutOfMemoryError:
             if chunk == 1:
                 raise
             torch.cuda.empty_cache()
             chunk = max(1, chunk // 2)
+
+
+def _chunk_counts(logits: torch.Tensor, targets: torch.Tensor,
+                  mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (*masked_counts(logits, targets, mask), *exact_counts(logits, targets, mask))
 
 
 @contextmanager

@@ -24,10 +24,12 @@ import che_bench
 from che_bench.config import RunConfig, RunResult
 from che_bench.errors import CheBenchError
 from che_bench.evaluation import evaluate
+from che_bench.history import DEFAULT_LOG_EVERY
 from che_bench.kept_models import save_model
 from che_bench.model import Encoder, build_model, member_state_dict, stack_members
 from che_bench.packing import group_into_packs, resolve_width
 from che_bench.tasks.base import Task
+from che_bench.trackers import TrackerOptions, Trackers
 from che_bench.training import Diverged, checkpoint_step, train_pack
 
 
@@ -108,6 +110,8 @@ def execute_pack(
     progress: bool = True,
     checkpoint_every: int = 1000,
     on_step: Callable[[int, list[float]], None] | None = None,
+    log_every: int = DEFAULT_LOG_EVERY,
+    trackers: TrackerOptions | None = None,
 ) -> list[RunResult]:
     """Train and evaluate a pack of runs side by side (``check_pack``); never touches the
     result store. Returns one RunResult per config, in order.
@@ -119,7 +123,9 @@ def execute_pack(
     its run has finished. With ``models_dir``, every completed run's final weights are kept
     there (``che_bench.kept_models``). ``tf32`` lets a GPU use TF32 (recorded with the runs).
     ``on_step(step, losses)`` is called after every optimizer step with each member's loss
-    (progress hooks, tests). A diverged member or a crashed pack gives ``status="failed"``
+    (progress hooks, tests). Each result carries its training history, a row every
+    ``log_every`` steps (``che_bench.history``); ``trackers`` also log it, and each completed
+    run's evaluation, to TensorBoard / W&B. A diverged member or a crashed pack gives ``status="failed"``
     results; a pack that runs out of GPU memory is split in two; KeyboardInterrupt
     propagates after the checkpoints are saved.
     """
@@ -152,6 +158,8 @@ def execute_pack(
             progress=progress,
             checkpoint_every=checkpoint_every,
             on_step=on_step,
+            log_every=log_every,
+            trackers=trackers,
         )
     return results
 
@@ -166,11 +174,15 @@ def _execute_group(
     progress: bool,
     checkpoint_every: int,
     on_step: Callable[[int, list[float]], None] | None,
+    log_every: int,
+    trackers: TrackerOptions | None,
 ) -> None:
     """Train and evaluate members that resume from the same step as one pack; fills
     ``results`` in place."""
     started = time.perf_counter()
     pack = {"members": len(configs), "run_ids": [config.run_id() for config in configs]}
+    tracking = Trackers(trackers, configs)
+    history: list[list[dict[str, Any]]] = [[] for _ in configs]
     try:
         task = configs[0].build_task()
         model = build_pack_model(task, configs)
@@ -182,24 +194,29 @@ def _execute_group(
         model.to(device)
         training = train_pack(model, task, configs, device, checkpoints=checkpoints,
                               checkpoint_every=checkpoint_every, progress=progress,
-                              on_step=on_step)
+                              on_step=on_step, log_every=log_every, on_history=tracking.log_row)
+        history = training.history
         evaluations = evaluate(model, task, configs[0], device, progress=progress)
     except KeyboardInterrupt:
+        tracking.close()
         raise
     except Diverged as exc:  # deterministic: a resumed run would diverge again
+        history = exc.history
         for result in results:
             result.error = str(exc)
         finished = [True] * len(configs)
     except Exception as exc:  # recorded as failed runs; the traceback is kept in details
         if isinstance(exc, torch.cuda.OutOfMemoryError) and len(configs) > 1:
             model = None  # the members resume from their checkpoints in two narrower packs
+            tracking.close()
             torch.cuda.empty_cache()
             half = len(configs) // 2
             for part in (slice(0, half), slice(half, None)):
                 _execute_group(configs[part], results[part], device,
                                checkpoints=None if checkpoints is None else checkpoints[part],
                                models_dir=models_dir, progress=progress,
-                               checkpoint_every=checkpoint_every, on_step=on_step)
+                               checkpoint_every=checkpoint_every, on_step=on_step,
+                               log_every=log_every, trackers=trackers)
             return
         for result in results:
             result.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -219,10 +236,17 @@ def _execute_group(
             result.train_accuracy = evaluation.train_accuracy
             result.per_length = evaluation.per_length
             result.train_per_length = evaluation.train_per_length
+            result.exact_score = evaluation.exact_score
+            result.train_exact_accuracy = evaluation.train_exact_accuracy
+            result.exact_per_length = evaluation.exact_per_length
+            result.train_exact_per_length = evaluation.train_exact_per_length
+            tracking.log_evaluation(member, evaluation)
             if models_dir is not None:
                 save_model(models_dir, config, member_state_dict(model, member))
+    tracking.close()
     total = time.perf_counter() - started
     for member, result in enumerate(results):
+        result.history = history[member]
         result.timings["total_s"] = total
         if checkpoints is not None and finished[member]:
             checkpoints[member].unlink(missing_ok=True)
@@ -262,15 +286,11 @@ def execute_run(
     config: RunConfig,
     *,
     device: str = "auto",
-    checkpoint_dir: str | Path | None = None,
-    models_dir: str | Path | None = None,
-    progress: bool = True,
-    checkpoint_every: int = 1000,
     on_step: Callable[[int, float], None] | None = None,
+    **options: Any,
 ) -> RunResult:
-    """Train and evaluate one configuration (a pack of one, see ``execute_pack``); never
-    touches the result store. ``on_step(step, loss)`` is called after every optimizer step."""
+    """Train and evaluate one configuration (a pack of one; ``options`` as in
+    ``execute_pack``); never touches the result store. ``on_step(step, loss)`` is called after
+    every optimizer step."""
     on_member_step = None if on_step is None else (lambda step, losses: on_step(step, losses[0]))
-    return execute_pack([config], device=device, checkpoint_dir=checkpoint_dir,
-                        models_dir=models_dir, progress=progress,
-                        checkpoint_every=checkpoint_every, on_step=on_member_step)[0]
+    return execute_pack([config], device=device, on_step=on_member_step, **options)[0]

@@ -6,12 +6,13 @@ its *original* one, made when the run completed, and any re-evaluation of its ke
 another protocol. An evaluation is identified by its run and its protocol id
 (``config.protocol_id``), so evaluations of different runs under the same protocol share the id.
 Table ``accuracies`` holds the per-length curve of each evaluation (split ``test`` or
-``train``, accuracies as fractions). ``runs.score`` and ``runs.train_accuracy`` repeat the
-original evaluation's values.
+``train``, accuracies as fractions: token-level, and exact match where it was recorded).
+``runs.score`` and ``runs.train_accuracy`` repeat the original evaluation's values. Table ``history`` holds each run's training history
+(``che_bench.history``: a row every ``log_every`` steps).
 
 A file is recognised by SQLite's ``application_id`` header field plus a ``meta`` table; anything
-else is refused and never modified. A store of schema version 1 (one curve per run) is upgraded
-in place, in one transaction. Every write is one transaction, and a busy timeout lets several
+else is refused and never modified. A store of an older schema version (1: one curve per run;
+2: no exact match, no training history) is upgraded in place, in one transaction. Every write is one transaction, and a busy timeout lets several
 processes write.
 """
 
@@ -19,17 +20,20 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from che_bench.errors import CheBenchError
+from che_bench.history import HISTORY_FIELDS
 from che_bench.protocol import EVAL_SEED, format_lengths
 
 if TYPE_CHECKING:
@@ -38,7 +42,7 @@ if TYPE_CHECKING:
 DEFAULT_PATH = Path("results") / "che-bench.sqlite"
 STORE_ENV = "CHE_BENCH_STORE"
 APPLICATION_ID = 0x43484542  # "CHEB"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 60.0
 #: ``evaluation`` argument of the readers: each run's own original evaluation.
 ORIGINAL = "original"
@@ -96,7 +100,24 @@ CREATE TABLE accuracies (
     FOREIGN KEY (run_id, evaluation_id) REFERENCES evaluations (run_id, evaluation_id)
 );
 """
-_SCHEMA = _RUNS_SCHEMA + _EVALUATIONS_SCHEMA
+#: What version 3 added to version 2: exact-match accuracies (NULL in evaluations made before
+#: they were recorded) and training histories; run by ``_create`` and by the upgrade.
+_EXACT_AND_HISTORY_SCHEMA = """
+ALTER TABLE evaluations ADD COLUMN exact_score REAL;
+ALTER TABLE evaluations ADD COLUMN train_exact_accuracy REAL;
+ALTER TABLE accuracies ADD COLUMN exact_accuracy REAL;
+CREATE TABLE history (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    step INTEGER NOT NULL,
+    loss REAL,
+    accuracy REAL,
+    grad_norm REAL,
+    lr REAL NOT NULL,
+    elapsed_s REAL,
+    PRIMARY KEY (run_id, step)
+);
+"""
+_SCHEMA = _RUNS_SCHEMA + _EVALUATIONS_SCHEMA + _EXACT_AND_HISTORY_SCHEMA
 
 #: Columns of ``runs()`` taken from the ``runs`` table; the evaluation shown adds ``score``,
 #: ``train_accuracy`` and ``EVALUATION_COLUMNS``.
@@ -206,12 +227,12 @@ class ResultStore:
                     "result store; refusing to touch it"
                 )
             version = _schema_version(connection)
-            if version == 1:
-                self._upgrade_from_1(connection)
+            if version in _MIGRATIONS:
+                self._upgrade(connection, version)
             elif version != SCHEMA_VERSION:
                 raise CheBenchError(
                     f"result store {self.path} has schema version {version}, "
-                    f"this che-bench reads versions 1 and {SCHEMA_VERSION}"
+                    f"this che-bench reads versions 1 to {SCHEMA_VERSION}"
                 )
 
     def _create(self, connection: sqlite3.Connection) -> None:
@@ -247,27 +268,33 @@ class ResultStore:
                     raise CheBenchError(f"cannot write result store {self.path}: {exc}") from None
             time.sleep(0.01)
 
-    def _upgrade_from_1(self, connection: sqlite3.Connection) -> None:
-        """Upgrade a version-1 store in place, in one transaction: every stored curve becomes
-        its run's original evaluation, with the protocol taken from the run's config. Any
-        failure (or a crash) leaves the version-1 store as it was."""
+    def _upgrade(self, connection: sqlite3.Connection, version: int) -> None:
+        """Upgrade a store of an older schema ``version`` in place, through every later
+        version (``_MIGRATIONS``), in one transaction. Any failure (or a crash) leaves the
+        store as it was."""
         try:
             connection.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             raise CheBenchError(
-                f"result store {self.path} has schema version 1 and cannot be upgraded to "
-                f"{SCHEMA_VERSION}: {exc}"
+                f"result store {self.path} has schema version {version} and cannot be upgraded "
+                f"to {SCHEMA_VERSION}: {exc}"
             ) from None
         try:
             # Re-check inside the lock: another process may have upgraded the store meanwhile.
-            if _schema_version(connection) == 1:
-                _migrate_1_to_2(connection)
+            current = _schema_version(connection)
+            if current != SCHEMA_VERSION:
+                for step in range(current, SCHEMA_VERSION):
+                    _MIGRATIONS[step](connection)
+                connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                                   (str(SCHEMA_VERSION),))
+                connection.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                                   (f"upgraded_from_{current}_at", _now()))
         except BaseException as exc:
             connection.execute("ROLLBACK")
             if isinstance(exc, (ValueError, sqlite3.DatabaseError)):  # CheBenchError included
                 raise CheBenchError(
-                    f"cannot upgrade result store {self.path} from schema version 1 (left "
-                    f"unchanged): {exc}"
+                    f"cannot upgrade result store {self.path} from schema version {version} "
+                    f"(left unchanged): {exc}"
                 ) from None
             raise
         connection.execute("COMMIT")
@@ -291,8 +318,8 @@ class ResultStore:
             )
 
     def record(self, result: RunResult) -> None:
-        """Write a finished run (row, original evaluation and its curves) in one transaction.
-        The run's re-evaluations are kept."""
+        """Write a finished run (row, original evaluation and its curves, training history)
+        in one transaction. The run's re-evaluations are kept."""
         config = result.config
         row = (
             result.run_id, config.task, config.pe, config.kernel, config.seed, config.lr,
@@ -324,7 +351,10 @@ class ResultStore:
                     score=result.score, train_accuracy=result.train_accuracy,
                     per_length=result.per_length, train_per_length=result.train_per_length,
                     device=result.device, versions=result.versions, timings=result.timings,
+                    exact=_ExactMatch(result.exact_score, result.train_exact_accuracy,
+                                      result.exact_per_length, result.train_exact_per_length),
                 )
+            _replace_history(connection, result.run_id, result.history)
 
     def record_evaluation(
         self,
@@ -338,16 +368,31 @@ class ResultStore:
         device: str,
         versions: dict[str, str],
         timings: dict[str, float],
+        exact_score: float | None = None,
+        train_exact_accuracy: float | None = None,
+        exact_per_length: dict[int, float] | None = None,
+        train_exact_per_length: dict[int, float] | None = None,
     ) -> str:
         """Record a re-evaluation of complete run ``run_id`` under ``protocol`` (a dict like
         ``RunConfig.evaluation_protocol()``) in one transaction, replacing an earlier one under
         the same protocol; returns the evaluation id (the protocol's id). The curves must cover
-        exactly the protocol's test and in-distribution lengths."""
+        exactly the protocol's test and in-distribution lengths; the exact-match values come
+        all together or not at all."""
         protocol = _checked_protocol(protocol)
-        _check_accuracy("score", score)
-        _check_accuracy("train_accuracy", train_accuracy)
-        _check_curve("test", per_length, protocol["test_lengths"])
-        _check_curve("in-distribution", train_per_length, protocol["train_eval_lengths"])
+        exact = _ExactMatch(exact_score, train_exact_accuracy, exact_per_length or {},
+                            train_exact_per_length or {})
+        scores = [("score", score), ("train_accuracy", train_accuracy)]
+        curves = [("test", per_length, "test_lengths"),
+                  ("in-distribution", train_per_length, "train_eval_lengths")]
+        if exact.score is not None or exact.train_accuracy is not None or exact.per_length \
+                or exact.train_per_length:
+            scores += [("exact_score", exact.score), ("train_exact_accuracy", exact.train_accuracy)]
+            curves += [("exact-match test", exact.per_length, "test_lengths"),
+                       ("exact-match in-distribution", exact.train_per_length, "train_eval_lengths")]
+        for name, value in scores:
+            _check_accuracy(name, value)
+        for split, curve, lengths in curves:
+            _check_curve(split, curve, protocol[lengths])
         evaluation_id = _protocol_id(protocol)
         with self._transaction() as connection:
             run = connection.execute(
@@ -371,7 +416,7 @@ class ResultStore:
                 connection, run_id, evaluation_id, protocol, is_original=False, score=score,
                 train_accuracy=train_accuracy, per_length=per_length,
                 train_per_length=train_per_length, device=device, versions=versions,
-                timings=timings,
+                timings=timings, exact=exact,
             )
         return evaluation_id
 
@@ -384,15 +429,16 @@ class ResultStore:
 
     def runs(self, run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL) -> pd.DataFrame:
         """One row per run, oldest first; ``kernel`` is None without DAPE. ``score``,
-        ``train_accuracy`` and ``EVALUATION_COLUMNS`` come from ``evaluation``: ``"original"``
+        ``train_accuracy``, ``exact_score``, ``train_exact_accuracy`` (NaN where exact match
+        was not recorded) and ``EVALUATION_COLUMNS`` come from ``evaluation``: ``"original"``
         (every run, each with its original evaluation where it has one) or a protocol id (only
         the runs evaluated under it)."""
         run_columns = ", ".join(f"r.{column}" for column in RUN_COLUMNS)
         with self._connect() as connection:
             join, params = self._evaluation_join(connection, evaluation)
             frame = pd.read_sql_query(
-                f"""SELECT {run_columns}, e.score, e.train_accuracy,
-                           e.evaluation_id AS evaluation, e.protocol, e.device AS eval_device,
+                f"""SELECT {run_columns}, e.score, e.train_accuracy, e.exact_score,
+                           e.train_exact_accuracy, e.evaluation_id AS evaluation, e.protocol, e.device AS eval_device,
                            e.timings AS eval_timings
                     FROM runs r {join}
                     ORDER BY r.created_at, r.run_id""",
@@ -401,13 +447,15 @@ class ResultStore:
         return _selected(frame, run_ids)
 
     def per_length(self, run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL) -> pd.DataFrame:
-        """Per-length accuracies of complete runs under ``evaluation`` (as in ``runs``), with the
-        evaluation id and the run's identifying columns."""
+        """Per-length accuracies of complete runs under ``evaluation`` (as in ``runs``):
+        ``accuracy`` and ``exact_accuracy`` (NaN where not recorded), with the evaluation id and
+        the run's identifying columns."""
         with self._connect() as connection:
             join, params = self._evaluation_join(connection, evaluation, inner=True)
             frame = pd.read_sql_query(
                 f"""SELECT r.run_id, e.evaluation_id AS evaluation, r.task, r.pe, r.kernel,
-                           r.seed, r.lr, r.steps, r.preset, a.split, a.length, a.accuracy
+                           r.seed, r.lr, r.steps, r.preset, a.split, a.length, a.accuracy,
+                           a.exact_accuracy
                     FROM runs r {join}
                     JOIN accuracies a
                         ON a.run_id = e.run_id AND a.evaluation_id = e.evaluation_id
@@ -416,6 +464,20 @@ class ResultStore:
                 connection, params=params,
             )
         return _selected(frame, run_ids)
+
+    def history(self, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
+        """Training history rows (``che_bench.history.HISTORY_FIELDS``) with their ``run_id``,
+        by run (oldest first) and step; non-finite values read back as NaN."""
+        with self._connect() as connection:
+            frame = pd.read_sql_query(
+                f"""SELECT h.run_id, {', '.join(f'h.{name}' for name in HISTORY_FIELDS)}
+                    FROM history h JOIN runs r ON r.run_id = h.run_id
+                    ORDER BY r.created_at, r.run_id, h.step""",
+                connection,
+            )
+        if run_ids is not None:
+            frame = frame[frame["run_id"].isin(set(run_ids))]
+        return frame.reset_index(drop=True).astype({name: float for name in HISTORY_FIELDS[1:]})
 
     def evaluations(self, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
         """One row per evaluation, oldest first: ``evaluation`` (protocol id), ``run_id``,
@@ -468,7 +530,7 @@ def _execute_script(connection: sqlite3.Connection, script: str) -> None:
 
 
 def _migrate_1_to_2(connection: sqlite3.Connection) -> None:
-    """Schema version 1 -> 2 inside the caller's transaction (see ``_upgrade_from_1``)."""
+    """Schema version 1 -> 2 inside the caller's transaction (see ``_upgrade``)."""
     connection.execute("ALTER TABLE accuracies RENAME TO accuracies_v1")
     _execute_script(connection, _EVALUATIONS_SCHEMA)
     evaluated = connection.execute(
@@ -497,9 +559,16 @@ def _migrate_1_to_2(connection: sqlite3.Connection) -> None:
     if copied != stored:
         raise CheBenchError(f"{stored - copied} stored accuracies belong to no run")
     connection.execute("DROP TABLE accuracies_v1")
-    connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
-    connection.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('upgraded_from_1_at', ?)",
-                       (_now(),))
+
+
+def _migrate_2_to_3(connection: sqlite3.Connection) -> None:
+    """Schema version 2 -> 3 inside the caller's transaction: every stored evaluation keeps
+    its values, without exact match (NULL); runs have no history yet."""
+    _execute_script(connection, _EXACT_AND_HISTORY_SCHEMA)
+
+
+#: The migration from each older schema version to the next one.
+_MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
 
 
 def _protocol_fields() -> tuple[str, ...]:
@@ -546,6 +615,16 @@ def _delete_evaluation(connection: sqlite3.Connection, run_id: str, evaluation_i
                        (run_id, evaluation_id))
 
 
+@dataclass(frozen=True)
+class _ExactMatch:
+    """An evaluation's exact-match accuracies (None / empty where not recorded)."""
+
+    score: float | None
+    train_accuracy: float | None
+    per_length: dict[int, float]
+    train_per_length: dict[int, float]
+
+
 def _insert_evaluation(
     connection: sqlite3.Connection,
     run_id: str,
@@ -560,20 +639,41 @@ def _insert_evaluation(
     device: str,
     versions: dict[str, str],
     timings: dict[str, float],
+    exact: _ExactMatch,
 ) -> None:
     connection.execute(
         """INSERT INTO evaluations (run_id, evaluation_id, protocol, is_original, score,
-                                    train_accuracy, device, versions, timings, created_at)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                                    train_accuracy, device, versions, timings, created_at,
+                                    exact_score, train_exact_accuracy)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
         (run_id, evaluation_id, json.dumps(protocol), int(is_original), score, train_accuracy,
-         device, json.dumps(versions), json.dumps(timings), _now()),
+         device, json.dumps(versions), json.dumps(timings), _now(), exact.score,
+         exact.train_accuracy),
     )
-    accuracies = [(run_id, evaluation_id, "test", n, acc) for n, acc in per_length.items()]
-    accuracies += [(run_id, evaluation_id, "train", n, acc) for n, acc in train_per_length.items()]
+    accuracies = [(run_id, evaluation_id, "test", n, acc, exact.per_length.get(n))
+                  for n, acc in per_length.items()]
+    accuracies += [(run_id, evaluation_id, "train", n, acc, exact.train_per_length.get(n))
+                   for n, acc in train_per_length.items()]
     connection.executemany(
-        "INSERT INTO accuracies (run_id, evaluation_id, split, length, accuracy) VALUES (?, ?, ?, ?, ?)",
+        """INSERT INTO accuracies (run_id, evaluation_id, split, length, accuracy, exact_accuracy)
+           VALUES (?, ?, ?, ?, ?, ?)""",
         accuracies,
     )
+
+
+def _replace_history(connection: sqlite3.Connection, run_id: str,
+                     rows: list[dict[str, Any]]) -> None:
+    """A run's training history rows, replacing any earlier ones (non-finite values: NULL)."""
+    connection.execute("DELETE FROM history WHERE run_id = ?", (run_id,))
+    connection.executemany(
+        f"INSERT INTO history (run_id, {', '.join(HISTORY_FIELDS)}) "
+        f"VALUES (?, {', '.join('?' for _ in HISTORY_FIELDS)})",
+        [(run_id, *(_finite_or_none(row[name]) for name in HISTORY_FIELDS)) for row in rows],
+    )
+
+
+def _finite_or_none(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _selected(frame: pd.DataFrame, run_ids: Iterable[str] | None) -> pd.DataFrame:

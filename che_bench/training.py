@@ -14,8 +14,9 @@ with its ``data_seed``; the loss is the per-token cross-entropy averaged over ba
 positions (unmasked, as in the reference). Dropout draws from torch's global RNG; randomized
 encodings from per-member generators of their own.
 
-Nothing in the step loop waits for the device: losses and accuracy counts accumulate on it
-and are read every ``sync_every`` steps (finiteness, progress), batches are made ahead on a
+Nothing in the step loop waits for the device: losses, accuracy counts and gradient norms
+accumulate on it and are read every ``sync_every`` steps (finiteness, progress, the training
+history of ``che_bench.history``), batches are made ahead on a
 background thread and copied from pinned memory when training on a GPU.
 
 A member's checkpoint holds its weights, Adam state, every RNG state and the step, so
@@ -55,6 +56,7 @@ from rich.progress import (
 from che_bench.atomic import save_atomically
 from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
+from che_bench.history import DEFAULT_LOG_EVERY, TrainingHistory
 from che_bench.model import Encoder
 from che_bench.tasks.base import Task
 
@@ -67,7 +69,12 @@ GPU_SYNC_EVERY = 50
 
 
 class Diverged(RuntimeError):
-    """The loss became NaN or infinite."""
+    """The loss became NaN or infinite (of every member); ``history`` holds their training
+    history up to then."""
+
+    def __init__(self, message: str, history: list[list[dict[str, Any]]] | None = None) -> None:
+        super().__init__(message)
+        self.history = history or []
 
 
 def draw_seed(seed: int) -> int:
@@ -100,6 +107,16 @@ def masked_counts(
     hits = (logits.argmax(-1) == targets) & mask
     counted = mask.expand_as(hits)
     return hits.flatten(1).sum(1), counted.flatten(1).sum(1)
+
+
+def exact_counts(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences with every masked-in position right, and sequences with any masked-in
+    position, per member (device tensors ``[M]``); shapes as in ``masked_counts``."""
+    wrong = (logits.argmax(-1) != targets) & mask
+    scored = mask.expand_as(wrong).any(-1)
+    return (scored & ~wrong.any(-1)).sum(-1), scored.sum(-1)
 
 
 # --- the optimizer ------------------------------------------------------------------------
@@ -149,6 +166,8 @@ class PackOptimizer:
         self.exp_avg = torch.zeros_like(self.flat)
         self.exp_avg_sq = torch.zeros_like(self.flat)
         self.steps = 0
+        #: Each member's gradient norm before clipping at the last step (on the device).
+        self.grad_norms = torch.zeros_like(self.lrs[:, 0])
         #: Fingerprint of the flat layout (names are not needed: the model fixes the order).
         self.layout = hashlib.sha256(
             repr([tuple(p.shape) for p in self.parameters]).encode()
@@ -160,6 +179,7 @@ class PackOptimizer:
     @torch.no_grad()
     def step(self) -> None:
         norms = torch.linalg.vector_norm(self.flat_grad, dim=1, keepdim=True)
+        self.grad_norms = norms[:, 0]
         # torch.nn.utils.clip_grad_norm_'s factor, per member.
         self.flat_grad.mul_((self.max_norm / (norms + 1e-6)).clamp(max=1.0))
         self.steps += 1
@@ -361,15 +381,17 @@ class PackTraining:
     #: Step at which each member's loss first was not finite (None: it never diverged).
     diverged_at: list[int | None]
     timings: dict[str, float] = field(default_factory=dict)
+    #: Each member's training history rows (``che_bench.history``), resumed steps included.
+    history: list[list[dict[str, Any]]] = field(default_factory=list)
 
 
 @dataclass
 class _Readings:
-    """Per-step losses and accuracy counts kept on the device until they are read."""
+    """Per step: losses, correct and counted positions and gradient norms (a ``[4, M]``
+    device tensor, kept there until read) and the training seconds after it (host time)."""
 
-    losses: list[torch.Tensor] = field(default_factory=list)
-    correct: list[torch.Tensor] = field(default_factory=list)
-    counted: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
 
 
 def train_pack(
@@ -383,13 +405,16 @@ def train_pack(
     progress: bool = True,
     on_step: Callable[[int, list[float]], None] | None = None,
     sync_every: int | None = None,
+    log_every: int = DEFAULT_LOG_EVERY,
+    on_history: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> PackTraining:
     """Train the members of ``model`` (on ``device``, member m freshly initialised from
     ``configs[m].seed``) for ``steps`` steps, resuming from ``checkpoints`` (one path per
     member) when those files exist; all members must then be at the same step.
 
     ``on_step(step, losses)`` is called after every optimizer step with each member's loss
-    (it makes the loop read the device every step). Returns each member's outcome; a member
+    (it makes the loop read the device every step). Each member's history gets a row every
+    ``log_every`` steps and at the last one; ``on_history(member, row)`` sees each. Returns each member's outcome; a member
     whose loss stops being finite is reported in ``diverged_at`` (the others go on), and when
     every member has diverged training stops with ``Diverged``.
     """
@@ -402,9 +427,11 @@ def train_pack(
     model.seed_draws([draw_seed(config.seed) for config in configs])
     projected = projected_modules(model)
     micro_batches = micro_batches_for(len(configs), device)
+    history = TrainingHistory([c.lr for c in configs], log_every, steps, on_history)
     step, seconds_before = 0, 0.0
     if checkpoints is not None and any(path.exists() for path in checkpoints):
-        step, seconds_before = _load_checkpoints(checkpoints, configs, model, optimizer, stream)
+        step, seconds_before = _load_checkpoints(checkpoints, configs, model, optimizer, stream,
+                                                 history)
     resumed_from = step
     members = len(configs)
     diverged_at: list[int | None] = [None] * members
@@ -415,29 +442,27 @@ def train_pack(
     started = time.perf_counter()
 
     def save() -> None:
+        read()  # the history's open window goes into the checkpoints whole
         _save_checkpoints(checkpoints, configs, model, optimizer, last_states, step,
-                          seconds_before + time.perf_counter() - started)
+                          seconds_before + time.perf_counter() - started, history)
 
-    def read(first_step: int) -> list[list[float]]:
-        """Pull the pending readings off the device; note divergences and running values."""
-        nonlocal running_accuracy
-        if not readings.losses:
+    def read() -> list[float]:
+        """Pull the pending readings off the device (one transfer); note divergences, running
+        values and history. Returns the last read step's losses ([] when none was pending)."""
+        nonlocal running_accuracy, pending_from
+        if not readings.values:
             return []
-        losses = torch.stack(readings.losses).tolist()
-        correct = torch.stack(readings.correct).sum(0)
-        counted = torch.stack(readings.counted).sum(0).clamp(min=1)
-        accuracy = (correct / counted).mean().item()
-        readings.losses.clear(), readings.correct.clear(), readings.counted.clear()
-        for offset, step_losses in enumerate(losses):
-            for member, loss in enumerate(step_losses):
-                if diverged_at[member] is not None:
-                    continue
-                if not math.isfinite(loss):
-                    diverged_at[member] = first_step + offset
-                else:
-                    running_losses[member] = _smooth(running_losses[member], loss)
-        running_accuracy = _smooth(running_accuracy, accuracy)
-        return losses
+        values = torch.stack(readings.values).tolist()  # [steps][4][M]
+        for offset, ((losses, correct, counted, norms), seconds) in enumerate(
+                zip(values, readings.seconds)):
+            _note_divergence(pending_from + offset, losses, diverged_at, running_losses)
+            history.add(pending_from + offset, losses, correct, counted, norms, seconds)
+        correct, counted = (np.sum([step_values[i] for step_values in values], axis=0)
+                            for i in (1, 2))
+        running_accuracy = _smooth(running_accuracy, float(np.mean(correct / np.maximum(counted, 1))))
+        pending_from += len(values)
+        readings.values.clear(), readings.seconds.clear()
+        return values[-1][0]
 
     model.train()
     between_steps = True  # False while a step is half done (state not consistent)
@@ -456,17 +481,18 @@ def train_pack(
 
                 with torch.no_grad():
                     correct, counted = masked_counts(logits, batch.targets, batch.mask)
-                readings.losses.append(losses)
-                readings.correct.append(correct)
-                readings.counted.append(counted)
+                    readings.values.append(torch.stack([
+                        losses, correct.to(losses.dtype), counted.to(losses.dtype),
+                        optimizer.grad_norms.to(losses.dtype)]))
+                readings.seconds.append(seconds_before + time.perf_counter() - started)
                 if step % sync_every == 0 or step == steps:
-                    step_losses = read(pending_from)
-                    pending_from = step + 1
+                    step_losses = read()
                     if on_step is not None:
-                        on_step(step, step_losses[-1])
+                        on_step(step, step_losses)
                     if all(at is not None for at in diverged_at):
                         raise Diverged(f"diverged at step {min(diverged_at)}: loss is not finite "
-                                       f"(lr {', '.join(f'{c.lr:g}' for c in configs)})")
+                                       f"(lr {', '.join(f'{c.lr:g}' for c in configs)})",
+                                       history.rows)
                     if bar is not None:
                         bar.update(bar.task_ids[0], completed=step,
                                    loss=float(np.nanmean(running_losses)), acc=running_accuracy)
@@ -497,6 +523,7 @@ def train_pack(
         resumed_from_step=resumed_from,
         final_losses=running_losses,
         diverged_at=diverged_at,
+        history=history.rows,
         timings={
             "train_s": seconds_before + elapsed,
             "steps_per_s": new_steps / max(elapsed, 1e-9),
@@ -504,6 +531,18 @@ def train_pack(
             "pack_members": float(members),
         },
     )
+
+
+def _note_divergence(step: int, losses: Sequence[float], diverged_at: list[int | None],
+                     running_losses: list[float]) -> None:
+    """Mark members whose loss at ``step`` is not finite; smooth the others' running loss."""
+    for member, loss in enumerate(losses):
+        if diverged_at[member] is not None:
+            continue
+        if not math.isfinite(loss):
+            diverged_at[member] = step
+        else:
+            running_losses[member] = _smooth(running_losses[member], loss)
 
 
 def _smooth(previous: float, value: float, weight: float = 0.95) -> float:
@@ -542,6 +581,7 @@ def _save_checkpoints(
     rng_states: dict[str, Any],
     step: int,
     train_seconds: float,
+    history: TrainingHistory,
 ) -> None:
     """One file per member, each written atomically (temp file + rename), so a kill never
     leaves a torn checkpoint. The dropout RNG is the pack's: a member resumed in a pack of
@@ -561,6 +601,7 @@ def _save_checkpoints(
             "run_id": config.run_id(),
             "data_rng": rng_states["data"][member],
             "draw_rng": draw_states[member],
+            "history": history.state(member),
             **optimizer.member_state(member),
         }
         save_atomically(state, path, "checkpoint")
@@ -572,6 +613,7 @@ def _load_checkpoints(
     model: Encoder,
     optimizer: PackOptimizer,
     stream: BatchStream,
+    history: TrainingHistory,
 ) -> tuple[int, float]:
     states = [_read_checkpoint(path, config) for path, config in zip(paths, configs)]
     steps = {int(state["step"]) for state in states}
@@ -579,6 +621,7 @@ def _load_checkpoints(
         raise CheBenchError("the members of a pack must resume from the same step")
     for member, state in enumerate(states):
         optimizer.load_member_state(member, state)
+        history.restore(member, state.get("history"))
     model.set_draw_states([state["draw_rng"] for state in states])
     stream.restore({"length": states[0]["length_rng"], "data": [s["data_rng"] for s in states]})
     torch.set_rng_state(states[0]["torch_rng"])

@@ -17,7 +17,7 @@ import pytest
 from che_bench import store as store_module
 from che_bench.errors import CheBenchError
 from che_bench.config import RunResult, make_config, protocol_id
-from che_bench.store import APPLICATION_ID, ResultStore
+from che_bench.store import APPLICATION_ID, SCHEMA_VERSION, ResultStore
 
 
 def synthetic_result(
@@ -330,7 +330,7 @@ def test_a_version_1_store_is_upgraded_in_place_with_nothing_lost(tmp_path):
     store = ResultStore(path)
     with sqlite3.connect(path) as connection:
         assert connection.execute(
-            "SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+            "SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
         assert connection.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
 
     runs = store.runs().set_index("run_id")
@@ -399,9 +399,9 @@ def test_newer_stores_are_refused_untouched(tmp_path):
     path = tmp_path / "future.sqlite"
     ResultStore(path)
     with sqlite3.connect(path) as connection:
-        connection.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+        connection.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
     before = dump(path)
-    with pytest.raises(CheBenchError, match="schema version 3"):
+    with pytest.raises(CheBenchError, match="schema version 4"):
         ResultStore(path)
     assert dump(path) == before
 

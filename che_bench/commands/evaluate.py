@@ -36,6 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="keep dropout on while evaluating (as the reference code does)")
     parser.add_argument("--score-from-42", action=argparse.BooleanOptionalAction, default=None,
                         help="average the score over 42.. like the reference scripts")
+    parser.add_argument("--samples", metavar="FILE.jsonl",
+                        help="also write each model's predictions on the first test sequences "
+                             "of every test length (input, target, prediction, mask, per-token "
+                             "correctness), one JSON line each")
+    parser.add_argument("--samples-per-length", type=int, default=8, metavar="N",
+                        help="sequences per length with --samples (default 8)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--yes", action="store_true",
@@ -88,10 +94,19 @@ def evaluate_command(args: argparse.Namespace) -> int:
             run_id, protocol, score=result.score, train_accuracy=result.train_accuracy,
             per_length=result.per_length, train_per_length=result.train_per_length,
             device=described, versions=software_versions(), timings={"eval_s": result.seconds},
+            exact_score=result.exact_score, train_exact_accuracy=result.train_exact_accuracy,
+            exact_per_length=result.exact_per_length,
+            train_exact_per_length=result.train_exact_per_length,
         )
         print(f"run {run_id}: evaluation {evaluation_id} ({describe_protocol(protocol)}) on "
               f"{described}: score {result.score:.2%}, in-distribution "
-              f"{result.train_accuracy:.2%}; {result.seconds:.0f} s")
+              f"{result.train_accuracy:.2%}, exact match {result.exact_score:.2%}; "
+              f"{result.seconds:.0f} s")
+    if args.samples is not None:
+        from che_bench.samples import write_samples
+
+        written = write_samples(args.samples, models, configs, device, args.samples_per_length)
+        print(f"wrote {written} sample predictions to {args.samples}")
     return 0
 
 

@@ -39,6 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "many as fit in its memory, on a CPU 1)")
     add_keep_model_argument(parser)
     add_tf32_argument(parser)
+    add_watch_arguments(parser)
+    parser.add_argument("--samples", metavar="FILE.jsonl",
+                        help="after the runs, write each completed run's predictions on the "
+                             "first test sequences of every test length (needs the kept model)")
+    parser.add_argument("--samples-per-length", type=int, default=8, metavar="N",
+                        help="sequences per length with --samples (default 8)")
     parser.add_argument("--store", help="result store (default $CHE_BENCH_STORE or "
                         "results/che-bench.sqlite)")
     parser.add_argument("--checkpoint-dir",
@@ -120,6 +126,34 @@ def add_tf32_argument(parser: argparse.ArgumentParser) -> None:
                              "~1e-3 relative error; off by default, recorded with the runs)")
 
 
+def add_watch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that watch training: history cadence and trackers (``watch_options``)."""
+    group = parser.add_argument_group("watching training")
+    group.add_argument("--log-every", type=int, default=100, metavar="K",
+                       help="a training-history row (loss, accuracy, gradient norm, lr, time) "
+                            "every K steps and at the last step (default 100; not part of the "
+                            "run id)")
+    group.add_argument("--tensorboard", metavar="DIR",
+                       help="also log to TensorBoard event files in DIR/<run id>/ (extra "
+                            "[tensorboard])")
+    group.add_argument("--wandb", metavar="PROJECT",
+                       help="also log to this Weights & Biases project (extra [wandb]; "
+                            "WANDB_MODE=offline keeps it on disk)")
+
+
+def watch_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``execute_pack`` keywords of the watch flags, checked (a missing tracker extra is a
+    one-line error before anything runs)."""
+    from che_bench.history import check_log_every
+    from che_bench.trackers import TrackerOptions
+
+    trackers = None
+    if args.tensorboard is not None or args.wandb is not None:
+        trackers = TrackerOptions(tensorboard=args.tensorboard, wandb=args.wandb)
+        trackers.check()
+    return {"log_every": check_log_every(args.log_every), "trackers": trackers}
+
+
 def cell_configs(args: argparse.Namespace) -> list:
     """The run's config, or one per seed x learning rate with ``--seeds`` / ``--lrs``."""
     from che_bench.config import make_config
@@ -181,6 +215,9 @@ def run_command(args: argparse.Namespace) -> int:
 
     configs = cell_configs(args)
     width = parse_pack_width(args.pack)
+    watching = watch_options(args)
+    if args.samples is not None and args.no_keep_model:
+        raise CheBenchError("--samples reads the kept models: leave out --no-keep-model")
     runner.resolve_device(args.device)  # a bad device fails before anything is written
     if args.threads < 1:
         raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
@@ -212,7 +249,7 @@ def run_command(args: argparse.Namespace) -> int:
         )
     results = runner.execute_runs(
         todo, pack=width, device=args.device, checkpoint_dir=checkpoint_dir,
-        models_dir=models_dir, tf32=args.tf32, progress=not args.no_progress,
+        models_dir=models_dir, tf32=args.tf32, progress=not args.no_progress, **watching,
     ) if todo else []
     for result in results:
         store.record(result)
@@ -228,6 +265,23 @@ def run_command(args: argparse.Namespace) -> int:
             f"{result.train_accuracy:.2%}; train {timings['train_s']:.0f} s{packed}, "
             f"eval {timings['eval_s']:.0f} s"
         )
+    if args.samples is not None:
+        _write_run_samples(args, store, run_ids)
     compare = "paper" if paper_table_or_none() is not None else "none"
     print(format_table(store, run_ids=run_ids, compare=compare), end="")
     return 1 if any(result.status != "complete" for result in results) else 0
+
+
+def _write_run_samples(args: argparse.Namespace, store, run_ids: list[str]) -> None:
+    """``--samples``: the predictions of the cell's completed runs, from their kept models."""
+    from che_bench.kept_models import load_model, models_dir_for
+    from che_bench.runner import resolve_device
+    from che_bench.samples import write_samples
+
+    complete = store.completed_run_ids()
+    kept = [load_model(models_dir_for(store.path), run_id) for run_id in run_ids
+            if run_id in complete]
+    written = write_samples(args.samples, [model for _, model in kept],
+                            [config for config, _ in kept], resolve_device(args.device),
+                            args.samples_per_length)
+    print(f"wrote {written} sample predictions to {args.samples}")

@@ -1,0 +1,98 @@
+"""A run's training history: per member, one row every ``log_every`` steps and at the last step.
+
+A row is ``{"step", "loss", "accuracy", "grad_norm", "lr", "elapsed_s"}``: the window's last
+step, the mean training loss over the window's steps, the masked token accuracy pooled over
+the window's batches, the mean global gradient norm before clipping, the learning rate and the
+training seconds up to that step (across resumes). Example with ``log_every=100`` and 250
+steps: rows at steps 100, 200 and 250, the last one over steps 201..250.
+
+The training loop feeds it the values it already reads from the device (``add``), so it adds
+no synchronisation; its state, an open window included, travels in checkpoints, so a resumed
+run continues its history without gaps or duplicates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from che_bench.errors import CheBenchError
+
+DEFAULT_LOG_EVERY = 100
+HISTORY_FIELDS = ("step", "loss", "accuracy", "grad_norm", "lr", "elapsed_s")
+
+
+@dataclass
+class _Window:
+    """Sums over the steps since the last row."""
+
+    steps: int = 0
+    loss: float = 0.0
+    correct: float = 0.0
+    counted: float = 0.0
+    grad_norm: float = 0.0
+
+
+class TrainingHistory:
+    """The history rows of a pack's members (see the module docstring). ``on_row(member, row)``
+    is called for every new row (trackers)."""
+
+    def __init__(
+        self,
+        lrs: Sequence[float],
+        log_every: int,
+        last_step: int,
+        on_row: Callable[[int, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.log_every = check_log_every(log_every)
+        self.last_step = last_step
+        self.lrs = [float(lr) for lr in lrs]
+        self.rows: list[list[dict[str, Any]]] = [[] for _ in self.lrs]
+        self._windows = [_Window() for _ in self.lrs]
+        self._on_row = on_row
+
+    def add(self, step: int, losses: Sequence[float], correct: Sequence[float],
+            counted: Sequence[float], grad_norms: Sequence[float], elapsed_s: float) -> None:
+        """One step's values per member; closes the window at a logging step."""
+        for member, window in enumerate(self._windows):
+            window.steps += 1
+            window.loss += losses[member]
+            window.correct += correct[member]
+            window.counted += counted[member]
+            window.grad_norm += grad_norms[member]
+        if step % self.log_every == 0 or step == self.last_step:
+            for member, window in enumerate(self._windows):
+                row = {
+                    "step": step,
+                    "loss": window.loss / window.steps,
+                    "accuracy": window.correct / window.counted if window.counted else math.nan,
+                    "grad_norm": window.grad_norm / window.steps,
+                    "lr": self.lrs[member],
+                    "elapsed_s": elapsed_s,
+                }
+                self.rows[member].append(row)
+                self._windows[member] = _Window()
+                if self._on_row is not None:
+                    self._on_row(member, row)
+
+    def state(self, member: int) -> dict[str, Any]:
+        """What a member's checkpoint keeps: its rows and its open window."""
+        return {"rows": [dict(row) for row in self.rows[member]],
+                "window": asdict(self._windows[member])}
+
+    def restore(self, member: int, state: dict[str, Any] | None) -> None:
+        """Continue from a checkpoint's ``state`` (None: a checkpoint written before histories
+        were kept; the history then starts at the resumed step). Another ``log_every`` than
+        before is fine: the open window closes at the next multiple of the new one."""
+        if state is None:
+            return
+        self.rows[member] = [dict(row) for row in state["rows"]]
+        self._windows[member] = _Window(**state["window"])
+
+
+def check_log_every(log_every: Any) -> int:
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+        raise CheBenchError(f"--log-every must be an integer >= 1, got {log_every!r}")
+    return log_every
