@@ -13,10 +13,14 @@ run continues its history without gaps or duplicates.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import numpy as np
 
 from che_bench.errors import CheBenchError
 
@@ -96,3 +100,29 @@ def check_log_every(log_every: Any) -> int:
     if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
         raise CheBenchError(f"--log-every must be an integer >= 1, got {log_every!r}")
     return log_every
+
+
+#: Sequences drawn per training length to estimate the class frequencies.
+BASELINE_SEQUENCES = 64
+
+
+@functools.lru_cache(maxsize=256)
+def class_frequency_loss(task_name: str, task_params_json: str, train_max_length: int) -> float:
+    """The training loss (nats per output position, unmasked as in training) of the best
+    input-blind constant prediction: the target-class frequencies over the training lengths
+    (drawn uniformly, as training draws them), estimated from ``BASELINE_SEQUENCES`` sequences
+    per length (numpy seed 0). A run whose loss never fell below it learned nothing."""
+    from che_bench.tasks import get_task
+
+    task = get_task(task_name, **json.loads(task_params_json))
+    rng = np.random.default_rng(0)
+    frequencies = []
+    for length in range(task.min_length, train_max_length + 1):
+        targets = task.sample(length, BASELINE_SEQUENCES, rng).targets
+        counts = np.bincount(targets.ravel(), minlength=task.output_size)
+        frequencies.append(counts / counts.sum())
+    frequencies = np.array(frequencies)
+    best = frequencies.mean(0)  # the constant prediction minimising the mean loss over lengths
+    with np.errstate(divide="ignore", invalid="ignore"):
+        losses = -(frequencies * np.where(frequencies > 0, np.log(best), 0.0)).sum(1)
+    return float(losses.mean())

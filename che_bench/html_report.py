@@ -1,7 +1,9 @@
 """``che-bench report``: one self-contained, static HTML page about a selection of runs.
 
-The page holds the CHE table (``reports.display_table``), one accuracy-versus-length figure per
-task (``plotting.task_panel_png``, embedded as base64 PNG data URIs), what ran (presets, steps,
+The page holds the CHE table (``reports.display_table``), whether the runs learned (training
+lengths, and runs whose loss never beat the class frequencies: ``reports.stuck_runs``), one
+accuracy-versus-length figure per task (``plotting.task_panel_png``) and one training-curves
+figure per table cell (``plotting.curves_png``), embedded as base64 PNG data URIs, what ran (presets, steps,
 versions, devices, statuses, failures) and the commands that reproduce it. It loads nothing:
 no external CSS, scripts, fonts or images, and its Content-Security-Policy forbids every fetch
 but its own inline style, its one tiny script and data: images. Every string taken from the
@@ -25,11 +27,21 @@ import pandas as pd
 
 from che_bench.errors import CheBenchError
 from che_bench.protocol import preset_settings
-from che_bench.reports import display_table, encoding_label, labelled_runs, paper_table_or_none
+from che_bench.reports import (
+    METRIC_NOTES,
+    curves_frame,
+    display_table,
+    encoding_label,
+    labelled_runs,
+    paper_table_or_none,
+    stuck_runs,
+)
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
 
 #: Up to this many runs, the page lists one ``che-bench run`` command per run.
 MAX_RUN_COMMANDS = 10
+#: At most this many table cells get a training-curves figure (the page stays a few MB).
+MAX_CURVE_FIGURES = 48
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; color: #222; max-width: 80em; margin: 2em auto;
@@ -117,8 +129,10 @@ def render_report(
     tasks: Iterable[str] | None = None,
     run_ids: Iterable[str] | None = None,
     evaluation: str = ORIGINAL,
+    metric: str = "token",
 ) -> str:
-    """The report page (HTML text) of a selection (see ``select_runs``) under ``evaluation``."""
+    """The report page (HTML text) of a selection (see ``select_runs``) under ``evaluation``,
+    scores in ``metric`` (``reports.METRICS``)."""
     from che_bench.plotting import plot_data, task_labels, task_panel_png
 
     runs, title = select_runs(store, suite=suite, tasks=tasks, run_ids=run_ids)
@@ -126,11 +140,12 @@ def render_report(
     evaluated = store.runs(ids, evaluation)
     if evaluation != ORIGINAL and not (evaluated["status"] == "complete").any():
         raise CheBenchError(f"no complete run of {title} has evaluation {evaluation}")
-    compare = "paper" if paper_table_or_none() is not None else "none"
-    table, notes = display_table(store, run_ids=ids, compare=compare, evaluation=evaluation)
+    compare = "paper" if paper_table_or_none() is not None and metric == "token" else "none"
+    table, notes = display_table(store, run_ids=ids, compare=compare, evaluation=evaluation,
+                                 metric=metric)
     figures = []
     if not table.empty:
-        plotted, curves = plot_data(store, run_ids=ids, evaluation=evaluation)
+        plotted, curves = plot_data(store, run_ids=ids, evaluation=evaluation, metric=metric)
         # In the table's row order (by level, then the paper's task order).
         panels = set(task_labels(plotted))
         labels = [task for _, task, _ in table.index if task in panels]
@@ -139,13 +154,18 @@ def render_report(
     sections = [
         f"<h1>che-bench report: {_e(title)}</h1>",
         f"<p>Store <code>{_e(store.path)}</code>, generated "
-        f"{dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. Scores: {_e(shown)}.</p>",
+        f"{dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. Scores: {_e(shown)}; "
+        f"{_e(METRIC_NOTES[metric])}.</p>",
         "<h2>Table</h2>",
         _table_html(table, notes),
         "<h2>Did the models learn the training lengths?</h2>",
         _learning_html(evaluated),
+        _stuck_html(store, runs),
         "<h2>Accuracy against length</h2>",
-        "".join(_figure_html(label, png) for label, png in figures) or "<p>No complete runs.</p>",
+        "".join(_figure_html(label, png, "accuracy against length")
+                for label, png in figures) or "<p>No complete runs.</p>",
+        "<h2>Training curves</h2>",
+        _curves_html(store, runs),
         "<h2>What ran</h2>",
         _what_ran_html(store, runs, evaluation),
         "<h2>Reproduce</h2>",
@@ -206,12 +226,60 @@ def _table_html(table: pd.DataFrame, notes: list[str]) -> str:
     )
 
 
-def _figure_html(label: str, png: bytes) -> str:
+def _figure_html(label: str, png: bytes, what: str, size: tuple[int, int] = (600, 400)) -> str:
     data = base64.b64encode(png).decode("ascii")
     return (
-        f"<figure><img src=\"data:image/png;base64,{data}\" width=\"600\" height=\"400\" "
-        f"alt=\"accuracy against length, {_e(label)}\"></figure>"
+        f"<figure><img src=\"data:image/png;base64,{data}\" width=\"{size[0]}\" "
+        f"height=\"{size[1]}\" alt=\"{_e(what)}, {_e(label)}\"></figure>"
     )
+
+
+def _stuck_html(store: ResultStore, runs: pd.DataFrame) -> str:
+    """The runs whose training loss never fell below that of predicting the class
+    frequencies: they learned nothing, whatever their scores."""
+    stuck = stuck_runs(store, runs["run_id"])
+    if stuck.empty:
+        return "<p id=\"stuck\">No run has a training history (runs made before che-bench kept one).</p>"
+    flagged = stuck[stuck["stuck"]].merge(runs, on="run_id")
+    if flagged.empty:
+        return (f"<p id=\"stuck\">Every run with a training history ({len(stuck)}) brought its "
+                "loss below that of predicting the class frequencies.</p>")
+    rows = "".join(
+        f"<tr><td class=\"text\">{_e(run.run_id)}</td><td class=\"text\">{_e(run.task)}</td>"
+        f"<td class=\"text\">{_e(encoding_label(run.pe, run.kernel))}</td>"
+        f"<td class=\"num\">{_e(run.seed)}</td><td class=\"num\">{run.lr:g}</td>"
+        f"<td class=\"num\">{run.min_loss:.4f}</td><td class=\"num\">{run.baseline_loss:.4f}</td></tr>"
+        for run in flagged.itertuples(index=False)
+    )
+    return (
+        f"<p id=\"stuck\">Stuck: {len(flagged)} of {len(stuck)} runs never brought their training "
+        "loss below that of predicting the class frequencies (they learned nothing).</p>\n"
+        "<div class=\"wide\"><table id=\"stuck-runs\"><thead><tr><th class=\"text\">run id</th>"
+        "<th class=\"text\">task</th><th class=\"text\">encoding</th><th>seed</th><th>lr</th>"
+        "<th>lowest loss</th><th>class-frequency loss</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></div>"
+    )
+
+
+def _curves_html(store: ResultStore, runs: pd.DataFrame) -> str:
+    """One figure per table cell: its runs' training loss and accuracy against step."""
+    from che_bench.plotting import curves_png
+
+    curves = curves_frame(store, runs["run_id"])
+    if curves.empty:
+        return "<p>No run has a training history (runs made before che-bench kept one).</p>"
+    cells = labelled_runs(runs[runs["run_id"].isin(set(curves["run_id"]))].reset_index(drop=True))
+    groups = list(cells.groupby(["task_label", "column"], sort=False)["run_id"])
+    figures = [
+        _figure_html(f"{task} / {column}", curves_png(curves[curves["run_id"].isin(set(ids))],
+                                                     f"{task} / {column}"),
+                     "training curves", (960, 320))
+        for (task, column), ids in groups[:MAX_CURVE_FIGURES]
+    ]
+    more = len(groups) - MAX_CURVE_FIGURES
+    note = (f"<p>{more} more cells are not drawn: see <code>che-bench curves RUN_ID...</code> "
+            "and <code>che-bench export --curves</code>.</p>" if more > 0 else "")
+    return "".join(figures) + note
 
 
 def _counts(values: Iterable[Any]) -> str:

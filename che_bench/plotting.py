@@ -1,7 +1,9 @@
-"""Accuracy-versus-length plots of the result store (matplotlib, without pyplot's global state).
+"""Plots of the result store (matplotlib, without pyplot's global state).
 
-``plot_accuracy`` writes one image with a panel per task; ``task_panel_png`` renders one task's
-panel to PNG bytes (for the HTML report). Both draw the panel with ``_draw_panel``.
+Accuracy against length: ``plot_accuracy`` writes one image with a panel per task;
+``task_panel_png`` renders one task's panel to PNG bytes (for the HTML report). Both draw the
+panel with ``_draw_panel``. Training curves (loss and training accuracy against step, runs
+overlaid): ``plot_curves`` writes them, ``curves_png`` renders them for the report.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from che_bench.errors import CheBenchError
-from che_bench.reports import complete_runs, labelled_runs
+from che_bench.reports import complete_runs, curves_frame, labelled_runs, with_metric
 from che_bench.store import ORIGINAL, ResultStore
 
 PANEL_SIZE = (6, 4)  # inches
@@ -27,17 +29,20 @@ def plot_data(
     tasks: Iterable[str] | None = None,
     run_ids: Iterable[str] | None = None,
     evaluation: str = ORIGINAL,
+    metric: str = "token",
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The labelled complete runs (``labelled_runs``) and their per-length curves under
-    ``evaluation``, with each run's ``task_label`` and ``column``; a CheBenchError when there
-    is no complete run to plot."""
-    runs = complete_runs(store, tasks, run_ids, evaluation)
+    """The labelled complete runs (``labelled_runs``) and their per-length ``metric`` curves
+    under ``evaluation``, with each run's ``task_label`` and ``column``; a CheBenchError when
+    there is no complete run to plot."""
+    runs = complete_runs(store, tasks, run_ids, evaluation, metric)
     if runs.empty:
-        raise CheBenchError("no complete runs to plot" + (" for the given task(s)" if tasks else ""))
+        raise CheBenchError("no complete runs to plot" + (" for the given task(s)" if tasks else "")
+                            + (" with exact match recorded" if metric == "exact" else ""))
     runs = labelled_runs(runs)
-    curves = store.per_length(runs["run_id"], evaluation).merge(
+    curves = with_metric(store.per_length(runs["run_id"], evaluation), metric).merge(
         runs[["run_id", "task_label", "column"]], on="run_id"
     )
+    curves.attrs["metric"] = metric
     return runs, curves
 
 
@@ -53,13 +58,15 @@ def plot_accuracy(
     tasks: Iterable[str] | None = None,
     run_ids: Iterable[str] | None = None,
     evaluation: str = ORIGINAL,
+    metric: str = "token",
 ) -> Path:
     """One panel per task (see ``_draw_panel``), three to a row. Writes ``out`` and returns its
     path."""
     from matplotlib.figure import Figure
 
     out = Path(out)
-    runs, curves = plot_data(store, tasks=tasks, run_ids=run_ids, evaluation=evaluation)
+    runs, curves = plot_data(store, tasks=tasks, run_ids=run_ids, evaluation=evaluation,
+                             metric=metric)
     panels = task_labels(runs)
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
@@ -72,6 +79,10 @@ def plot_accuracy(
     if evaluation != ORIGINAL:
         figure.suptitle(f"evaluation {evaluation}")
     figure.tight_layout()
+    return _save(figure, out)
+
+
+def _save(figure, out: Path) -> Path:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(out, dpi=120)
@@ -118,6 +129,66 @@ def _draw_panel(ax, runs: pd.DataFrame, curves: pd.DataFrame, label: str) -> Non
                     label="ceiling without positions")
     ax.set_title(label)
     ax.set_xlabel("length n")
-    ax.set_ylabel("accuracy (%)")
+    ax.set_ylabel("exact match (%)" if curves.attrs.get("metric") == "exact" else "accuracy (%)")
     ax.set_ylim(0, 101)
     ax.legend(fontsize="small")
+
+
+def run_labels(curves: pd.DataFrame) -> dict[str, str]:
+    """A legend label per run of a ``curves_frame``: ``task / encoding, seed S, lr L``, cut
+    down to what differs between the runs shown (plus the run id when that is all)."""
+    runs = curves.drop_duplicates("run_id")
+    parts = {"task": "{}", "encoding": "{}", "seed": "seed {}", "lr": "lr {:g}"}
+    varying = [name for name in parts if runs[name].nunique() > 1] or ["task", "encoding"]
+    return {
+        run.run_id: ", ".join(parts[name].format(getattr(run, name)) for name in varying)
+        + ("" if runs[varying].duplicated().sum() == 0 else f" ({run.run_id})")
+        for run in runs.itertuples(index=False)
+    }
+
+
+def _draw_curves(loss_ax, accuracy_ax, curves: pd.DataFrame) -> None:
+    """Loss and training accuracy (%) against step, one line per run."""
+    labels = run_labels(curves)
+    for run_id, run in curves.groupby("run_id", sort=False):
+        loss_ax.plot(run["step"], run["loss"], label=labels[run_id])
+        accuracy_ax.plot(run["step"], 100 * run["accuracy"], label=labels[run_id])
+    loss_ax.set_ylabel("training loss")
+    accuracy_ax.set_ylabel("training accuracy (%)")
+    accuracy_ax.set_ylim(0, 101)
+    for ax in (loss_ax, accuracy_ax):
+        ax.set_xlabel("step")
+    accuracy_ax.legend(fontsize="small")
+
+
+def plot_curves(store: ResultStore, run_ids: Iterable[str], out: str | Path) -> Path:
+    """Loss and training accuracy against step of ``run_ids``, overlaid (e.g. the seeds of one
+    cell). Writes ``out``; a CheBenchError when a run is unknown or none has a history."""
+    from matplotlib.figure import Figure
+
+    run_ids = list(dict.fromkeys(run_ids))
+    known = set(store.runs(run_ids)["run_id"])
+    unknown = [run_id for run_id in run_ids if run_id not in known]
+    if unknown:
+        raise CheBenchError(f"no run {', '.join(unknown)} in {store.path} (see `che-bench runs`)")
+    curves = curves_frame(store, run_ids)
+    if curves.empty:
+        raise CheBenchError("no training history for these runs (runs made before che-bench "
+                            "kept histories have none)")
+    figure = Figure(figsize=(2 * PANEL_SIZE[0], PANEL_SIZE[1]))
+    _draw_curves(*figure.subplots(1, 2), curves)
+    figure.tight_layout()
+    return _save(figure, Path(out))
+
+
+def curves_png(curves: pd.DataFrame, title: str, *, dpi: int = 100) -> bytes:
+    """The training curves of a ``curves_frame`` selection as PNG bytes; nothing is written."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(2 * PANEL_SIZE[0], PANEL_SIZE[1] * 0.8))
+    _draw_curves(*figure.subplots(1, 2), curves)
+    figure.suptitle(title)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()

@@ -7,7 +7,9 @@ protocol) with mean +- std and the number of runs, in percent. Only complete run
 that differ in anything else (preset, steps, model size, encoding options, ...) get separate
 columns, labelled with the settings that differ.
 
-Scores come from one evaluation of each run: its original one (the default) or a re-evaluation
+Scores are token accuracies (the default, as in the paper) or, with ``metric="exact"``, exact
+match: the share of sequences whose every scored position is right (runs evaluated before
+exact match was recorded are left out). Scores come from one evaluation of each run: its original one (the default) or a re-evaluation
 under another protocol, chosen by protocol id (see ``che_bench.store``). Published values are
 set beside a cell always, but subtracted only where its runs followed the published protocol
 (``paper_protocol_differences``).
@@ -57,6 +59,29 @@ _COUNTED_MODEL_OPTIONS = ("layers", "heads")
 _CELL_FIELDS = {"task", "task_params", "pe", "kernel", "seed", "data_seed", "lr",
                 "train_eval_lengths"}
 FORMATS = ("text", "csv", "markdown", "latex")
+#: ``--metric``: token-level accuracy (the paper's) or sequence-level exact match.
+METRICS = ("token", "exact")
+METRIC_NOTES = {"token": "accuracy % = correct scored tokens / scored tokens",
+                "exact": "exact match % = sequences with every scored token right / sequences"}
+
+
+def check_metric(metric: str) -> None:
+    if metric not in METRICS:
+        raise CheBenchError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
+
+
+def with_metric(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """A ``ResultStore.runs()`` or ``per_length()`` frame whose ``score`` / ``train_accuracy``
+    / ``accuracy`` columns hold ``metric``; for exact match, rows without it are left out."""
+    check_metric(metric)
+    if metric == "token":
+        return frame
+    exact = {"score": "exact_score", "train_accuracy": "train_exact_accuracy",
+             "accuracy": "exact_accuracy"}
+    frame = frame.assign(**{name: frame[source] for name, source in exact.items()
+                            if source in frame})
+    key = "score" if "score" in frame else "accuracy"
+    return frame[frame[key].notna()].reset_index(drop=True)
 
 
 def encoding_label(pe: str, kernel: int | None) -> str:
@@ -205,20 +230,25 @@ def summarize(
     run_ids: Iterable[str] | None = None,
     compare: str = "none",
     evaluation: str = ORIGINAL,
+    metric: str = "token",
 ) -> pd.DataFrame:
     """Long table, one row per (task, column): level, chance, max, mean, std, n (percent) of
-    the scores of ``evaluation`` (see ``ResultStore.runs``). With ``compare="paper"`` also
+    the ``metric`` scores of ``evaluation`` (see ``ResultStore.runs``). With ``compare="paper"`` also
     ``paper``, ``comparable`` (the cell's runs followed the published protocol), ``diff``
     (max - paper, NaN unless comparable), ``differences`` (a tuple: what differs from the
     published protocol, empty when comparable) and ``dropout_at_eval`` (every run kept dropout
     on at evaluation, as the reference code does)."""
-    _check_compare(compare)
-    return _summarize_runs(complete_runs(store, tasks, run_ids, evaluation), compare)
+    _check_compare(compare, metric)
+    return _summarize_runs(complete_runs(store, tasks, run_ids, evaluation, metric), compare)
 
 
-def _check_compare(compare: str) -> None:
+def _check_compare(compare: str, metric: str = "token") -> None:
     if compare not in ("none", "paper"):
         raise CheBenchError(f"unknown comparison {compare!r}; valid: none, paper")
+    check_metric(metric)
+    if compare == "paper" and metric != "token":
+        raise CheBenchError("the published table holds token accuracies: --compare paper needs "
+                            "--metric token")
 
 
 def _summarize_runs(runs: pd.DataFrame, compare: str) -> pd.DataFrame:
@@ -267,10 +297,12 @@ def _summarize_runs(runs: pd.DataFrame, compare: str) -> pd.DataFrame:
 
 
 def complete_runs(store: ResultStore, tasks: Iterable[str] | None = None,
-                  run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL) -> pd.DataFrame:
-    """``store.runs(run_ids, evaluation)`` restricted to complete runs (of ``tasks``)."""
+                  run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL,
+                  metric: str = "token") -> pd.DataFrame:
+    """``store.runs(run_ids, evaluation)`` restricted to complete runs (of ``tasks``), scores
+    in ``metric`` (``with_metric``)."""
     runs = store.runs(run_ids, evaluation)
-    runs = runs[runs["status"] == "complete"]
+    runs = with_metric(runs[runs["status"] == "complete"], metric)
     if tasks is not None:
         runs = runs[runs["task"].isin(_canonical_tasks(tasks))]
     return runs.reset_index(drop=True)
@@ -326,16 +358,18 @@ def format_table(
     compare: str = "none",
     fmt: str = "text",
     evaluation: str = ORIGINAL,
+    metric: str = "token",
 ) -> str:
-    """The CHE table of the store's complete runs (scores of ``evaluation``) as text, CSV,
-    Markdown or LaTeX."""
+    """The CHE table of the store's complete runs (``metric`` scores of ``evaluation``) as
+    text, CSV, Markdown or LaTeX."""
     if fmt not in FORMATS:
         raise CheBenchError(f"unknown table format {fmt!r}; valid: {', '.join(FORMATS)}")
     if fmt == "csv":
-        cells = summarize(store, tasks=tasks, run_ids=run_ids, compare=compare, evaluation=evaluation)
+        cells = summarize(store, tasks=tasks, run_ids=run_ids, compare=compare,
+                          evaluation=evaluation, metric=metric)
         return "" if cells.empty else _numeric_pivot(cells, compare).to_csv(float_format="%.4f")
     table, notes = display_table(store, tasks=tasks, run_ids=run_ids, compare=compare,
-                                 evaluation=evaluation)
+                                 evaluation=evaluation, metric=metric)
     if table.empty:
         return "(no complete runs)\n"
     if fmt == "text":
@@ -352,15 +386,16 @@ def display_table(
     run_ids: Iterable[str] | None = None,
     compare: str = "none",
     evaluation: str = ORIGINAL,
+    metric: str = "token",
 ) -> tuple[pd.DataFrame, list[str]]:
     """The table as display strings (one row per task, indexed by level, task and chance %)
     and its notes; an empty frame when there is no complete run."""
-    _check_compare(compare)
-    runs = complete_runs(store, tasks, run_ids, evaluation)
+    _check_compare(compare, metric)
+    runs = complete_runs(store, tasks, run_ids, evaluation, metric)
     cells = _summarize_runs(runs, compare)
     if cells.empty:
         return pd.DataFrame(), []
-    return _text_pivot(cells, compare), _notes(runs, cells, compare, evaluation)
+    return _text_pivot(cells, compare), _notes(runs, cells, compare, evaluation, metric)
 
 
 def _wide(cells: pd.DataFrame, values: dict[str, list]) -> pd.DataFrame:
@@ -410,14 +445,17 @@ def _paper_text(row: pd.Series) -> str:
     return f"{row['paper']:.2f} (not comparable: {', '.join(shown)})"
 
 
-def _notes(runs: pd.DataFrame, cells: pd.DataFrame, compare: str, evaluation: str) -> list[str]:
+def _notes(runs: pd.DataFrame, cells: pd.DataFrame, compare: str, evaluation: str,
+           metric: str) -> list[str]:
     """What the table shows: cells, presets, the evaluation (when not the original one) and
     the comparison with the paper."""
     presets = ", ".join(sorted(set(runs["preset"])))
     notes = [
-        "cells: accuracy % = max over seeds/learning rates (mean±std over runs, n runs); "
-        f"complete runs only; preset(s): {presets}; chance = 1 / number of classes",
+        f"cells: {METRIC_NOTES[metric]}, max over seeds/learning rates (mean±std over runs, n "
+        f"runs); complete runs only; preset(s): {presets}; chance = 1 / number of classes",
     ]
+    if metric == "exact":
+        notes.append("exact match: runs evaluated before it was recorded are left out")
     if evaluation != ORIGINAL:
         summary = describe_protocol(json.loads(runs["protocol"].iloc[0]))
         notes.append(f"scores of evaluation {evaluation} ({summary}); runs without it are left out")
@@ -464,26 +502,32 @@ def _latex(table: pd.DataFrame, notes: list[str]) -> str:
 
 
 _EXPORT_KEYS = ["task", "pe", "kernel", "encoding", "seed", "lr", "steps", "preset"]
-_EXPORT_PER_LENGTH = _EXPORT_KEYS + ["split", "length", "accuracy", "run_id", "evaluation"]
+_EXPORT_PER_LENGTH = _EXPORT_KEYS + ["split", "length", "accuracy", "exact_accuracy", "run_id",
+                                     "evaluation"]
 _EXPORT_RUNS = _EXPORT_KEYS + [
-    "score", "train_accuracy", "status", "run_id", "evaluation", "test_lengths", "device",
+    "score", "train_accuracy", "exact_score", "train_exact_accuracy", "status", "run_id", "evaluation", "test_lengths", "device",
     "eval_device", "train_s", "eval_s", "total_s", "attempts", "created_at", "finished_at", "error",
 ]
 
 
 def export_frame(store: ResultStore, *, per_length: bool = False,
-                 evaluation: str = ORIGINAL) -> pd.DataFrame:
+                 evaluation: str = ORIGINAL, metric: str = "token") -> pd.DataFrame:
     """One row per run (every status; with a protocol id as ``evaluation``, the runs evaluated
     under it) or, with ``per_length``, per complete run, split and length. Scores and
     accuracies (fractions in [0, 1]), test lengths and ``eval_*`` come from ``evaluation``;
-    ``train_s`` and ``total_s`` are the run's."""
+    ``train_s`` and ``total_s`` are the run's. The exact-match columns are always there;
+    with ``metric="exact"``, ``score`` / ``train_accuracy`` / ``accuracy`` hold exact match
+    too, and only runs that have it are exported (``with_metric``)."""
+    check_metric(metric)
     runs = store.runs(evaluation=evaluation)
+    if metric == "exact":
+        runs = with_metric(runs, metric)
     if runs.empty:
         return pd.DataFrame(columns=_EXPORT_PER_LENGTH if per_length else _EXPORT_RUNS)
     runs["encoding"] = [encoding_label(pe, k) for pe, k in zip(runs["pe"], runs["kernel"])]
     if per_length:
-        curves = store.per_length(evaluation=evaluation).merge(runs[["run_id", "encoding"]], on="run_id")
-        return curves[_EXPORT_PER_LENGTH]
+        curves = with_metric(store.per_length(evaluation=evaluation), metric)
+        return curves.merge(runs[["run_id", "encoding"]], on="run_id")[_EXPORT_PER_LENGTH]
     run_timings = [_json_or_empty(text) for text in runs["timings"]]
     runs["train_s"] = [timing.get("train_s") for timing in run_timings]
     runs["total_s"] = [timing.get("total_s") for timing in run_timings]
@@ -495,6 +539,46 @@ def export_frame(store: ResultStore, *, per_length: bool = False,
     return runs[_EXPORT_RUNS]
 
 
+_EXPORT_CURVES = ["task", "encoding", "seed", "lr", "steps", "preset", "status", "step", "loss",
+                  "accuracy", "grad_norm", "elapsed_s", "run_id"]
+
+
+def curves_frame(store: ResultStore, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
+    """The training histories (``ResultStore.history``) of every run or of ``run_ids``, one row
+    per run and logged step, with the run's task, encoding, seed, steps, preset and status."""
+    runs = store.runs(run_ids)
+    runs["encoding"] = [encoding_label(pe, k) for pe, k in zip(runs["pe"], runs["kernel"])]
+    identity = runs[["run_id", "task", "encoding", "seed", "steps", "preset", "status"]]
+    return identity.merge(store.history(run_ids), on="run_id")[_EXPORT_CURVES]
+
+
 def _json_or_empty(text: str | None) -> dict[str, Any]:
     """A stored JSON object, or {} where none is stored (NULL)."""
     return json.loads(text) if isinstance(text, str) else {}
+
+
+#: A run counts as stuck while its logged loss stays above this share of the class-frequency
+#: loss: window means of a model predicting the frequencies scatter around it by about 1%.
+STUCK_MARGIN = 0.99
+
+
+def stuck_runs(store: ResultStore, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
+    """Runs with a training history: ``run_id``, ``min_loss`` (lowest logged loss),
+    ``baseline_loss`` (``history.class_frequency_loss`` of its task and training lengths) and
+    ``stuck``: the loss never fell below ``STUCK_MARGIN`` x the baseline (it learned nothing)."""
+    from che_bench.history import class_frequency_loss
+
+    history = store.history(run_ids)
+    lowest = history.groupby("run_id", sort=False)["loss"].min()
+    runs = store.runs(list(lowest.index)).set_index("run_id")
+    baselines = []
+    for run_id in lowest.index:
+        config = json.loads(runs.at[run_id, "config"])
+        baselines.append(class_frequency_loss(
+            config["task"], json.dumps(config["task_params"], sort_keys=True),
+            config["train_max_length"]))
+    frame = pd.DataFrame({"run_id": list(lowest.index), "min_loss": lowest.to_numpy(),
+                          "baseline_loss": baselines})
+    # A run whose every logged loss is NaN (diverged at once) also never learned.
+    frame["stuck"] = ~(frame["min_loss"] < STUCK_MARGIN * frame["baseline_loss"])
+    return frame

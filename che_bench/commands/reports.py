@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from che_bench.errors import CheBenchError
-from che_bench.reports import FORMATS
+from che_bench.reports import FORMATS, METRICS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,15 +19,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     table.add_argument("--task", action="append", dest="tasks", metavar="TASK",
                        help="only this task (repeatable)")
     _add_evaluation_argument(table)
+    _add_metric_argument(table)
     add_store_argument(table)
     table.set_defaults(handler=table_command)
 
-    export = subparsers.add_parser("export", help="runs (or per-length accuracies) as CSV")
+    export = subparsers.add_parser(
+        "export", help="runs (or per-length accuracies, or training curves) as CSV")
     export.add_argument("--format", choices=["csv"], default="csv")
-    export.add_argument("--per-length", action="store_true",
-                        help="one row per run, split (test/train) and length")
+    rows = export.add_mutually_exclusive_group()
+    rows.add_argument("--per-length", action="store_true",
+                      help="one row per run, split (test/train) and length")
+    rows.add_argument("--curves", action="store_true",
+                      help="the training histories: one row per run and logged step (loss, "
+                           "training accuracy, gradient norm, lr, elapsed seconds)")
     export.add_argument("--out", help="output file (default or '-': standard output)")
     _add_evaluation_argument(export)
+    _add_metric_argument(export)
     add_store_argument(export)
     export.set_defaults(handler=export_command)
 
@@ -36,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="only this task (repeatable; default every task in the store)")
     plot.add_argument("--out", required=True, help="image file, e.g. accuracy.png")
     _add_evaluation_argument(plot)
+    _add_metric_argument(plot)
     add_store_argument(plot)
     plot.set_defaults(handler=plot_command)
 
@@ -50,8 +58,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help="this run (repeatable; default: every run in the store)")
     report.add_argument("--out", required=True, help="HTML file, e.g. report.html")
     _add_evaluation_argument(report)
+    _add_metric_argument(report)
     add_store_argument(report)
     report.set_defaults(handler=report_command)
+
+    curves = subparsers.add_parser(
+        "curves", help="training loss and accuracy against step, several runs overlaid")
+    curves.add_argument("run_ids", nargs="+", metavar="RUN_ID",
+                        help="runs to overlay (e.g. the seeds of one table cell)")
+    curves.add_argument("--out", default="curves.png", help="image file (default curves.png)")
+    add_store_argument(curves)
+    curves.set_defaults(handler=curves_command)
 
     runs = subparsers.add_parser("runs", help="list the store's runs and their status")
     add_store_argument(runs)
@@ -75,6 +92,12 @@ def _add_evaluation_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--evaluation", default="original", metavar="ID|original",
                         help="whose scores: each run's original evaluation (default) or the "
                              "re-evaluations with this id (see `che-bench evaluations`)")
+
+
+def _add_metric_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metric", choices=METRICS, default="token",
+                        help="token: per-token accuracy (default, as in the paper); exact: "
+                             "exact match, the share of sequences with every scored token right")
 
 
 def existing_store(path: str | None):
@@ -103,15 +126,19 @@ def table_command(args: argparse.Namespace) -> int:
 
     store = existing_store(args.store)
     sys.stdout.write(format_table(store, tasks=args.tasks, compare=args.compare, fmt=args.fmt,
-                                  evaluation=args.evaluation))
+                                  evaluation=args.evaluation, metric=args.metric))
     return 0
 
 
 def export_command(args: argparse.Namespace) -> int:
-    from che_bench.reports import export_frame
+    from che_bench.reports import curves_frame, export_frame
 
     store = existing_store(args.store)
-    frame = export_frame(store, per_length=args.per_length, evaluation=args.evaluation)
+    if args.curves:
+        frame = curves_frame(store)
+    else:
+        frame = export_frame(store, per_length=args.per_length, evaluation=args.evaluation,
+                             metric=args.metric)
     _write_text(frame.to_csv(index=False), args.out)
     return 0
 
@@ -120,7 +147,16 @@ def plot_command(args: argparse.Namespace) -> int:
     from che_bench.plotting import plot_accuracy
 
     store = existing_store(args.store)
-    path = plot_accuracy(store, args.out, tasks=args.tasks, evaluation=args.evaluation)
+    path = plot_accuracy(store, args.out, tasks=args.tasks, evaluation=args.evaluation,
+                         metric=args.metric)
+    print(f"wrote {path}")
+    return 0
+
+
+def curves_command(args: argparse.Namespace) -> int:
+    from che_bench.plotting import plot_curves
+
+    path = plot_curves(existing_store(args.store), args.run_ids, args.out)
     print(f"wrote {path}")
     return 0
 
@@ -130,7 +166,7 @@ def report_command(args: argparse.Namespace) -> int:
 
     store = existing_store(args.store)
     path = write_report(store, args.out, suite=args.suite, tasks=args.tasks, run_ids=args.run_ids,
-                        evaluation=args.evaluation)
+                        evaluation=args.evaluation, metric=args.metric)
     print(f"wrote {path}")
     return 0
 
@@ -140,15 +176,16 @@ def runs_command(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from che_bench.kept_models import model_path, models_dir_for
-    from che_bench.reports import encoding_label
+    from che_bench.reports import encoding_label, stuck_runs
 
     store = existing_store(args.store)
     runs = store.runs()
+    stuck = set(stuck_runs(store).query("stuck")["run_id"])
     models_dir = models_dir_for(store.path)
     table = Table(title=f"runs in {store.path}")
     numeric = {"seed", "lr", "steps", "score %", "in-dist. %"}
     for column in ("run id", "task", "encoding", "seed", "lr", "steps", "preset", "status",
-                   "score %", "in-dist. %", "model", "finished / error"):
+                   "score %", "in-dist. %", "learned", "model", "finished / error"):
         table.add_column(column, justify="right" if column in numeric else "left", no_wrap=True)
     styles = {"complete": "green", "failed": "red", "started": "yellow"}
     for run in runs.itertuples(index=False):
@@ -158,6 +195,7 @@ def runs_command(args: argparse.Namespace) -> int:
             str(run.seed), f"{run.lr:g}", str(run.steps), escape(run.preset),
             f"[{styles[run.status]}]{status}[/]",
             _percent(run.score), _percent(run.train_accuracy),
+            "[red]stuck[/]" if run.run_id in stuck else "",
             "kept" if model_path(models_dir, run.run_id).is_file() else "-",
             escape(_text(run.error if run.status == "failed" else run.finished_at)),
         )
@@ -165,6 +203,9 @@ def runs_command(args: argparse.Namespace) -> int:
     console.print(table)
     counts = runs["status"].value_counts().to_dict()
     console.print(", ".join(f"{counts.get(s, 0)} {s}" for s in ("complete", "failed", "started")))
+    if stuck:
+        console.print(f"{len(stuck)} stuck: the training loss never fell below that of "
+                      "predicting the class frequencies (they learned nothing)")
     return 0
 
 
