@@ -262,21 +262,24 @@ def _stuck_html(store: ResultStore, runs: pd.DataFrame) -> str:
 
 
 def _curves_html(store: ResultStore, runs: pd.DataFrame) -> str:
-    """One figure per table cell: its runs' training loss and accuracy against step."""
+    """One figure per table cell (the first ``MAX_CURVE_FIGURES`` with a history): its runs'
+    training loss and accuracy against step."""
     from che_bench.plotting import curves_png
 
-    curves = curves_frame(store, runs["run_id"])
-    if curves.empty:
+    with_history = set(store.lowest_losses(runs["run_id"]).index)
+    if not with_history:
         return "<p>No run has a training history (runs made before che-bench kept one).</p>"
-    cells = labelled_runs(runs[runs["run_id"].isin(set(curves["run_id"]))].reset_index(drop=True))
+    cells = labelled_runs(runs[runs["run_id"].isin(with_history)].reset_index(drop=True))
     groups = list(cells.groupby(["task_label", "column"], sort=False)["run_id"])
+    shown = groups[:MAX_CURVE_FIGURES]
+    curves = curves_frame(store, [run_id for _, ids in shown for run_id in ids])
     figures = [
         _figure_html(f"{task} / {column}", curves_png(curves[curves["run_id"].isin(set(ids))],
                                                      f"{task} / {column}"),
                      "training curves", (960, 320))
-        for (task, column), ids in groups[:MAX_CURVE_FIGURES]
+        for (task, column), ids in shown
     ]
-    more = len(groups) - MAX_CURVE_FIGURES
+    more = len(groups) - len(shown)
     note = (f"<p>{more} more cells are not drawn: see <code>che-bench curves RUN_ID...</code> "
             "and <code>che-bench export --curves</code>.</p>" if more > 0 else "")
     return "".join(figures) + note

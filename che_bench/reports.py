@@ -568,12 +568,11 @@ def stuck_runs(store: ResultStore, run_ids: Iterable[str] | None = None) -> pd.D
     ``stuck``: the loss never fell below ``STUCK_MARGIN`` x the baseline (it learned nothing)."""
     from che_bench.history import class_frequency_loss
 
-    history = store.history(run_ids)
-    lowest = history.groupby("run_id", sort=False)["loss"].min()
-    runs = store.runs(list(lowest.index)).set_index("run_id")
+    lowest = store.lowest_losses(run_ids)
+    configs = store.runs(list(lowest.index)).set_index("run_id")["config"]
     baselines = []
     for run_id in lowest.index:
-        config = json.loads(runs.at[run_id, "config"])
+        config = json.loads(configs[run_id])
         baselines.append(class_frequency_loss(
             config["task"], json.dumps(config["task_params"], sort_keys=True),
             config["train_max_length"]))

@@ -3,7 +3,8 @@ test length.
 
 At each test length of a run's protocol, the first ``count`` sequences of the evaluation's
 first sub-batch (drawn as the evaluation draws them, ``evaluation.seed_for_length``: the very
-sequences it scored) go through the model. Each becomes one JSON line: ``run_id``,
+sequences it scored; with dropout off, as by default, the very answers it scored) go through
+the model. Each becomes one JSON line: ``run_id``,
 ``length``, ``index``, ``input`` / ``target`` / ``prediction`` (token ids), ``mask`` (0/1),
 ``correct`` (per output position: true / false, null where the mask drops it), ``exact`` (every
 masked position right), and the texts ``che-bench sample`` prints: ``input_text`` (the task's

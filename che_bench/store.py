@@ -467,17 +467,28 @@ class ResultStore:
 
     def history(self, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
         """Training history rows (``che_bench.history.HISTORY_FIELDS``) with their ``run_id``,
-        by run (oldest first) and step; non-finite values read back as NaN."""
+        of every run or of ``run_ids``, by run (oldest first) and step; non-finite values read
+        back as NaN."""
+        where, params = _run_filter("h", run_ids)
         with self._connect() as connection:
             frame = pd.read_sql_query(
                 f"""SELECT h.run_id, {', '.join(f'h.{name}' for name in HISTORY_FIELDS)}
-                    FROM history h JOIN runs r ON r.run_id = h.run_id
+                    FROM history h JOIN runs r ON r.run_id = h.run_id {where}
                     ORDER BY r.created_at, r.run_id, h.step""",
-                connection,
+                connection, params=params,
             )
-        if run_ids is not None:
-            frame = frame[frame["run_id"].isin(set(run_ids))]
-        return frame.reset_index(drop=True).astype({name: float for name in HISTORY_FIELDS[1:]})
+        return frame.astype({name: float for name in HISTORY_FIELDS[1:]})
+
+    def lowest_losses(self, run_ids: Iterable[str] | None = None) -> pd.Series:
+        """Each run's lowest logged training loss (NaN when every logged loss was not finite),
+        indexed by run id, for the runs with a history (of ``run_ids``)."""
+        where, params = _run_filter("h", run_ids)
+        with self._connect() as connection:
+            rows = connection.execute(
+                f"SELECT h.run_id, min(h.loss) FROM history h {where} GROUP BY h.run_id", params
+            ).fetchall()
+        return pd.Series({run_id: math.nan if loss is None else loss for run_id, loss in rows},
+                         dtype=float)
 
     def evaluations(self, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
         """One row per evaluation, oldest first: ``evaluation`` (protocol id), ``run_id``,
@@ -514,6 +525,14 @@ class ResultStore:
                 "(see `che-bench evaluations`)"
             )
         return "JOIN evaluations e ON e.run_id = r.run_id AND e.evaluation_id = ?", (evaluation,)
+
+
+def _run_filter(alias: str, run_ids: Iterable[str] | None) -> tuple[str, tuple]:
+    """SQL ``WHERE`` clause restricting table ``alias`` to ``run_ids`` (none: every run), and
+    its parameter (one JSON list, however many ids)."""
+    if run_ids is None:
+        return "", ()
+    return f"WHERE {alias}.run_id IN (SELECT value FROM json_each(?))", (json.dumps(list(run_ids)),)
 
 
 def _schema_version(connection: sqlite3.Connection) -> int | None:
