@@ -6,9 +6,10 @@ sequences whatever lengths are evaluated, and every member of a pack sees the sa
 sub-batch's accuracy is the masked token accuracy pooled over its sequences, its exact-match
 accuracy the share of its sequences whose every masked position is right; a length's
 accuracies are the means over its sub-batches; the run's scores are the means over the test
-lengths (``RunConfig.score_lengths``). Dropout is off unless ``dropout_at_eval`` (the reference keeps
-it on; it then draws from torch's RNG seeded per length); randomized encodings draw from their
-own generators, seeded per length, once per sub-batch, and only if ``randomize_at_eval``.
+lengths (``RunConfig.score_lengths``). Dropout is off unless ``dropout_at_eval`` (the
+reference keeps it on; it then draws from torch's RNG seeded per length); randomized encodings
+draw from their own generators, seeded per length, once per sub-batch, and only if
+``randomize_at_eval``.
 
 On CUDA the row-chunk memory budget is sized from the free GPU memory, and on out-of-memory
 the forward pass of a sub-batch is split into smaller chunks; the accounting stays per logical

@@ -3,8 +3,8 @@
 The page holds the CHE table (``reports.display_table``), whether the runs learned (training
 lengths, and runs whose loss never beat the class frequencies: ``reports.stuck_runs``), one
 accuracy-versus-length figure per task (``plotting.task_panel_png``) and one training-curves
-figure per table cell (``plotting.curves_png``), embedded as base64 PNG data URIs, what ran (presets, steps,
-versions, devices, statuses, failures) and the commands that reproduce it. It loads nothing:
+figure per table cell (``plotting.curves_png``), embedded as base64 PNG data URIs, what ran
+(presets, steps, versions, devices, statuses, failures) and the commands that reproduce it. It loads nothing:
 no external CSS, scripts, fonts or images, and its Content-Security-Policy forbids every fetch
 but its own inline style, its one tiny script and data: images. Every string taken from the
 store is HTML-escaped.

@@ -9,8 +9,8 @@ columns, labelled with the settings that differ.
 
 Scores are token accuracies (the default, as in the paper) or, with ``metric="exact"``, exact
 match: the share of sequences whose every scored position is right (runs evaluated before
-exact match was recorded are left out). Scores come from one evaluation of each run: its original one (the default) or a re-evaluation
-under another protocol, chosen by protocol id (see ``che_bench.store``). Published values are
+exact match was recorded are left out). Scores come from one evaluation of each run: its
+original one (the default) or a re-evaluation under another protocol, chosen by protocol id (see ``che_bench.store``). Published values are
 set beside a cell always, but subtracted only where its runs followed the published protocol
 (``paper_protocol_differences``).
 """

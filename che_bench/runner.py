@@ -125,8 +125,8 @@ def execute_pack(
     ``on_step(step, losses)`` is called after every optimizer step with each member's loss
     (progress hooks, tests). Each result carries its training history, a row every
     ``log_every`` steps (``che_bench.history``); ``trackers`` also log it, and each completed
-    run's evaluation, to TensorBoard / W&B. A diverged member or a crashed pack gives ``status="failed"``
-    results; a pack that runs out of GPU memory is split in two; KeyboardInterrupt
+    run's evaluation, to TensorBoard / W&B. A diverged member or a crashed pack gives
+    ``status="failed"`` results; a pack that runs out of GPU memory is split in two; KeyboardInterrupt
     propagates after the checkpoints are saved.
     """
     check_pack(configs)

@@ -7,13 +7,14 @@ another protocol. An evaluation is identified by its run and its protocol id
 (``config.protocol_id``), so evaluations of different runs under the same protocol share the id.
 Table ``accuracies`` holds the per-length curve of each evaluation (split ``test`` or
 ``train``, accuracies as fractions: token-level, and exact match where it was recorded).
-``runs.score`` and ``runs.train_accuracy`` repeat the original evaluation's values. Table ``history`` holds each run's training history
-(``che_bench.history``: a row every ``log_every`` steps).
+``runs.score`` and ``runs.train_accuracy`` repeat the original evaluation's values. Table
+``history`` holds each run's training history (``che_bench.history``: a row every
+``log_every`` steps).
 
 A file is recognised by SQLite's ``application_id`` header field plus a ``meta`` table; anything
 else is refused and never modified. A store of an older schema version (1: one curve per run;
-2: no exact match, no training history) is upgraded in place, in one transaction. Every write is one transaction, and a busy timeout lets several
-processes write.
+2: no exact match, no training history) is upgraded in place, in one transaction. Every write
+is one transaction, and a busy timeout lets several processes write.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ class TrackerOptions:
 
 
 def _missing(extra: str, package: str) -> CheBenchError:
-    return CheBenchError(f"--{extra} needs the {package} package: pip install \"che-bench[{extra}]\"")
+    return CheBenchError(
+        f"--{extra} needs the {package} package: pip install \"che-bench[{extra}]\"")
 
 
 def _tensorboard_writer_class():

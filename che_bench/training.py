@@ -414,8 +414,8 @@ def train_pack(
 
     ``on_step(step, losses)`` is called after every optimizer step with each member's loss
     (it makes the loop read the device every step). Each member's history gets a row every
-    ``log_every`` steps and at the last one; ``on_history(member, row)`` sees each. Returns each member's outcome; a member
-    whose loss stops being finite is reported in ``diverged_at`` (the others go on), and when
+    ``log_every`` steps and at the last one; ``on_history(member, row)`` sees each. Returns
+    each member's outcome; a member whose loss stops being finite is reported in ``diverged_at`` (the others go on), and when
     every member has diverged training stops with ``Diverged``.
     """
     steps = configs[0].steps
@@ -453,15 +453,17 @@ def train_pack(
         if not readings.values:
             return []
         values = torch.stack(readings.values).tolist()  # [steps][4][M]
-        for offset, ((losses, correct, counted, norms), seconds) in enumerate(
-                zip(values, readings.seconds)):
-            _note_divergence(pending_from + offset, losses, diverged_at, running_losses)
-            history.add(pending_from + offset, losses, correct, counted, norms, seconds)
+        seconds, first_step = list(readings.seconds), pending_from
+        # Taken off before use: an interruption below never feeds a step to the history twice.
+        readings.values.clear(), readings.seconds.clear()
+        pending_from += len(values)
+        for offset, ((losses, correct, counted, norms), elapsed) in enumerate(zip(values, seconds)):
+            _note_divergence(first_step + offset, losses, diverged_at, running_losses)
+            history.add(first_step + offset, losses, correct, counted, norms, elapsed)
         correct, counted = (np.sum([step_values[i] for step_values in values], axis=0)
                             for i in (1, 2))
-        running_accuracy = _smooth(running_accuracy, float(np.mean(correct / np.maximum(counted, 1))))
-        pending_from += len(values)
-        readings.values.clear(), readings.seconds.clear()
+        accuracy = float(np.mean(correct / np.maximum(counted, 1)))
+        running_accuracy = _smooth(running_accuracy, accuracy)
         return values[-1][0]
 
     model.train()
