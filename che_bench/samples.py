@@ -70,11 +70,15 @@ def _shown(tokens: list[int], mask: list[bool]) -> str:
     return " ".join(str(t) if keep else MASKED for t, keep in zip(tokens, mask))
 
 
+def check_samples_per_length(count: int) -> None:
+    if count < 1:
+        raise CheBenchError(f"--samples-per-length must be at least 1, got {count}")
+
+
 def write_samples(out: str | Path, models: Sequence[Encoder], configs: Sequence[RunConfig],
                   device: torch.device, count: int = DEFAULT_SAMPLES_PER_LENGTH) -> int:
     """Write the records of every (model, config) to JSON-lines file ``out``; returns how many."""
-    if count < 1:
-        raise CheBenchError(f"--samples-per-length must be at least 1, got {count}")
+    check_samples_per_length(count)
     written = 0
     try:
         with open(out, "w", encoding="utf-8") as handle:

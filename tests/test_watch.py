@@ -210,10 +210,18 @@ def test_a_history_object_restores_an_open_window():
                                             "grad_norm": 0.5, "lr": 1e-3, "elapsed_s": 0.0}]]
 
 
-def test_bad_log_every_is_a_one_line_error(tmp_path, capsys):
-    assert main(["run", "--task", "even_pairs", "--preset", "smoke", "--log-every", "0",
-                 "--store", str(tmp_path / "s.sqlite")]) == 2
-    assert "--log-every must be an integer >= 1" in capsys.readouterr().err
+@pytest.mark.parametrize("args, message", [
+    (["--log-every", "0"], "--log-every must be an integer >= 1"),
+    (["--samples", "x.jsonl", "--samples-per-length", "0"], "--samples-per-length must be at least 1"),
+    (["--samples", "x.jsonl", "--no-keep-model"], "--samples reads the kept models"),
+])
+def test_bad_watch_flags_are_one_line_errors_before_anything_runs(tmp_path, capsys, args, message):
+    store = tmp_path / "s.sqlite"
+    assert main(["run", "--task", "even_pairs", "--preset", "smoke", *args,
+                 "--store", str(store)]) == 2
+    error = capsys.readouterr().err
+    assert message in error and error.count("\n") == 1
+    assert not store.exists()
 
 
 # --- the upgrade of a schema-2 store ------------------------------------------------------

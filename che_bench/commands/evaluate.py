@@ -61,6 +61,10 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from che_bench.store import describe_protocol
 
     device = resolve_device(args.device)
+    if args.samples is not None:
+        from che_bench.samples import check_samples_per_length
+
+        check_samples_per_length(args.samples_per_length)
     if args.threads < 1:
         raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)

@@ -216,8 +216,12 @@ def run_command(args: argparse.Namespace) -> int:
     configs = cell_configs(args)
     width = parse_pack_width(args.pack)
     watching = watch_options(args)
-    if args.samples is not None and args.no_keep_model:
-        raise CheBenchError("--samples reads the kept models: leave out --no-keep-model")
+    if args.samples is not None:
+        from che_bench.samples import check_samples_per_length
+
+        check_samples_per_length(args.samples_per_length)
+        if args.no_keep_model:
+            raise CheBenchError("--samples reads the kept models: leave out --no-keep-model")
     runner.resolve_device(args.device)  # a bad device fails before anything is written
     if args.threads < 1:
         raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
