@@ -151,6 +151,8 @@ def test_curves_export_metric_and_log_every_outside_the_run_id(tmp_path, capsys)
     exported = pd.read_csv(io.StringIO(capsys.readouterr().out))
     assert exported.groupby("run_id")["step"].apply(list).tolist() == [[4, 8], [4, 8]]
     assert {"loss", "accuracy", "grad_norm", "lr", "elapsed_s", "seed"} <= set(exported.columns)
+    assert main(["export", "--curves", "--metric", "exact", "--store", str(store)]) == 2
+    assert "do not apply" in capsys.readouterr().err
 
     assert main(["table", "--metric", "exact", "--format", "csv", "--store", str(store)]) == 0
     table = pd.read_csv(io.StringIO(capsys.readouterr().out))

@@ -133,6 +133,9 @@ def table_command(args: argparse.Namespace) -> int:
 def export_command(args: argparse.Namespace) -> int:
     from che_bench.reports import curves_frame, export_frame
 
+    if args.curves and (args.metric != "token" or args.evaluation != "original"):
+        raise CheBenchError("--curves exports training histories: --metric and --evaluation "
+                            "do not apply")
     store = existing_store(args.store)
     if args.curves:
         frame = curves_frame(store)
