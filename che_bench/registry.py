@@ -55,8 +55,9 @@ class Registry(Generic[Registered]):
         key = self._aliases.get(key, key)
         if key in self._entries:
             return key
-        close = difflib.get_close_matches(key, [*self._entries, *self._aliases], n=3, cutoff=0.6)
-        hint = f"; did you mean {' or '.join(repr(self._aliases.get(c, c)) for c in close)}?" if close else ""
+        close = difflib.get_close_matches(key, [*self._entries, *self._aliases], n=4, cutoff=0.6)
+        suggestions = list(dict.fromkeys(self._aliases.get(match, match) for match in close))[:3]
+        hint = f"; did you mean {' or '.join(map(repr, suggestions))}?" if suggestions else ""
         raise CheBenchError(
             f"unknown {self.kind} {name!r}{hint} (valid: {', '.join(self._entries)})"
         )
