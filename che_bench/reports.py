@@ -59,10 +59,12 @@ _CELL_FIELDS = {"task", "task_params", "pe", "kernel", "seed", "data_seed", "lr"
 FORMATS = ("text", "csv", "markdown", "latex")
 
 
-def encoding_label(pe: str, kernel: int | None) -> str:
-    """Column name as in the paper: ``Kerple``, ``DAPE_k1_Kerple``, ``DAPE_k3_Kerple``."""
+def encoding_label(pe: str, kernel: int | None, causal: bool = False) -> str:
+    """Column name as in the paper: ``Kerple``, ``DAPE_k1_Kerple``, ``DAPE_k3_Kerple``;
+    ``Kerple (causal)`` for decoder-style attention (no published column)."""
     base = PAPER_ENCODING_LABELS.get(pe, pe)
-    return base if kernel is None else f"DAPE_k{kernel}_{base}"
+    label = base if kernel is None else f"DAPE_k{kernel}_{base}"
+    return f"{label} (causal)" if causal else label
 
 
 @cache
@@ -102,7 +104,7 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     frame["level"] = [level for level, _, _ in facts]
     frame["chance"] = [chance for _, chance, _ in facts]
     frame["task_label"] = [label for _, _, label in facts]
-    frame["encoding"] = [encoding_label(c["pe"], c["kernel"]) for c in configs]
+    frame["encoding"] = [encoding_label(c["pe"], c["kernel"], c.get("causal", False)) for c in configs]
     frame["paper_differences"] = [tuple(paper_protocol_differences(c)) for c in configs]
     variants = [
         {key: json.dumps(value, sort_keys=True) for key, value in config.items() if key not in _CELL_FIELDS}
@@ -480,7 +482,8 @@ def export_frame(store: ResultStore, *, per_length: bool = False,
     runs = store.runs(evaluation=evaluation)
     if runs.empty:
         return pd.DataFrame(columns=_EXPORT_PER_LENGTH if per_length else _EXPORT_RUNS)
-    runs["encoding"] = [encoding_label(pe, k) for pe, k in zip(runs["pe"], runs["kernel"])]
+    runs["encoding"] = [encoding_label(c["pe"], c["kernel"], c.get("causal", False))
+                        for c in map(json.loads, runs["config"])]
     if per_length:
         curves = store.per_length(evaluation=evaluation).merge(runs[["run_id", "encoding"]], on="run_id")
         return curves[_EXPORT_PER_LENGTH]

@@ -16,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "check-encoding", help="check that an encoding works as che-bench needs (exit 1 if not)",
         description="Shapes and finite outputs at training lengths and test lengths up to 500, "
         "a pack of 3 equals its members alone, row-chunked evaluation equals unchunked, "
-        "state_dict round trip, options recorded, DAPE kernels 1 and 3 on top, the memory "
+        "state_dict round trip, options recorded, a training step alone and with DAPE kernels 1 "
+        "and 3, the memory "
         "budget at n = 500, random draws reproducible per seed. One line per failure.",
     )
     encoding.add_argument("name", help="encoding name (see `che-bench encodings`)")
