@@ -398,9 +398,15 @@ def run_task_check(check: str, task: Task) -> list[str]:
 
 
 def _guarded(check: str, run: Callable[[], list[str]]) -> list[str]:
+    """``run()`` on one torch thread (these tiny models slow down many-fold with more on a
+    busy machine), leaving the caller's global RNG and thread count as they were."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG alone
+        with torch.random.fork_rng(devices=[]):
             return run()
     except Exception as exc:  # noqa: BLE001 - a crashing check is a failed check
         message = str(exc).splitlines()[0] if str(exc) else ""
         return [f"{check}: expected to run, got {type(exc).__name__}: {message}"]
+    finally:
+        torch.set_num_threads(threads)

@@ -59,7 +59,8 @@ class Registry(Generic[Registered]):
         suggestions = list(dict.fromkeys(self._aliases.get(match, match) for match in close))[:3]
         hint = f"; did you mean {' or '.join(map(repr, suggestions))}?" if suggestions else ""
         raise CheBenchError(
-            f"unknown {self.kind} {name!r}{hint} (valid: {', '.join(self._entries)})"
+            f"unknown {self.kind} {name!r}{hint} (valid: {', '.join(self._entries)}; a "
+            "plugin's names need the plugin installed, or --plugin MODULE)"
         )
 
     def get(self, name: str) -> Registered:

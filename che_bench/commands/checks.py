@@ -38,8 +38,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def check_encoding_command(args: argparse.Namespace) -> int:
-    import torch
-
     from che_bench import conformance
     from che_bench.encodings import build_encoding, canonical_encoding_name
 
@@ -47,7 +45,6 @@ def check_encoding_command(args: argparse.Namespace) -> int:
     options = parse_key_values(args.pe_option, "--pe-option")
     # Bad options are a usage error (exit 2), not a failed check.
     build_encoding(name, dim=16, heads=4, layers=1, train_max_tokens=40, **options)
-    torch.set_num_threads(1)
     return _report(f"encoding {name}", conformance.ENCODING_CHECKS,
                    lambda check: conformance.run_encoding_check(check, name, options))
 

@@ -87,7 +87,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
         evaluation_id = store.record_evaluation(
             run_id, protocol, score=result.score, train_accuracy=result.train_accuracy,
             per_length=result.per_length, train_per_length=result.train_per_length,
-            device=described, versions=software_versions(), timings={"eval_s": result.seconds},
+            device=described, versions=software_versions(config), timings={"eval_s": result.seconds},
         )
         print(f"run {run_id}: evaluation {evaluation_id} ({describe_protocol(protocol)}) on "
               f"{described}: score {result.score:.2%}, in-distribution "
