@@ -22,7 +22,9 @@ def scratch_registries(monkeypatch):
     monkeypatch.setattr(plugins, "_loaded_modules", set(plugins._loaded_modules))
     # Installed plugins are scanned once per process; a test that wants a scan asks for one.
     monkeypatch.setattr(plugins, "_configured", True)
-    monkeypatch.delenv(plugins.ENVIRONMENT_VARIABLE, raising=False)
+    # Set, then deleted: undoing both also deletes what add_modules writes there.
+    monkeypatch.setenv(plugins.ENVIRONMENT_VARIABLE, "")
+    monkeypatch.delenv(plugins.ENVIRONMENT_VARIABLE)
     modules = set(sys.modules)
     yield
     for name in set(sys.modules) - modules:
