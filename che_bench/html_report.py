@@ -25,7 +25,12 @@ import pandas as pd
 
 from che_bench import settings
 from che_bench.errors import CheBenchError
-from che_bench.reports import display_table, encoding_label, labelled_runs, paper_table_or_none
+from che_bench.reports import (
+    display_table,
+    labelled_runs,
+    paper_table_or_none,
+    run_encoding_label,
+)
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
 
 #: Up to this many runs, the page lists one ``che-bench run`` command per run.
@@ -295,7 +300,7 @@ def _what_ran_html(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> s
         return f"<ul>{listing}</ul>"
     rows = "".join(
         f"<tr><td class=\"text\">{_e(run.run_id)}</td><td class=\"text\">{_e(run.task)}</td>"
-        f"<td class=\"text\">{_e(encoding_label(run.pe, run.kernel))}</td>"
+        f"<td class=\"text\">{_e(run_encoding_label(run.config))}</td>"
         f"<td class=\"num\">{_e(run.seed)}</td><td class=\"text\">{_e(run.error)}</td></tr>"
         for run in failed.itertuples(index=False)
     )

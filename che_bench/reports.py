@@ -67,6 +67,12 @@ def encoding_label(pe: str, kernel: int | None, causal: bool = False) -> str:
     return f"{label} (causal)" if causal else label
 
 
+def run_encoding_label(config_json: str) -> str:
+    """``encoding_label`` of a stored run's config (JSON)."""
+    config = json.loads(config_json)
+    return encoding_label(config["pe"], config["kernel"], config.get("causal", False))
+
+
 @cache
 def _task_facts(name: str, params_json: str) -> tuple[str, float, str]:
     """(level label, chance, table label) of a task with the given parameters (JSON): the
@@ -482,8 +488,7 @@ def export_frame(store: ResultStore, *, per_length: bool = False,
     runs = store.runs(evaluation=evaluation)
     if runs.empty:
         return pd.DataFrame(columns=_EXPORT_PER_LENGTH if per_length else _EXPORT_RUNS)
-    runs["encoding"] = [encoding_label(c["pe"], c["kernel"], c.get("causal", False))
-                        for c in map(json.loads, runs["config"])]
+    runs["encoding"] = [run_encoding_label(config) for config in runs["config"]]
     if per_length:
         curves = store.per_length(evaluation=evaluation).merge(runs[["run_id", "encoding"]], on="run_id")
         return curves[_EXPORT_PER_LENGTH]
