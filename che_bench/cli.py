@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "che_bench.commands.sweep",
     "che_bench.commands.evaluate",
     "che_bench.commands.attention",
+    "che_bench.commands.checks",
 )
 
 
@@ -36,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Length generalization of positional encodings (and DAPE) on the "
         "Chomsky-hierarchy tasks: train at lengths <= 40, test at 41..500.",
     )
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first, so that the encodings and tasks it registers "
+                             "can be used (repeatable; also after the command, or "
+                             "CHE_BENCH_PLUGINS=mod1,mod2; installed plugins load by themselves)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     for module_name in COMMAND_MODULES:
@@ -43,10 +48,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def split_plugin_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the ``--plugin MODULE`` / ``--plugin=MODULE`` modules, the other arguments), wherever
+    they stand: before or after the command."""
+    modules, rest = [], []
+    arguments = iter(argv)
+    for argument in arguments:
+        if argument == "--plugin":
+            module = next(arguments, None)
+            if module is None:
+                sys.stderr.write("che-bench: error: argument --plugin: expected one argument\n")
+                raise SystemExit(2)
+            modules.append(module)
+        elif argument.startswith("--plugin="):
+            modules.append(argument.split("=", 1)[1])
+        else:
+            rest.append(argument)
+    return modules, rest
+
+
 def main(argv: list[str] | None = None) -> int:
+    from che_bench import plugins
+
+    modules, argv = split_plugin_arguments(sys.argv[1:] if argv is None else list(argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        plugins.add_modules(modules)  # also loads the installed and CHE_BENCH_PLUGINS ones
         return int(args.handler(args) or 0)
     except CheBenchError as exc:
         sys.stderr.write(f"che-bench: error: {exc}\n")

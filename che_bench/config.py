@@ -18,17 +18,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from che_bench import protocol
+from che_bench import protocol, settings
 from che_bench.errors import CheBenchError
 
 #: Model options a config records (and the flags that override them).
-MODEL_OPTION_NAMES = ("layers", "dim", "heads", "ffn", "dropout")
+MODEL_OPTION_NAMES = tuple(setting.name for setting in settings.settings_where(settings.MODEL))
 #: DAPE options; only meaningful with a kernel.
-DAPE_OPTION_NAMES = ("dape_width", "dape_variant", "dape_tril")
-DAPE_DEFAULTS = {"dape_width": 32, "dape_variant": "concat_residual", "dape_tril": "auto"}
+DAPE_OPTION_NAMES = tuple(setting.name for setting in settings.settings_where(settings.DAPE))
+DAPE_DEFAULTS = {setting.name: setting.default for setting in settings.settings_where(settings.DAPE)}
 #: Fields added after results were first stored: left out of ``to_dict`` (and so of the run
-#: id) while they hold their default None, so that earlier run ids stay valid.
-OMITTED_WHEN_NONE = ("length_seed",)
+#: id) while they hold their default, so that earlier run ids stay valid.
+OMITTED_AT_DEFAULT = settings.omitted_at_default()
 #: Fields that define how a run is evaluated (its evaluation protocol); everything else
 #: defines the trained model.
 EVALUATION_FIELDS = ("test_lengths", "train_eval_lengths", "eval_samples", "eval_batch_size",
@@ -70,13 +70,15 @@ class RunConfig:
     #: are drawn from the data generator, between the batches. Runs that share a length seed
     #: draw the same length at every step, so they can train side by side as one pack.
     length_seed: int | None = None
+    #: Decoder-style (causal) attention instead of the CHE encoder's bidirectional one.
+    causal: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-compatible dict (tuples become lists)."""
         # A shallow field dict: asdict's deep copy is needlessly slow for long length tuples.
         fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        for name in OMITTED_WHEN_NONE:
-            if fields[name] is None:
+        for name, default in OMITTED_AT_DEFAULT.items():
+            if fields[name] == default:
                 del fields[name]
         return json.loads(json.dumps(fields))
 
@@ -121,6 +123,7 @@ class RunConfig:
         return {
             **self.model_options,
             **self.dape_options,
+            "causal": self.causal,
             "train_length": self.train_max_length,
             **self.pe_options,
         }
@@ -195,45 +198,43 @@ def make_config(
     ``protocol.parse_lengths``; train_eval_lengths also "auto"), eval_samples, eval_batch_size,
     layers, dim, heads, ffn (default 4 * dim when dim is overridden), dropout, dape_width,
     dape_variant, dape_tril, pe_options (dict), task_params (dict), dropout_at_eval,
-    score_from_42, length_seed. Raises CheBenchError for anything invalid.
+    score_from_42, length_seed, causal: the run settings of ``che_bench.settings``. Raises
+    CheBenchError for anything invalid.
     """
     from che_bench.dape import check_kernel
     from che_bench.encodings import canonical_encoding_name
     from che_bench.tasks import get_task
 
-    settings = protocol.preset_settings(preset)
+    values = protocol.preset_settings(preset)
     overrides = {key: value for key, value in overrides.items() if value is not None}
-    known = set(settings) | set(DAPE_OPTION_NAMES) | {
-        "seed", "data_seed", "length_seed", "pe_options", "task_params", "dropout_at_eval",
-        "score_from_42",
-    }
+    known = {setting.name for setting in settings.run_settings()}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise CheBenchError(f"unknown run setting(s): {', '.join(unknown)}")
     if "dim" in overrides and "ffn" not in overrides:
         overrides["ffn"] = 4 * int(overrides["dim"])
-    settings.update(overrides)
+    values.update(overrides)
 
-    task_params = dict(settings.get("task_params", {}))
+    task_params = dict(values.get("task_params", {}))
     task_obj = get_task(task, **task_params)
     pe_name = canonical_encoding_name(pe)
     if kernel is not None:
         kernel = check_kernel(int(kernel) if isinstance(kernel, np.integer) else kernel)
-    dape_options = {name: settings.get(name, DAPE_DEFAULTS[name]) for name in DAPE_OPTION_NAMES}
+    dape_options = {name: values.get(name, DAPE_DEFAULTS[name]) for name in DAPE_OPTION_NAMES}
     if kernel is None:
         given = [name for name in DAPE_OPTION_NAMES if name in overrides]
         if given:
             raise CheBenchError(f"{', '.join(given)} only apply with a DAPE kernel (--kernel)")
         dape_options = {}
 
-    train_max_length = _int_at_least("train_max_length", settings["train_max_length"])
+    train_max_length = _int_at_least("train_max_length", values["train_max_length"])
     if train_max_length < task_obj.min_length:
         raise CheBenchError(
             f"train_max_length {train_max_length} is below the task's minimum length "
             f"{task_obj.min_length}"
         )
-    test_lengths = protocol.parse_lengths(settings["test_lengths"])
-    train_eval_spec = settings["train_eval_lengths"]
+    test_lengths = protocol.parse_lengths(values["test_lengths"])
+    train_eval_spec = values["train_eval_lengths"]
     if train_eval_spec == "auto":
         train_eval_lengths = protocol.auto_train_eval_lengths(task_obj.min_length, train_max_length)
     else:
@@ -243,25 +244,26 @@ def make_config(
         task=task_obj.name,
         task_params=task_obj.params(),
         pe=pe_name,
-        pe_options=dict(settings.get("pe_options", {})),
+        pe_options=dict(values.get("pe_options", {})),
         kernel=kernel,
         dape_options=dape_options,
-        model_options={name: settings[name] for name in MODEL_OPTION_NAMES},
+        model_options={name: values[name] for name in MODEL_OPTION_NAMES},
         preset=preset,
-        steps=_int_at_least("steps", settings["steps"], minimum=0),
-        batch_size=_int_at_least("batch_size", settings["batch_size"]),
-        lr=_positive_float("lr", settings["lr"]),
-        seed=_int_at_least("seed", settings.get("seed", 0), minimum=0),
-        data_seed=_int_at_least("data_seed", settings.get("data_seed", settings.get("seed", 0)), minimum=0),
+        steps=_int_at_least("steps", values["steps"], minimum=0),
+        batch_size=_int_at_least("batch_size", values["batch_size"]),
+        lr=_positive_float("lr", values["lr"]),
+        seed=_int_at_least("seed", values.get("seed", 0), minimum=0),
+        data_seed=_int_at_least("data_seed", values.get("data_seed", values.get("seed", 0)), minimum=0),
         train_max_length=train_max_length,
         test_lengths=test_lengths,
         train_eval_lengths=train_eval_lengths,
-        eval_samples=_int_at_least("eval_samples", settings["eval_samples"]),
-        eval_batch_size=_int_at_least("eval_batch_size", settings["eval_batch_size"]),
-        dropout_at_eval=bool(settings.get("dropout_at_eval", False)),
-        score_from_42=bool(settings.get("score_from_42", False)),
-        length_seed=(None if settings.get("length_seed") is None
-                     else _int_at_least("length_seed", settings["length_seed"], minimum=0)),
+        eval_samples=_int_at_least("eval_samples", values["eval_samples"]),
+        eval_batch_size=_int_at_least("eval_batch_size", values["eval_batch_size"]),
+        dropout_at_eval=bool(values.get("dropout_at_eval", False)),
+        score_from_42=bool(values.get("score_from_42", False)),
+        length_seed=(None if values.get("length_seed") is None
+                     else _int_at_least("length_seed", values["length_seed"], minimum=0)),
+        causal=_switch("causal", values.get("causal", False)),
     )
     check_evaluation(config)
     return config
@@ -304,6 +306,13 @@ def _int_at_least(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise CheBenchError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
+
+
+def _switch(name: str, value: Any) -> bool:
+    """``value`` if it is a bool (a suite's ``causal = true``), else a CheBenchError."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise CheBenchError(f"{name} must be true or false, got {value!r}")
+    return bool(value)
 
 
 def _positive_float(name: str, value: Any) -> float:

@@ -25,15 +25,15 @@ from typing import Any
 
 import pandas as pd
 
+from che_bench import settings
 from che_bench.errors import CheBenchError
-from che_bench.protocol import preset_settings
 from che_bench.reports import (
     METRIC_NOTES,
     curves_frame,
     display_table,
-    encoding_label,
     labelled_runs,
     paper_table_or_none,
+    run_encoding_label,
     stuck_runs,
 )
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
@@ -246,7 +246,7 @@ def _stuck_html(store: ResultStore, runs: pd.DataFrame) -> str:
                 "loss below that of predicting the class frequencies.</p>")
     rows = "".join(
         f"<tr><td class=\"text\">{_e(run.run_id)}</td><td class=\"text\">{_e(run.task)}</td>"
-        f"<td class=\"text\">{_e(encoding_label(run.pe, run.kernel))}</td>"
+        f"<td class=\"text\">{_e(run_encoding_label(run.config))}</td>"
         f"<td class=\"num\">{_e(run.seed)}</td><td class=\"num\">{run.lr:g}</td>"
         f"<td class=\"num\">{run.min_loss:.4f}</td><td class=\"num\">{run.baseline_loss:.4f}</td></tr>"
         for run in flagged.itertuples(index=False)
@@ -366,7 +366,7 @@ def _what_ran_html(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> s
         return f"<ul>{listing}</ul>"
     rows = "".join(
         f"<tr><td class=\"text\">{_e(run.run_id)}</td><td class=\"text\">{_e(run.task)}</td>"
-        f"<td class=\"text\">{_e(encoding_label(run.pe, run.kernel))}</td>"
+        f"<td class=\"text\">{_e(run_encoding_label(run.config))}</td>"
         f"<td class=\"num\">{_e(run.seed)}</td><td class=\"text\">{_e(run.error)}</td></tr>"
         for run in failed.itertuples(index=False)
     )
@@ -425,65 +425,55 @@ def _pre(lines: list[str]) -> str:
     return "<pre>" + "\n".join(_e(line) for line in lines) + "</pre>"
 
 
-#: ``che-bench run`` flags of the scalar settings a config may override.
-_SCALAR_FLAGS = {
-    "steps": "--steps", "batch_size": "--batch-size", "lr": "--lr",
-    "train_max_length": "--train-max-length", "eval_samples": "--eval-samples",
-    "eval_batch_size": "--eval-batch-size",
-}
-_MODEL_FLAGS = {"layers": "--layers", "dim": "--dim", "heads": "--heads", "ffn": "--ffn",
-                "dropout": "--dropout"}
-_DAPE_FLAGS = {"dape_width": "--dape-width", "dape_variant": "--dape-variant"}
-
-
 def run_command_line(config: dict[str, Any], run_id: str) -> list[str] | None:
     """``che-bench run`` arguments that recreate the run with this stored config, or None when
     no such command exists (settings without a flag). Checked: the arguments are parsed by the
     CLI's own parser and must give back ``run_id``."""
     from che_bench.cli import build_parser
     from che_bench.commands.run import overrides_from_args
-    from che_bench.config import DAPE_DEFAULTS, make_config
-    from che_bench.tasks import get_task
+    from che_bench.config import make_config
 
     try:
-        preset = preset_settings(config["preset"])
         argv = ["run", "--task", config["task"], "--pe", config["pe"]]
         if config["kernel"] is not None:
             argv += ["--kernel", str(config["kernel"])]
         argv += ["--preset", config["preset"]]
-        if config["seed"] != 0:
-            argv += ["--seed", str(config["seed"])]
-        if config["data_seed"] != config["seed"]:
-            argv += ["--data-seed", str(config["data_seed"])]
-        for field, flag in _SCALAR_FLAGS.items():
-            if config[field] != preset[field]:
-                argv += [flag, str(config[field])]
-        for field, flag in _MODEL_FLAGS.items():
-            if config["model_options"][field] != preset[field]:
-                argv += [flag, str(config["model_options"][field])]
-        for field, flag in _DAPE_FLAGS.items():
-            if field in config["dape_options"] and config["dape_options"][field] != DAPE_DEFAULTS[field]:
-                argv += [flag, str(config["dape_options"][field])]
-        defaults = get_task(config["task"]).params()
-        for key, value in sorted(config["task_params"].items()):
-            if defaults.get(key) != value:
-                argv += ["--task-param", f"{key}={_flag_value(value)}"]
-        for key, value in sorted(config["pe_options"].items()):
-            argv += ["--pe-option", f"{key}={_flag_value(value)}"]
-        for field in ("dropout_at_eval", "score_from_42"):
-            if config[field]:
-                argv.append("--" + field.replace("_", "-"))
+        lengths = ("test_lengths", "train_eval_lengths")
+        for setting in settings.run_settings():
+            if setting.flag is not None and setting.name not in lengths:
+                argv += _setting_arguments(setting, config)
         # Lengths last: the preset's "auto" in-distribution lengths follow the other settings.
         args = build_parser().parse_args(argv)
         resolved = make_config(args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args))
-        for field, flag in (("test_lengths", "--test-lengths"), ("train_eval_lengths", "--train-eval-lengths")):
-            if list(getattr(resolved, field)) != config[field]:
-                argv += [flag, _lengths_spec(config[field])]
+        for name in lengths:
+            if list(getattr(resolved, name)) != config[name]:
+                argv += [settings.BY_NAME[name].flag, _lengths_spec(config[name])]
         args = build_parser().parse_args(argv)
         rebuilt = make_config(args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args))
     except (CheBenchError, KeyError, TypeError, SystemExit):
         return None  # an old or hand-edited config that today's CLI cannot express
     return argv if rebuilt.run_id() == run_id else None
+
+
+def _setting_arguments(setting: settings.Setting, config: dict[str, Any]) -> list[str]:
+    """The flag (and value) that gives ``setting`` its stored value, or nothing when the
+    preset (or the setting it follows) already gives it."""
+    from che_bench.tasks import get_task
+
+    value = settings.stored_value(config, setting)
+    if setting.kind == settings.KEY_VALUES:
+        defaults = get_task(config["task"]).params() if setting.name == "task_params" else {}
+        return [item for key, item_value in sorted(value.items()) if defaults.get(key) != item_value
+                for item in (setting.flag, f"{key}={_flag_value(item_value)}")]
+    if setting.follows is not None:
+        default = config[setting.follows]
+    else:
+        default = setting.default_for(config["preset"])
+    if setting.where == settings.DAPE and setting.name not in config["dape_options"]:
+        return []  # no kernel, no DAPE options
+    if value == default:
+        return []
+    return [setting.flag] if setting.kind == settings.SWITCH else [setting.flag, str(value)]
 
 
 def _flag_value(value: Any) -> str:

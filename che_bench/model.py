@@ -33,21 +33,18 @@ from che_bench.encodings import AttentionHook, PositionalEncoding, build_encodin
 from che_bench.encodings.base import Draws
 from che_bench.errors import CheBenchError
 from che_bench.members import MemberEmbedding, MemberLayerNorm, MemberLinear
+from che_bench.settings import BY_NAME, DAPE, MODEL, settings_where
 from che_bench.tasks.base import Task
 
-#: Model options of ``build_model`` and their defaults (every other option goes to the encoding).
+#: Model options of ``build_model`` and their defaults (every other option goes to the encoding):
+#: the model and DAPE settings of the published protocol (``che_bench.settings``), plus
+#: what only the model knows.
 MODEL_DEFAULTS: dict[str, Any] = {
-    "layers": 5,
-    "dim": 64,
-    "heads": 8,
-    "ffn": 256,
-    "dropout": 0.1,
-    "dape_width": 32,
-    "dape_variant": "concat_residual",
-    "dape_tril": "auto",
-    "train_length": 40,
+    **{setting.name: setting.default_for("paper")
+       for setting in (*settings_where(MODEL), *settings_where(DAPE))},
+    "causal": BY_NAME["causal"].default,
+    "train_length": BY_NAME["train_max_length"].default_for("paper"),
     "memory_budget_bytes": 1 << 30,
-    "causal": False,
 }
 
 FLOAT_BYTES = 4

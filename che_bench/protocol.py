@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from che_bench.errors import CheBenchError
+from che_bench.settings import PRESET_NAMES, preset_values
 
 #: Seed of the evaluation data (and of any random draws during evaluation), as in the reference
 #: range evaluation: every model sees the same test sequences.
@@ -22,53 +23,9 @@ ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 GRAD_CLIP_NORM = 1.0
 
-PRESETS: dict[str, dict[str, Any]] = {
-    "paper": {
-        "steps": 200_000,
-        "batch_size": 128,
-        "lr": 1e-4,
-        "train_max_length": 40,
-        "test_lengths": "41:500",
-        "train_eval_lengths": "auto",
-        "eval_samples": 512,
-        "eval_batch_size": 64,
-        "layers": 5,
-        "dim": 64,
-        "heads": 8,
-        "ffn": 256,
-        "dropout": 0.1,
-    },
-    "quick": {
-        "steps": 1500,
-        "batch_size": 32,
-        "lr": 1e-3,
-        "train_max_length": 40,
-        "test_lengths": "41:500:20,500",
-        "train_eval_lengths": "auto",
-        "eval_samples": 64,
-        "eval_batch_size": 32,
-        "layers": 2,
-        "dim": 64,
-        "heads": 8,
-        "ffn": 256,
-        "dropout": 0.1,
-    },
-    "smoke": {
-        "steps": 20,
-        "batch_size": 8,
-        "lr": 1e-3,
-        "train_max_length": 40,
-        "test_lengths": "41,100,200",
-        "train_eval_lengths": "auto",
-        "eval_samples": 8,
-        "eval_batch_size": 8,
-        "layers": 1,
-        "dim": 16,
-        "heads": 2,
-        "ffn": 32,
-        "dropout": 0.1,
-    },
-}
+#: The presets' values of the settings that differ between presets (declared with each
+#: setting in ``che_bench.settings``).
+PRESETS: dict[str, dict[str, Any]] = {name: preset_values(name) for name in PRESET_NAMES}
 
 #: Number of in-distribution lengths evaluated when ``train_eval_lengths`` is "auto".
 AUTO_TRAIN_EVAL_COUNT = 5

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
+from che_bench import plugins
 from che_bench.errors import CheBenchError
 from che_bench.config import RunConfig, RunResult
 from che_bench.runner import execute_runs
@@ -60,6 +62,9 @@ class RayBackend:
                                        "log_to_driver": False, "logging_level": logging.WARNING}
             if address is None and local_cpus is not None:
                 options["num_cpus"] = local_cpus
+            plugin_modules = os.environ.get(plugins.ENVIRONMENT_VARIABLE)
+            if plugin_modules:  # --plugin modules: the workers import them as the driver did
+                options["runtime_env"] = {"env_vars": {plugins.ENVIRONMENT_VARIABLE: plugin_modules}}
             try:
                 self.ray.init(**options)
             except (ConnectionError, RuntimeError, ValueError) as exc:

@@ -84,10 +84,18 @@ def with_metric(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     return frame[frame[key].notna()].reset_index(drop=True)
 
 
-def encoding_label(pe: str, kernel: int | None) -> str:
-    """Column name as in the paper: ``Kerple``, ``DAPE_k1_Kerple``, ``DAPE_k3_Kerple``."""
+def encoding_label(pe: str, kernel: int | None, causal: bool = False) -> str:
+    """Column name as in the paper: ``Kerple``, ``DAPE_k1_Kerple``, ``DAPE_k3_Kerple``;
+    ``Kerple (causal)`` for decoder-style attention (no published column)."""
     base = PAPER_ENCODING_LABELS.get(pe, pe)
-    return base if kernel is None else f"DAPE_k{kernel}_{base}"
+    label = base if kernel is None else f"DAPE_k{kernel}_{base}"
+    return f"{label} (causal)" if causal else label
+
+
+def run_encoding_label(config_json: str) -> str:
+    """``encoding_label`` of a stored run's config (JSON)."""
+    config = json.loads(config_json)
+    return encoding_label(config["pe"], config["kernel"], config.get("causal", False))
 
 
 @cache
@@ -127,7 +135,7 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     frame["level"] = [level for level, _, _ in facts]
     frame["chance"] = [chance for _, chance, _ in facts]
     frame["task_label"] = [label for _, _, label in facts]
-    frame["encoding"] = [encoding_label(c["pe"], c["kernel"]) for c in configs]
+    frame["encoding"] = [encoding_label(c["pe"], c["kernel"], c.get("causal", False)) for c in configs]
     frame["paper_differences"] = [tuple(paper_protocol_differences(c)) for c in configs]
     variants = [
         {key: json.dumps(value, sort_keys=True) for key, value in config.items() if key not in _CELL_FIELDS}
@@ -524,7 +532,7 @@ def export_frame(store: ResultStore, *, per_length: bool = False,
         runs = with_metric(runs, metric)
     if runs.empty:
         return pd.DataFrame(columns=_EXPORT_PER_LENGTH if per_length else _EXPORT_RUNS)
-    runs["encoding"] = [encoding_label(pe, k) for pe, k in zip(runs["pe"], runs["kernel"])]
+    runs["encoding"] = [run_encoding_label(config) for config in runs["config"]]
     if per_length:
         curves = with_metric(store.per_length(evaluation=evaluation), metric)
         return curves.merge(runs[["run_id", "encoding"]], on="run_id")[_EXPORT_PER_LENGTH]

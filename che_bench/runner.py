@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 import che_bench
+from che_bench import plugins
 from che_bench.config import RunConfig, RunResult
 from che_bench.errors import CheBenchError
 from che_bench.evaluation import evaluate
@@ -55,13 +56,21 @@ def describe_device(device: torch.device) -> str:
     return f"cpu ({threads} thread{'' if threads == 1 else 's'})"
 
 
-def software_versions() -> dict[str, str]:
+def software_versions(config: RunConfig | None = None) -> dict[str, str]:
+    """The software a run used: che-bench, torch, numpy, Python, the platform and the plugins
+    that registered ``config``'s task or encoding (``plugin NAME``: version)."""
+    from che_bench.encodings.base import ENCODINGS
+    from che_bench.tasks import TASKS
+
+    used = {} if config is None else plugins.versions_of(
+        TASKS.origin(config.task), ENCODINGS.origin(config.pe))
     return {
         "che_bench": che_bench.__version__,
         "torch": torch.__version__,
         "numpy": np.__version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        **used,
     }
 
 
@@ -134,7 +143,7 @@ def execute_pack(
     configure_numerics(torch_device, tf32)
     results = [
         RunResult(run_id=config.run_id(), config=config, status="failed",
-                  versions=software_versions(), device=describe_device(torch_device),
+                  versions=software_versions(config), device=describe_device(torch_device),
                   details={"tf32": tf32} if torch_device.type == "cuda" else {})
         for config in configs
     ]

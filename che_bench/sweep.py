@@ -93,7 +93,7 @@ def failed_result(config: RunConfig, error: BaseException | str) -> RunResult:
     message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     return RunResult(
         run_id=config.run_id(), config=config, status="failed",
-        error=message.splitlines()[0] if message else "failed", versions=software_versions(),
+        error=message.splitlines()[0] if message else "failed", versions=software_versions(config),
     )
 
 

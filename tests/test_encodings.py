@@ -147,38 +147,6 @@ def test_symmetric_alibi_cannot_tell_left_from_right():
     torch.testing.assert_close(values, values.transpose(-1, -2))
 
 
-@pytest.mark.parametrize("name", sorted(ALL_NAMES))
-def test_row_chunks_equal_the_full_call(name):
-    encoding = make(name)
-    length = 23
-    generator = torch.Generator().manual_seed(2)
-    draws = encoding.sample_draws(length, generators()) if encoding.randomized else None
-    for grad in (True, False):  # FIRE caches chunks when gradients are off
-        with torch.set_grad_enabled(grad):
-            for layer, hook in enumerate(encoding.hooks):
-                q, k = torch.randn(2, 1, 2, HEADS, length, HEAD_DIM, generator=generator)
-                q, k, ctx = hook.prepare(q, k, None if draws is None else draws.layer(layer))
-                full = logits(hook, q, k, slice(0, length), ctx)
-                parts = [logits(hook, q, k, rows, ctx) for rows in (slice(0, 5), slice(5, length))]
-                torch.testing.assert_close(torch.cat(parts, dim=-2), full)
-
-
-@pytest.mark.parametrize("name", sorted(ALL_NAMES))
-def test_works_at_duplicate_string_length(name):
-    length = 1500  # duplicate_string at n = 500
-    encoding = make(name).eval()
-    draws = encoding.sample_draws(length, generators()) if encoding.randomized else None
-    with torch.no_grad():
-        embedded = encoding.embed(torch.zeros(1, 1, length, DIM), draws)
-        assert torch.isfinite(embedded).all()
-        hook = encoding.hooks[-1]
-        q, k, ctx = hook.prepare(*constant_qk(length), None if draws is None else draws.layer(-1))
-        for rows in (slice(0, 4), slice(length - 4, length)):
-            values = logits(hook, q, k, rows, ctx)
-            assert values.shape == (1, 1, HEADS, 4, length) and values.dtype == torch.float32
-            assert torch.isfinite(values).all()
-
-
 # --- per-family facts ---------------------------------------------------------------------
 
 

@@ -102,6 +102,7 @@ def test_reproduce_lists_run_commands_that_recreate_the_runs(page, store):
     {"pe": "random_rope", "pe_options": {"randomize_at_eval": False}, "dropout_at_eval": True},
     {"kernel": 3, "dape_width": 16, "train_max_length": 30, "test_lengths": "41:60,100,200:203"},
     {"score_from_42": True, "eval_samples": 4, "layers": 2, "dropout": 0.0},
+    {"causal": True, "length_seed": 4, "pe": "rope"},
 ])
 def test_run_command_lines_recreate_the_run_id(overrides):
     arguments = {"task": "even_pairs", "pe": "alibi", "kernel": None, "preset": "smoke", **overrides}
@@ -114,7 +115,7 @@ def test_run_command_lines_recreate_the_run_id(overrides):
 
 
 def test_a_run_without_flags_for_its_settings_has_no_command():
-    config = make_config("even_pairs", "alibi", None, "smoke", length_seed=4)  # no --length-seed
+    config = make_config("even_pairs", "alibi", 3, "smoke", dape_tril=True)  # no --dape-tril
     assert run_command_line(config.to_dict(), config.run_id()) is None
 
 

@@ -44,7 +44,7 @@ def attention_command(args: argparse.Namespace) -> int:
         raise CheBenchError("--compare needs a run of the same task and evaluation seed "
                             "(so that both see the same input)")
     maps = [
-        attention_maps(model, config, f"{encoding_label(config.pe, config.kernel)} ({run_id})",
+        attention_maps(model, config, f"{encoding_label(config.pe, config.kernel, config.causal)} ({run_id})",
                        length=args.length, sample=args.sample, layer=args.layer)
         for run_id, (config, model) in zip(run_ids, loaded)
     ]

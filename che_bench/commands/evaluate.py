@@ -97,7 +97,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
         evaluation_id = store.record_evaluation(
             run_id, protocol, score=result.score, train_accuracy=result.train_accuracy,
             per_length=result.per_length, train_per_length=result.train_per_length,
-            device=described, versions=software_versions(), timings={"eval_s": result.seconds},
+            device=described, versions=software_versions(config), timings={"eval_s": result.seconds},
             exact_score=result.exact_score, train_exact_accuracy=result.train_exact_accuracy,
             exact_per_length=result.exact_per_length,
             train_exact_per_length=result.train_exact_per_length,

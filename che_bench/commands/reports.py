@@ -179,7 +179,7 @@ def runs_command(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from che_bench.kept_models import model_path, models_dir_for
-    from che_bench.reports import encoding_label, stuck_runs
+    from che_bench.reports import run_encoding_label, stuck_runs
 
     store = existing_store(args.store)
     runs = store.runs()
@@ -194,7 +194,7 @@ def runs_command(args: argparse.Namespace) -> int:
     for run in runs.itertuples(index=False):
         status = "started (incomplete)" if run.status == "started" else run.status
         table.add_row(
-            escape(run.run_id), escape(run.task), escape(encoding_label(run.pe, run.kernel)),
+            escape(run.run_id), escape(run.task), escape(run_encoding_label(run.config)),
             str(run.seed), f"{run.lr:g}", str(run.steps), escape(run.preset),
             f"[{styles[run.status]}]{status}[/]",
             _percent(run.score), _percent(run.train_accuracy),
@@ -216,7 +216,7 @@ def evaluations_command(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from che_bench.reports import encoding_label
+    from che_bench.reports import run_encoding_label
 
     store = existing_store(args.store)
     runs = store.runs().set_index("run_id")
@@ -233,7 +233,7 @@ def evaluations_command(args: argparse.Namespace) -> int:
         run = runs.loc[evaluation.run_id]
         table.add_row(
             evaluation.evaluation, escape(evaluation.run_id), escape(run.task),
-            escape(encoding_label(run.pe, run.kernel)), str(run.seed),
+            escape(run_encoding_label(run.config)), str(run.seed),
             "original" if evaluation.original else "re-evaluation", escape(evaluation.protocol),
             _percent(evaluation.score), _percent(evaluation.train_accuracy),
             escape(_text(evaluation.device)), escape(evaluation.created_at),

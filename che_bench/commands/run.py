@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from che_bench import settings
 from che_bench.commands.key_values import parse_key_values
 from che_bench.errors import CheBenchError
 from che_bench.protocol import PRESETS, format_lengths
@@ -38,8 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="runs trained side by side in one process (default auto: on a GPU as "
                            "many as fit in its memory, on a CPU 1)")
     add_keep_model_argument(parser)
-    add_tf32_argument(parser)
-    add_watch_arguments(parser)
+    add_runtime_arguments(parser)
     parser.add_argument("--samples", metavar="FILE.jsonl",
                         help="after the runs, write each completed run's predictions on the "
                              "first test sequences of every test length (needs the kept model)")
@@ -58,49 +58,64 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_override_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags that override preset fields (``make_config`` keywords)."""
+    """The flags that override preset fields (``make_config`` keywords), one per run setting
+    of ``che_bench.settings`` that has a flag."""
     group = parser.add_argument_group("overrides of the preset")
-    group.add_argument("--steps", type=int)
-    group.add_argument("--batch-size", type=int)
-    group.add_argument("--lr", type=float)
-    group.add_argument("--seed", type=int, help="model-initialisation seed (default 0)")
-    group.add_argument("--data-seed", type=int, help="training-data seed (default: --seed)")
-    group.add_argument("--length-seed", type=int,
-                       help="seed of the training-length schedule (default: one run draws its "
-                            "lengths from its data seed; --seeds/--lrs use 0, so that the runs "
-                            "share one schedule and can train as a pack)")
-    group.add_argument("--test-lengths", help="e.g. 41:500, 41:500:20,500 or 41,100,500")
-    group.add_argument("--train-eval-lengths", help="in-distribution lengths, or 'auto'")
-    group.add_argument("--eval-samples", type=int, help="test sequences per length")
-    group.add_argument("--eval-batch-size", type=int, help="sequences per accuracy sub-batch")
-    group.add_argument("--train-max-length", type=int)
-    group.add_argument("--layers", type=int)
-    group.add_argument("--dim", type=int)
-    group.add_argument("--heads", type=int)
-    group.add_argument("--ffn", type=int, help="FFN width (default 4 x dim)")
-    group.add_argument("--dropout", type=float)
-    group.add_argument("--dape-width", type=int)
-    group.add_argument("--dape-variant", help="concat_residual, concat or add_residual")
-    group.add_argument("--pe-option", action="append", default=[], metavar="KEY=VALUE",
-                       help="encoding option (repeatable); VALUE parsed as JSON when possible")
-    group.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE",
-                       help="task parameter (repeatable); VALUE parsed as JSON when possible")
-    group.add_argument("--dropout-at-eval", action="store_true", default=None,
-                       help="keep dropout on during evaluation (as the reference code does)")
-    group.add_argument("--score-from-42", action="store_true", default=None,
-                       help="average the score over 42..500 like the reference scripts")
+    for setting in settings.run_settings():
+        if setting.flag is not None:
+            _add_setting_argument(group, setting)
+
+
+def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of the runtime options of ``che_bench.settings`` (how runs execute)."""
+    for setting in settings.settings_where(settings.RUNTIME):
+        _add_setting_argument(parser, setting)
+
+
+def _add_setting_argument(parser, setting: settings.Setting) -> None:
+    if setting.kind == settings.SWITCH:
+        # None when not given, so that a preset's or a suite's value is kept.
+        parser.add_argument(setting.flag, dest=setting.name, action="store_true",
+                            default=None if setting.where != settings.RUNTIME else False,
+                            help=setting.help)
+    elif setting.kind == settings.KEY_VALUES:
+        parser.add_argument(setting.flag, dest=setting.name, action="append", default=[],
+                            metavar=setting.metavar, help=setting.help)
+    else:
+        # Runtime options have no preset: their flag's default is the declared one.
+        parser.add_argument(setting.flag, dest=setting.name, type=setting.kind,
+                            default=setting.default if setting.where == settings.RUNTIME else None,
+                            metavar=setting.metavar, help=setting.help)
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """``make_config`` keywords from the override flags (None = keep the preset's value)."""
-    names = ("steps", "batch_size", "lr", "seed", "data_seed", "length_seed", "test_lengths",
-             "train_eval_lengths", "eval_samples", "eval_batch_size", "train_max_length",
-             "layers", "dim", "heads", "ffn", "dropout", "dape_width", "dape_variant",
-             "dropout_at_eval", "score_from_42")
-    overrides = {name: getattr(args, name) for name in names}
-    overrides["pe_options"] = parse_key_values(args.pe_option, "--pe-option") or None
-    overrides["task_params"] = parse_key_values(args.task_param, "--task-param") or None
+    overrides = {}
+    for setting in settings.run_settings():
+        if setting.flag is None:
+            continue
+        value = getattr(args, setting.name)
+        if setting.kind == settings.KEY_VALUES:
+            value = parse_key_values(value, setting.flag) or None
+        overrides[setting.name] = value
     return overrides
+
+
+def runtime_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``execute_runs`` keywords from the runtime flags, checked: the tracker flags become one
+    ``TrackerOptions`` (a missing tracker extra is a one-line error before anything runs)."""
+    from che_bench.history import check_log_every
+    from che_bench.trackers import TrackerOptions
+
+    options = {setting.name: getattr(args, setting.name)
+               for setting in settings.settings_where(settings.RUNTIME)}
+    tensorboard, wandb = options.pop("tensorboard"), options.pop("wandb")
+    options["trackers"] = None
+    if tensorboard is not None or wandb is not None:
+        options["trackers"] = TrackerOptions(tensorboard=tensorboard, wandb=wandb)
+        options["trackers"].check()
+    options["log_every"] = check_log_every(options["log_every"])
+    return options
 
 
 def writable_directory(path: Path, what: str) -> Path:
@@ -118,40 +133,6 @@ def add_keep_model_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-keep-model", action="store_true",
                         help="do not keep the trained weights (default: models/<run id>.pt beside "
                              "the store, for `che-bench evaluate` and `attention`)")
-
-
-def add_tf32_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tf32", action="store_true",
-                        help="on a GPU, let matrix products and convolutions use TF32 (faster, "
-                             "~1e-3 relative error; off by default, recorded with the runs)")
-
-
-def add_watch_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags that watch training: history cadence and trackers (``watch_options``)."""
-    group = parser.add_argument_group("watching training")
-    group.add_argument("--log-every", type=int, default=100, metavar="K",
-                       help="a training-history row (loss, accuracy, gradient norm, lr, time) "
-                            "every K steps and at the last step (default 100; not part of the "
-                            "run id)")
-    group.add_argument("--tensorboard", metavar="DIR",
-                       help="also log to TensorBoard event files in DIR/<run id>/ (extra "
-                            "[tensorboard])")
-    group.add_argument("--wandb", metavar="PROJECT",
-                       help="also log to this Weights & Biases project (extra [wandb]; "
-                            "WANDB_MODE=offline keeps it on disk)")
-
-
-def watch_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``execute_pack`` keywords of the watch flags, checked (a missing tracker extra is a
-    one-line error before anything runs)."""
-    from che_bench.history import check_log_every
-    from che_bench.trackers import TrackerOptions
-
-    trackers = None
-    if args.tensorboard is not None or args.wandb is not None:
-        trackers = TrackerOptions(tensorboard=args.tensorboard, wandb=args.wandb)
-        trackers.check()
-    return {"log_every": check_log_every(args.log_every), "trackers": trackers}
 
 
 def cell_configs(args: argparse.Namespace) -> list:
@@ -215,7 +196,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     configs = cell_configs(args)
     width = parse_pack_width(args.pack)
-    watching = watch_options(args)
+    runtime_options = runtime_options_from_args(args)
     if args.samples is not None:
         from che_bench.samples import check_samples_per_length
 
@@ -234,7 +215,7 @@ def run_command(args: argparse.Namespace) -> int:
     models_dir = None if args.no_keep_model else models_dir_for(store.path)
     run_ids = [config.run_id() for config in configs]
     first = configs[0]
-    label = f"{first.task} / {encoding_label(first.pe, first.kernel)}"
+    label = f"{first.task} / {encoding_label(first.pe, first.kernel, first.causal)}"
     complete = store.completed_run_ids()
     todo = [config for config in configs if config.run_id() not in complete]
     if len(todo) < len(configs):
@@ -253,7 +234,7 @@ def run_command(args: argparse.Namespace) -> int:
         )
     results = runner.execute_runs(
         todo, pack=width, device=args.device, checkpoint_dir=checkpoint_dir,
-        models_dir=models_dir, tf32=args.tf32, progress=not args.no_progress, **watching,
+        models_dir=models_dir, progress=not args.no_progress, **runtime_options,
     ) if todo else []
     for result in results:
         store.record(result)

@@ -10,9 +10,8 @@ from rich.console import Console
 
 from che_bench.commands.run import (
     add_keep_model_argument,
-    add_tf32_argument,
-    add_watch_arguments,
-    watch_options,
+    add_runtime_arguments,
+    runtime_options_from_args,
 )
 from che_bench.errors import CheBenchError
 
@@ -39,8 +38,7 @@ def register(subparsers) -> None:
                              "by side in one process; auto: as many as fit on a GPU, 1 on a "
                              "CPU (default 1; runs need a length_seed to pack)")
     add_keep_model_argument(parser)
-    add_tf32_argument(parser)
-    add_watch_arguments(parser)
+    add_runtime_arguments(parser)
     parser.add_argument("--dry-run", action="store_true",
                         help="print the grid (count and runs, with their status) and run nothing")
     parser.add_argument("--store", default=None, metavar="PATH",
@@ -85,8 +83,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     run_options = {
         "checkpoint_dir": checkpoint_dir_for(store),
         "models_dir": None if args.no_keep_model else models_dir_for(store.path),
-        "tf32": args.tf32,
-        **watch_options(args),
+        **runtime_options_from_args(args),
     }
     if args.backend == "local":
         make_backend = partial(_local_backend, args, run_options)

@@ -1,4 +1,5 @@
-"""Positional encodings; importing this package registers every family.
+"""Positional encodings; importing this package registers every built-in family (plugins
+register theirs with the same ``register`` decorator, see ``che_bench.plugins``).
 
 ``list_encodings()`` gives the classes; each has ``name``, a one-line ``description``,
 ``kind`` ("none" | "absolute" | "relative"), ``randomized``, ``carries_bias`` (an additive
@@ -25,6 +26,7 @@ from che_bench.encodings.base import (
     canonical_encoding_name,
     get_encoding_class,
     list_encodings,
+    register,
 )
 
 __all__ = [
@@ -34,4 +36,5 @@ __all__ = [
     "canonical_encoding_name",
     "get_encoding_class",
     "list_encodings",
+    "register",
 ]

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from che_bench.errors import CheBenchError
+from che_bench.registry import Registry
 
 KINDS = ("none", "absolute", "relative")
 
@@ -160,42 +161,37 @@ class PositionalEncoding(nn.Module):
                 project()
 
 
-_REGISTRY: dict[str, type[PositionalEncoding]] = {}
-_ALIASES: dict[str, str] = {}
+ENCODINGS: Registry[type[PositionalEncoding]] = Registry("positional encoding")
 
 
-def register(*aliases: str):
-    """Class decorator: make an encoding available under its ``name`` and ``aliases``."""
+def register(*aliases: Any):
+    """Class decorator: make an encoding available under its ``name`` and ``aliases``
+    (``@register`` or ``@register("alias", ...)``; the built-ins and plugins alike; a name
+    already taken is a CheBenchError)."""
 
     def decorate(cls: type[PositionalEncoding]) -> type[PositionalEncoding]:
-        if cls.kind not in KINDS:
-            raise TypeError(f"{cls.__name__}.kind must be one of {KINDS}")
-        for key in (cls.name, *aliases):
-            if key in _REGISTRY or key in _ALIASES:
-                raise TypeError(f"encoding name {key!r} registered twice")
-        _REGISTRY[cls.name] = cls
-        _ALIASES.update({alias: cls.name for alias in aliases})
+        if getattr(cls, "kind", None) not in KINDS:
+            raise CheBenchError(f"encoding class {cls.__name__}: kind must be one of {KINDS}")
+        ENCODINGS.add(cls.name, cls, aliases)
         return cls
 
+    if len(aliases) == 1 and isinstance(aliases[0], type):  # bare @register
+        cls, aliases = aliases[0], ()
+        return decorate(cls)
     return decorate
 
 
 def canonical_encoding_name(name: str) -> str:
-    key = name.strip().lower().replace("-", "_")
-    key = _ALIASES.get(key, key)
-    if key not in _REGISTRY:
-        raise CheBenchError(
-            f"unknown positional encoding {name!r}; valid: {', '.join(sorted(_REGISTRY))}"
-        )
-    return key
+    return ENCODINGS.canonical(name)
 
 
 def get_encoding_class(name: str) -> type[PositionalEncoding]:
-    return _REGISTRY[canonical_encoding_name(name)]
+    return ENCODINGS.get(name)
 
 
 def list_encodings() -> list[type[PositionalEncoding]]:
-    return [_REGISTRY[name] for name in sorted(_REGISTRY)]
+    """Every registered encoding class, by name."""
+    return [ENCODINGS.get(name) for name in sorted(ENCODINGS.names())]
 
 
 def build_encoding(

@@ -1,15 +1,15 @@
-"""The task registry: the 15 CHE tasks plus the recall probes.
+"""The task registry: the 15 CHE tasks plus the recall probes, and the tasks of plugins.
 
-Adding a task = one ``Task`` subclass in the module of its level + one entry in ``TASKS``.
+Adding a task = one ``Task`` subclass in the module of its level + one entry in the list
+below (a plugin decorates its class with ``@register_task`` instead).
 """
 
 from __future__ import annotations
 
 import inspect
-import re
 
 from che_bench.errors import CheBenchError
-from che_bench.tasks.base import LEVELS, Batch, Task
+from che_bench.tasks.base import LEVELS, TASKS, Batch, Task, register_task
 from che_bench.tasks.cs import (
     BinaryAddition,
     BinaryMultiplication,
@@ -23,56 +23,41 @@ from che_bench.tasks.dcf import ModularArithmeticBrackets, ReverseString, SolveE
 from che_bench.tasks.recall import AssociativeRecall, Induction
 from che_bench.tasks.regular import CycleNavigation, EvenPairs, ModularArithmetic, ParityCheck
 
-__all__ = ["LEVELS", "TASKS", "Batch", "Task", "canonical_task_name", "get_task", "list_tasks"]
+__all__ = ["LEVELS", "TASKS", "Batch", "Task", "canonical_task_name", "get_task", "list_tasks",
+           "register_task"]
 
-#: Canonical name -> class, in the order of the CHE tables, then the recall probes.
-TASKS: dict[str, type[Task]] = {
-    cls.name: cls
-    for cls in (
-        EvenPairs, ModularArithmetic, ParityCheck, CycleNavigation,
-        StackManipulation, ReverseString, ModularArithmeticBrackets, SolveEquation,
-        DuplicateString, MissingDuplicateString, OddsFirst, BinaryAddition,
-        BinaryMultiplication, ComputeSqrt, BucketSort,
-        AssociativeRecall, Induction,
-    )
-}
-
-#: Other spellings (already normalised: lower case, words joined by "_") -> canonical name.
-#: The paper label "MODULAR ARITHMETIC" (without "(SIMPLE)") names the *bracket* task in
-#: the papers' tables but normalises to the canonical ``modular_arithmetic`` (the simple
-#: one), so it is deliberately not an alias; use the task ids of the tables instead.
-ALIASES: dict[str, str] = {
-    "modular_arithmetic_simple": "modular_arithmetic",
-    "missing_duplicate": "missing_duplicate_string",
-    "compute_square_root": "compute_sqrt",
-    "recall": "associative_recall",
-    "recall_single": "associative_recall",
-    "induction_trigger": "induction",
-}
-
-
-def _normalise(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", name.strip().lower()).strip("_")
+# The CHE tasks in the order of the CHE tables, then the recall probes. Other spellings are
+# aliases (compared normalised: lower case, words joined by "_"). The paper label "MODULAR
+# ARITHMETIC" (without "(SIMPLE)") names the *bracket* task in the papers' tables but
+# normalises to the canonical ``modular_arithmetic`` (the simple one), so it is deliberately
+# not an alias; use the task ids of the tables instead.
+for _task, _aliases in (
+    (EvenPairs, ()), (ModularArithmetic, ("modular_arithmetic_simple",)), (ParityCheck, ()),
+    (CycleNavigation, ()),
+    (StackManipulation, ()), (ReverseString, ()), (ModularArithmeticBrackets, ()),
+    (SolveEquation, ()),
+    (DuplicateString, ()), (MissingDuplicateString, ("missing_duplicate",)), (OddsFirst, ()),
+    (BinaryAddition, ()), (BinaryMultiplication, ()), (ComputeSqrt, ("compute_square_root",)),
+    (BucketSort, ()),
+    (AssociativeRecall, ("recall", "recall_single")), (Induction, ("induction_trigger",)),
+):
+    register_task(*_aliases)(_task)
 
 
 def canonical_task_name(name: str) -> str:
     """The registry name for ``name``, accepting aliases and the paper labels
     case- and space-insensitively ("MISSING DUPLICATE", "Modular Arithmetic (Simple)")."""
-    key = _normalise(str(name))
-    key = ALIASES.get(key, key)
-    if key not in TASKS:
-        raise CheBenchError(f"unknown task {name!r}; valid tasks: {', '.join(TASKS)}")
-    return key
+    return TASKS.canonical(name)
 
 
 def list_tasks() -> list[str]:
-    """Canonical task names, in table order."""
-    return list(TASKS)
+    """Registered task names: the built-ins in table order, then the plugins'."""
+    return TASKS.names()
 
 
 def get_task(name: str, **params: object) -> Task:
     """A task instance; ``params`` override its reference parameters (CheBenchError if unknown)."""
-    cls = TASKS[canonical_task_name(name)]
+    cls = TASKS.get(name)
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     accepted = [
         p.name for p in inspect.signature(cls.__init__).parameters.values()

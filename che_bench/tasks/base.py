@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from che_bench.errors import CheBenchError
+from che_bench.registry import Registry
 
 LEVELS = ("regular", "dcf", "cs", "recall")
 
@@ -196,3 +197,27 @@ def first_index(rows: np.ndarray, token: int | np.ndarray, what: str) -> np.ndar
     if not found.any(axis=1).all():
         raise CheBenchError(f"malformed input: a row has no {what} (id {token})")
     return np.argmax(found, axis=1)
+
+
+#: Every registered task class (built-ins and plugins), see ``register_task``.
+TASKS: Registry[type[Task]] = Registry("task")
+
+
+def register_task(*aliases: Any):
+    """Class decorator: make a task available under its ``name`` and ``aliases``
+    (``@register_task`` or ``@register_task("alias", ...)``; a name already taken, or a
+    class without the task attributes, is a CheBenchError)."""
+
+    def decorate(cls: type[Task]) -> type[Task]:
+        if not (isinstance(cls, type) and issubclass(cls, Task)):
+            raise CheBenchError(f"register_task: {cls!r} is not a che_bench.tasks.Task subclass")
+        missing = [name for name in ("name", "level", "output_length_formula")
+                   if not hasattr(cls, name)]
+        if missing:
+            raise CheBenchError(f"task class {cls.__name__} does not set {', '.join(missing)}")
+        TASKS.add(cls.name, cls, aliases)
+        return cls
+
+    if len(aliases) == 1 and isinstance(aliases[0], type):  # bare @register_task
+        return decorate(aliases[0])
+    return decorate

@@ -1,0 +1,412 @@
+"""Conformance checks of an encoding or a task: what che-bench relies on, for any registered one.
+
+``che-bench check-encoding NAME`` / ``check-task NAME`` run them (plugins included), and the
+project's tests run the same functions over every built-in. Each check returns its failures,
+one line each (what, where, expected vs got); an empty list is a pass. Models are tiny, so a
+whole encoding or task checks in well under a minute on a laptop CPU.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from che_bench.errors import CheBenchError
+from che_bench.model import Encoder, build_model, member_state_dict, stack_members
+from che_bench.tasks import Task, get_task
+
+#: A tiny encoder: the checks are about the encoding, not the model's size.
+TINY = {"layers": 2, "dim": 16, "heads": 4, "ffn": 32}
+#: Training lengths (the model trains on <= 40) and test lengths, up to the protocol's 500.
+TRAIN_LENGTHS = (1, 20, 40)
+TEST_LENGTHS = (41, 200, 500)
+#: The task with the longest model inputs (3n tokens: 1500 at n = 500) and a short-input one.
+LONG_TASK, SHORT_TASK = "duplicate_string", "reverse_string"
+KERNELS = (None, 1, 3)
+#: The evaluation memory budget checked at n = 500: far below one [B, H, T, T] score map.
+SMALL_BUDGET_BYTES = 4 << 20
+TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
+
+Check = Callable[..., list[str]]
+
+
+# --- encodings ------------------------------------------------------------------------------
+
+
+def _model(pe: str, kernel: int | None, options: dict[str, Any], seed: int = 0,
+           task: str = SHORT_TASK, **settings: Any) -> Encoder:
+    torch.manual_seed(seed)
+    return build_model(get_task(task), pe, kernel, **TINY, **settings, **options)
+
+
+def _inputs(task: str, n: int, batch: int, seed: int = 0) -> torch.Tensor:
+    return torch.from_numpy(get_task(task).sample(n, batch, np.random.default_rng(seed)).inputs)
+
+
+def _differ(got: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """None when equal to float rounding, else the largest difference."""
+    if got.shape != expected.shape:
+        return f"shape {list(got.shape)} instead of {list(expected.shape)}"
+    if torch.allclose(got, expected, **TOLERANCE, equal_nan=False):
+        return None
+    return f"max |difference| {(got - expected).abs().max().item():.3g}"
+
+
+def check_shapes_and_finite(pe: str, options: dict[str, Any]) -> list[str]:
+    """Logits of shape [members, batch, output_length(n), classes], finite, at the training
+    lengths and at test lengths up to 500 (1500 tokens), training and evaluation mode."""
+    failures = []
+    task = get_task(LONG_TASK)
+    model = _model(pe, None, options, task=LONG_TASK)
+    for n in TRAIN_LENGTHS + TEST_LENGTHS:
+        mode = "train" if n in TRAIN_LENGTHS else "eval"
+        model.train(mode == "train")
+        with torch.set_grad_enabled(mode == "train"):
+            logits = model(_inputs(LONG_TASK, n, 2))
+        expected = (1, 2, task.output_length(n), task.output_size)
+        where = f"{LONG_TASK} n={n} ({task.input_length(n) + task.output_length(n)} tokens, {mode})"
+        if tuple(logits.shape) != expected:
+            failures.append(f"output shape ({where}): expected {list(expected)}, got {list(logits.shape)}")
+        elif not torch.isfinite(logits).all():
+            failures.append(f"finite outputs ({where}): expected finite logits, got "
+                            f"{int((~torch.isfinite(logits)).sum())} non-finite values")
+    return failures
+
+
+def check_pack_equals_members(pe: str, options: dict[str, Any],
+                              kernels: tuple[int | None, ...] = KERNELS) -> list[str]:
+    """A pack of 3 members computes, per member, what that member computes alone (shared and
+    per-member inputs, each member with its own random draws), and gives back each member's
+    weights; with DAPE kernels none, 1 and 3."""
+    failures = []
+    for kernel in kernels:
+        members = [_model(pe, kernel, options, seed=seed).eval() for seed in (3, 4, 5)]
+        pack = stack_members(members).eval()
+        shared = _inputs(SHORT_TASK, 9, 3)
+        own = torch.stack([_inputs(SHORT_TASK, 9, 3, seed=seed) for seed in (0, 1, 2)])
+        with torch.no_grad():
+            for label, inputs, member_inputs in (("shared inputs", shared, [shared] * 3),
+                                                 ("own inputs", own, list(own))):
+                pack.seed_draws([10, 11, 12])
+                packed = pack(inputs)
+                for m, member in enumerate(members):
+                    member.seed_draws([10 + m])
+                    difference = _differ(packed[m], member(member_inputs[m])[0])
+                    if difference:
+                        failures.append(f"pack of 3 equals its members alone (kernel {kernel}, "
+                                        f"{label}, member {m}): expected equal logits, got {difference}")
+        state = member_state_dict(pack, 1)
+        if any(not torch.equal(state[name], tensor) for name, tensor in members[1].state_dict().items()):
+            failures.append(f"pack of 3 equals its members alone (kernel {kernel}): expected "
+                            "member 1's weights back from the pack, got other values")
+    return failures
+
+
+def check_chunked_equals_unchunked(pe: str, options: dict[str, Any]) -> list[str]:
+    """Evaluation split into query-row chunks and sub-batches (small memory budgets) gives the
+    logits of one unchunked pass, beyond the training lengths; kernels none, 1 and 3."""
+    failures = []
+    inputs = _inputs(LONG_TASK, 17, 3)  # 51 tokens, past the 40 the model trained on
+    for kernel in KERNELS:
+        model = _model(pe, kernel, options, task=LONG_TASK).eval()
+        with torch.no_grad():
+            model.seed_draws([7])
+            whole = model(inputs)
+            for budget in (3 * 51 * 4 * 6 * 5, 2000):  # a few rows per chunk; below one row
+                _set_budget(model, budget)
+                model.seed_draws([7])
+                difference = _differ(model(inputs), whole)
+                if difference:
+                    failures.append(f"row-chunked evaluation equals unchunked (kernel {kernel}, "
+                                    f"budget {budget} bytes): expected equal logits, got {difference}")
+    return failures
+
+
+def check_state_dict_round_trip(pe: str, options: dict[str, Any]) -> list[str]:
+    """Weights saved as a kept model is (tensors only, loaded with ``weights_only``) load into a
+    freshly built model, which then computes the same logits."""
+    model = _model(pe, None, options, seed=0).eval()
+    buffer = io.BytesIO()
+    torch.save(member_state_dict(model, 0), buffer)
+    buffer.seek(0)
+    restored = _model(pe, None, options, seed=1).eval()
+    try:
+        restored.load_state_dict(torch.load(buffer, weights_only=True))
+    except Exception as exc:  # noqa: BLE001 - any failure to load is the finding
+        return [f"state_dict round trip: expected the saved weights to load, got "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"]
+    inputs = _inputs(SHORT_TASK, 30, 2)
+    with torch.no_grad():
+        model.seed_draws([5])
+        expected = model(inputs)
+        restored.seed_draws([5])
+        difference = _differ(restored(inputs), expected)
+    return [f"state_dict round trip: expected the same logits after loading, got {difference}"] if difference else []
+
+
+def check_options_recorded(pe: str, options: dict[str, Any]) -> list[str]:
+    """``options()`` names every option the encoding takes, as JSON, and building with the
+    recorded options gives the same options back."""
+    encoding = _model(pe, None, options).encoding
+    recorded = encoding.options()
+    failures = []
+    missing = sorted(set(encoding.option_names()) - set(recorded))
+    if missing:
+        failures.append(f"options recorded: expected every option in options(), missing {', '.join(missing)}")
+    try:
+        json.dumps(recorded)
+    except TypeError as exc:
+        return failures + [f"options recorded: expected JSON values, got {exc}"]
+    given = {key: value for key, value in recorded.items() if key in encoding.option_names()}
+    rebuilt = _model(pe, None, given).encoding.options()
+    if rebuilt != recorded:
+        failures.append(f"options recorded: expected {recorded} when built with them, got {rebuilt}")
+    return failures
+
+
+def check_training_step(pe: str, options: dict[str, Any]) -> list[str]:
+    """A training step alone and with DAPE (kernel 1) and DAPE V2 (kernel 3) on top: finite
+    logits and a finite gradient for every parameter of the encoding (n = 40), then finite
+    logits at evaluation (n = 100; the shapes check covers n = 500)."""
+    failures = []
+    for kernel in KERNELS:
+        model = _model(pe, kernel, options, task=LONG_TASK)
+        logits = model(_inputs(LONG_TASK, 40, 2))
+        logits.float().logsumexp(-1).mean().backward()
+        bad = [name for name, parameter in model.encoding.named_parameters()
+               if parameter.grad is None or not torch.isfinite(parameter.grad).all()]
+        if not torch.isfinite(logits).all() or bad:
+            failures.append(f"training step (kernel {kernel}, n=40): expected finite logits and "
+                            f"gradients, got non-finite or missing ones ({', '.join(bad) or 'logits'})")
+        model.encoding.project_()
+        with torch.no_grad():
+            far = model.eval()(_inputs(LONG_TASK, 100, 2))
+        if not torch.isfinite(far).all():
+            failures.append(f"training step (kernel {kernel}), then evaluation at n=100: expected "
+                            "finite logits, got non-finite values")
+    return failures
+
+
+def check_memory_budget(pe: str, options: dict[str, Any]) -> list[str]:
+    """At n = 500 (1500 tokens) under a small evaluation budget, no tensor made during the
+    forward pass is larger than the budget (a full [B, H, T, T] score map is 34x larger):
+    the encoding's hooks work on the query rows they are given and declare the maps they
+    hold (``score_maps``)."""
+    model = _model(pe, None, options, task=LONG_TASK).eval()
+    _set_budget(model, SMALL_BUDGET_BYTES)
+    with torch.no_grad(), _largest_tensor() as largest:
+        model(_inputs(LONG_TASK, 500, 4))
+    if largest["bytes"] <= SMALL_BUDGET_BYTES:
+        return []
+    return [f"memory budget at n=500 ({LONG_TASK}, batch 4): expected no tensor above "
+            f"{SMALL_BUDGET_BYTES} bytes, got {largest['bytes']} bytes from {largest['op']} "
+            f"{largest['shape']}"]
+
+
+def check_draws_reproducible(pe: str, options: dict[str, Any]) -> list[str]:
+    """The same draw seed gives the same logits; for a randomized encoding another seed gives
+    other logits (its positions are drawn), in training and at evaluation."""
+    failures = []
+    model = _model(pe, None, options).eval()
+    randomized = model.encoding.randomized
+    inputs = _inputs(SHORT_TASK, 30, 2)
+    for mode, evaluating in (("training draws", False), ("evaluation", True)):
+        with torch.no_grad():
+            runs = []
+            for seed in (21, 21, 22):
+                model.seed_draws([seed])
+                runs.append(model(inputs, evaluating=evaluating))
+        difference = _differ(runs[1], runs[0])
+        if difference:
+            failures.append(f"draws reproducible per seed ({mode}): expected equal logits for "
+                            f"seed 21 twice, got {difference}")
+        active = model.encoding.draws_active(evaluating)
+        if randomized and active and _differ(runs[2], runs[0]) is None:
+            failures.append(f"draws reproducible per seed ({mode}): expected other logits for "
+                            "another seed (a randomized encoding draws positions), got the same")
+    return failures
+
+
+ENCODING_CHECKS: dict[str, Check] = {
+    "shapes": check_shapes_and_finite,
+    "pack": check_pack_equals_members,
+    "chunks": check_chunked_equals_unchunked,
+    "state_dict": check_state_dict_round_trip,
+    "options": check_options_recorded,
+    "training": check_training_step,
+    "memory": check_memory_budget,
+    "draws": check_draws_reproducible,
+}
+
+
+def _set_budget(model: Encoder, budget: int) -> None:
+    model.memory_budget_bytes = budget
+    for block in model.blocks:
+        block.attention.memory_budget_bytes = budget
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any torch operation returns."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        super().__init__()
+        self.record = record
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(tensor, torch.Tensor):
+                size = tensor.numel() * tensor.element_size()
+                if size > self.record["bytes"]:
+                    self.record.update(bytes=size, op=str(func), shape=list(tensor.shape))
+        return out
+
+
+@contextmanager
+def _largest_tensor() -> Iterator[dict[str, Any]]:
+    record: dict[str, Any] = {"bytes": 0, "op": None, "shape": None}
+    with _LargestTensor(record):
+        yield record
+
+
+# --- tasks ----------------------------------------------------------------------------------
+
+#: Lengths the sampler and oracle are compared at (those >= the task's minimum, and within
+#: its maximum).
+AGREEMENT_LENGTHS = (*range(1, 61), 64, 100, 128, 255, 256, 499, 500)
+
+
+def _lengths(task: Task) -> list[int]:
+    return [n for n in AGREEMENT_LENGTHS
+            if n >= task.min_length and (task.max_length is None or n <= task.max_length)]
+
+
+def check_oracle_agrees(task: Task) -> list[str]:
+    """``solve(inputs)`` reproduces the sampled targets and mask at every length 1..60 and
+    at 64..500 (64 sequences each)."""
+    rng = np.random.default_rng(1234)
+    failures = []
+    for n in _lengths(task):
+        batch = task.sample(n, 64, rng)
+        targets, mask = task.solve(batch.inputs)
+        for what, got, expected in (("targets", targets, batch.targets), ("mask", mask, batch.mask)):
+            if np.shape(got) != np.shape(expected) or not np.array_equal(got, expected):
+                rows = (np.shape(got) == np.shape(expected)
+                        and int((np.asarray(got) != expected).any(axis=1).sum()))
+                failures.append(f"sampler and oracle agree (n={n}): expected the sampled {what}, "
+                                f"got {'other ones in ' + str(rows) + ' of 64 rows' if rows else 'shape ' + str(np.shape(got))}")
+    return failures
+
+
+def check_ids_shapes_masks(task: Task) -> list[str]:
+    """Inputs ``[B, input_length(n)]`` with ids in 0..input_size-1, targets and a boolean mask
+    ``[B, output_length(n)]`` with ids in 0..output_size-1, int64, a counted position in
+    every row, and the sizes the model needs."""
+    failures = []
+    if not (isinstance(task.input_size, int) and isinstance(task.output_size, int)
+            and task.input_size >= 1 and task.output_size >= 2):
+        failures.append(f"sizes: expected integer input_size >= 1 and output_size >= 2, got "
+                        f"{task.input_size!r}, {task.output_size!r}")
+        return failures
+    rng = np.random.default_rng(5)
+    for n in _lengths(task)[::7] + _lengths(task)[-1:]:
+        batch = task.sample(n, 16, rng)
+        expected_in, expected_out = (16, task.input_length(n)), (16, task.output_length(n))
+        found = []
+        if batch.inputs.shape != expected_in or batch.inputs.dtype != np.int64:
+            found.append(f"inputs {batch.inputs.dtype} {list(batch.inputs.shape)} (expected int64 {list(expected_in)})")
+        elif batch.inputs.min() < 0 or batch.inputs.max() >= task.input_size:
+            found.append(f"input ids {batch.inputs.min()}..{batch.inputs.max()} (expected 0..{task.input_size - 1})")
+        if batch.targets.shape != expected_out or batch.targets.dtype != np.int64:
+            found.append(f"targets {batch.targets.dtype} {list(batch.targets.shape)} (expected int64 {list(expected_out)})")
+        elif batch.targets.min() < 0 or batch.targets.max() >= task.output_size:
+            found.append(f"target ids {batch.targets.min()}..{batch.targets.max()} (expected 0..{task.output_size - 1})")
+        if batch.mask.shape != expected_out or batch.mask.dtype != bool:
+            found.append(f"mask {batch.mask.dtype} {list(batch.mask.shape)} (expected bool {list(expected_out)})")
+        elif not batch.mask.any(axis=1).all():
+            found.append("a row with no counted position (expected at least one per row)")
+        failures += [f"ids, shapes and masks (n={n}): {what}" for what in found]
+    return failures
+
+
+def check_same_seed_same_data(task: Task) -> list[str]:
+    """The same numpy seed gives the same batch; another seed gives other inputs."""
+    n = max(task.min_length, min(20, task.max_length or 20))
+    first, again, other = (task.sample(n, 16, np.random.default_rng(seed)) for seed in (5, 5, 6))
+    failures = [f"same seed same data (n={n}): expected equal {field} for seed 5 twice, got different ones"
+                for field in ("inputs", "targets", "mask")
+                if not np.array_equal(getattr(first, field), getattr(again, field))]
+    if np.array_equal(first.inputs, other.inputs):
+        failures.append(f"same seed same data (n={n}): expected other inputs for seed 6, got the same")
+    return failures
+
+
+def check_bad_lengths_refused(task: Task) -> list[str]:
+    """Lengths the task does not define (below its minimum, above its maximum, not an integer)
+    are a CheBenchError from ``sample``."""
+    bad: list[Any] = [task.min_length - 1, -3, 2.5, "7", True, None]
+    if task.max_length is not None:
+        bad.append(task.max_length + 1)
+    failures = []
+    for n in bad:
+        try:
+            task.sample(n, 4, np.random.default_rng(0))
+        except CheBenchError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - the wrong kind of error is the finding
+            failures.append(f"bad lengths refused (n={n!r}): expected a CheBenchError, got {type(exc).__name__}")
+            continue
+        failures.append(f"bad lengths refused (n={n!r}): expected a CheBenchError, got a batch")
+    return failures
+
+
+def check_params_round_trip(task: Task) -> list[str]:
+    """``params()`` (recorded with every run) rebuilds the same task."""
+    params = task.params()
+    try:
+        json.dumps(params)
+        rebuilt = get_task(task.name, **params).params()
+    except (TypeError, CheBenchError) as exc:
+        return [f"params recorded: expected JSON parameters that rebuild the task, got {exc}"]
+    return [] if rebuilt == params else [f"params recorded: expected {params} when rebuilt, got {rebuilt}"]
+
+
+TASK_CHECKS: dict[str, Callable[[Task], list[str]]] = {
+    "oracle": check_oracle_agrees,
+    "ids": check_ids_shapes_masks,
+    "seed": check_same_seed_same_data,
+    "lengths": check_bad_lengths_refused,
+    "params": check_params_round_trip,
+}
+
+
+def run_encoding_check(check: str, pe: str, options: dict[str, Any] | None = None) -> list[str]:
+    """The failures of one encoding check; an exception inside it is one failure line."""
+    return _guarded(check, lambda: ENCODING_CHECKS[check](pe, dict(options or {})))
+
+
+def run_task_check(check: str, task: Task) -> list[str]:
+    """The failures of one task check; an exception inside it is one failure line."""
+    return _guarded(check, lambda: TASK_CHECKS[check](task))
+
+
+def _guarded(check: str, run: Callable[[], list[str]]) -> list[str]:
+    """``run()`` on one torch thread (these tiny models slow down many-fold with more on a
+    busy machine), leaving the caller's global RNG and thread count as they were."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            return run()
+    except Exception as exc:  # noqa: BLE001 - a crashing check is a failed check
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        return [f"{check}: expected to run, got {type(exc).__name__}: {message}"]
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,152 @@
+"""Every run setting, declared once: name, type, default (per preset where presets differ),
+command-line flag and help, and whether and how it enters the run id.
+
+The presets (``protocol.PRESETS``), the override flags of ``che-bench run`` and ``sweep``,
+the keys ``make_config`` and a suite's ``[overrides]`` accept, the fields left out of the run
+id while at their default, and the ``che-bench run`` commands a report prints to reproduce a
+run all derive from ``SETTINGS``. Adding a setting is one entry here (plus its use where it
+takes effect); a setting added after runs were stored must be ``IN_ID_UNLESS_DEFAULT`` so
+that their run ids stay valid (``tests/test_run_ids.py`` pins a few).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: Where a setting lives: a field of ``RunConfig``, a key of its ``model_options`` or
+#: ``dape_options``, or a runtime option of the execution (recorded with the runs, never in
+#: the run id: TF32, threads, ...).
+RUN, MODEL, DAPE, RUNTIME = "run", "model", "dape", "runtime"
+#: How a setting enters the run id: always, or only while it differs from its default
+#: (settings added after results were first stored), or never (runtime options).
+IN_ID, IN_ID_UNLESS_DEFAULT, NOT_IN_ID = "always", "unless default", "never"
+#: Command-line value kinds beyond ``int`` / ``float`` / ``str``.
+SWITCH = "switch"  # a flag without a value: given = True
+KEY_VALUES = "key=value"  # repeatable KEY=VALUE items, collected into a dict
+
+PRESET_NAMES = ("paper", "quick", "smoke")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One run setting. ``presets``: its value per preset (every preset names it); else
+    ``default`` holds for all. ``flag=None``: no command-line flag (suite files and the
+    Python API only). ``follows``: the setting whose value it takes when not given."""
+
+    name: str
+    kind: Any
+    help: str
+    where: str = RUN
+    in_id: str = IN_ID
+    default: Any = None
+    presets: dict[str, Any] | None = None
+    flag: str | None = ""
+    metavar: str | None = None
+    follows: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.flag == "":
+            object.__setattr__(self, "flag", "--" + self.name.replace("_", "-"))
+
+    def default_for(self, preset: str) -> Any:
+        """The value this setting has under ``preset`` when not overridden."""
+        return self.presets[preset] if self.presets is not None else self.default
+
+
+def _per_preset(paper: Any, quick: Any, smoke: Any) -> dict[str, Any]:
+    return dict(zip(PRESET_NAMES, (paper, quick, smoke)))
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # Training.
+    Setting("steps", int, "optimizer steps", presets=_per_preset(200_000, 1500, 20)),
+    Setting("batch_size", int, "training sequences per step", presets=_per_preset(128, 32, 8)),
+    Setting("lr", float, "learning rate", presets=_per_preset(1e-4, 1e-3, 1e-3)),
+    Setting("seed", int, "model-initialisation seed (default 0)", default=0),
+    Setting("data_seed", int, "training-data seed (default: --seed)", follows="seed"),
+    Setting("length_seed", int,
+            "seed of the training-length schedule (default: one run draws its lengths from its "
+            "data seed; --seeds/--lrs use 0, so that the runs share one schedule and can train "
+            "as a pack)", in_id=IN_ID_UNLESS_DEFAULT),
+    Setting("train_max_length", int, "longest training length n",
+            presets=_per_preset(40, 40, 40)),
+    # Evaluation protocol.
+    Setting("test_lengths", str, "e.g. 41:500, 41:500:20,500 or 41,100,500",
+            presets=_per_preset("41:500", "41:500:20,500", "41,100,200")),
+    Setting("train_eval_lengths", str, "in-distribution lengths, or 'auto'",
+            presets=_per_preset("auto", "auto", "auto")),
+    Setting("eval_samples", int, "test sequences per length", presets=_per_preset(512, 64, 8)),
+    Setting("eval_batch_size", int, "sequences per accuracy sub-batch",
+            presets=_per_preset(64, 32, 8)),
+    Setting("dropout_at_eval", SWITCH,
+            "keep dropout on during evaluation (as the reference code does)", default=False),
+    Setting("score_from_42", SWITCH,
+            "average the score over 42..500 like the reference scripts", default=False),
+    # The model.
+    Setting("layers", int, "encoder layers", where=MODEL, presets=_per_preset(5, 2, 1)),
+    Setting("dim", int, "model width", where=MODEL, presets=_per_preset(64, 64, 16)),
+    Setting("heads", int, "attention heads", where=MODEL, presets=_per_preset(8, 8, 2)),
+    Setting("ffn", int, "FFN width (default 4 x dim when --dim is given)", where=MODEL,
+            presets=_per_preset(256, 256, 32)),
+    Setting("dropout", float, "dropout rate", where=MODEL, presets=_per_preset(0.1, 0.1, 0.1)),
+    Setting("causal", SWITCH,
+            "decoder-style attention: each position sees only itself and earlier ones "
+            "(default: bidirectional, the CHE encoder)", in_id=IN_ID_UNLESS_DEFAULT,
+            default=False),
+    Setting("pe_options", KEY_VALUES, "encoding option (repeatable); VALUE parsed as JSON when "
+            "possible", flag="--pe-option", metavar="KEY=VALUE", default={}),
+    Setting("task_params", KEY_VALUES, "task parameter (repeatable); VALUE parsed as JSON when "
+            "possible", flag="--task-param", metavar="KEY=VALUE", default={}),
+    # DAPE (only with a kernel).
+    Setting("dape_width", int, "DAPE hidden width", where=DAPE, default=32),
+    Setting("dape_variant", str, "concat_residual, concat or add_residual", where=DAPE,
+            default="concat_residual"),
+    Setting("dape_tril", str, "DAPE lower-triangular mask: auto (with causal attention), true "
+            "or false", where=DAPE, default="auto", flag=None),
+    # Runtime options: how a run executes, recorded with it, never in its run id.
+    Setting("tf32", SWITCH, "on a GPU, let matrix products and convolutions use TF32 (faster, "
+            "~1e-3 relative error; off by default, recorded with the runs)", where=RUNTIME,
+            in_id=NOT_IN_ID, default=False),
+    Setting("log_every", int, "a training-history row (loss, accuracy, gradient norm, lr, time) "
+            "every K steps and at the last step (default 100)", where=RUNTIME, in_id=NOT_IN_ID,
+            default=100, metavar="K"),
+    Setting("tensorboard", str, "also log to TensorBoard event files in DIR/<run id>/ (extra "
+            "[tensorboard])", where=RUNTIME, in_id=NOT_IN_ID, metavar="DIR"),
+    Setting("wandb", str, "also log to this Weights & Biases project (extra [wandb]; "
+            "WANDB_MODE=offline keeps it on disk)", where=RUNTIME, in_id=NOT_IN_ID,
+            metavar="PROJECT"),
+)
+
+BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
+
+
+def settings_where(where: str) -> tuple[Setting, ...]:
+    """The settings that live in ``where`` (RUN, MODEL, DAPE or RUNTIME), in declaration order."""
+    return tuple(setting for setting in SETTINGS if setting.where == where)
+
+
+def run_settings() -> tuple[Setting, ...]:
+    """Every setting of a run's configuration (what ``make_config`` takes)."""
+    return tuple(setting for setting in SETTINGS if setting.where != RUNTIME)
+
+
+def preset_values(preset: str) -> dict[str, Any]:
+    """The settings a preset fixes (those that differ between presets)."""
+    return {setting.name: setting.presets[preset] for setting in SETTINGS if setting.presets}
+
+
+def omitted_at_default() -> dict[str, Any]:
+    """Run-config fields left out of the run id while they hold these values."""
+    return {setting.name: setting.default for setting in SETTINGS
+            if setting.in_id == IN_ID_UNLESS_DEFAULT}
+
+
+def stored_value(config: dict[str, Any], setting: Setting) -> Any:
+    """The value of ``setting`` in a stored config dict (``RunConfig.to_dict``); its default
+    when the dict leaves it out."""
+    if setting.where == MODEL:
+        return config["model_options"].get(setting.name, setting.default)
+    if setting.where == DAPE:
+        return config["dape_options"].get(setting.name, setting.default)
+    return config.get(setting.name, setting.default)

@@ -1,0 +1,42 @@
+"""The example plugin, installed: che-bench finds it through its entry point, its encoding and
+task pass che-bench's conformance checks, and a run with both completes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from che_bench import conformance
+from che_bench.cli import main
+from che_bench.encodings.base import ENCODINGS
+from che_bench.store import ResultStore
+from che_bench.tasks import TASKS, get_task
+
+
+def test_the_entry_point_registers_both():
+    assert TASKS.origin("majority") == ENCODINGS.origin("log_length_nope") == "che-bench-loglength"
+
+
+def test_the_docstring_examples():
+    task = get_task("majority")
+    targets, _ = task.solve(np.array([[0, 1, 1, 0, 1], [1, 0, 0, 0, 1]]))
+    assert targets[:, 0].tolist() == [1, 0]
+    assert task.solve(np.array([[0, 1, 1, 0]]))[0].tolist() == [[2]]
+
+
+def test_the_conformance_checks_pass():
+    for check in conformance.TASK_CHECKS:
+        assert conformance.run_task_check(check, get_task("majority")) == []
+    for check in ("pack", "chunks", "options", "draws"):
+        assert conformance.run_encoding_check(check, "log_length_nope", {"normalise": True}) == []
+
+
+def test_a_run_records_the_plugin(tmp_path, capsys):
+    store = tmp_path / "s.sqlite"
+    assert main(["run", "--task", "majority", "--pe", "log_length_nope", "--kernel", "3",
+                 "--preset", "smoke", "--test-lengths", "41", "--no-progress",
+                 "--store", str(store)]) == 0
+    [versions] = [json.loads(text) for text in ResultStore(store).runs()["versions"]]
+    assert versions["plugin che-bench-loglength"] == "0.1.0"
+    assert "DAPE_k3_log_length_nope" in capsys.readouterr().out
