@@ -7,6 +7,7 @@ import json
 import sys
 
 from che_bench.commands.reports import add_store_argument, existing_store
+from che_bench.commands.run import add_deterministic_argument
 from che_bench.errors import CheBenchError
 
 #: Above this many times the run's own evaluation, the estimated cost is stated first ...
@@ -41,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--yes", action="store_true",
                         help="start even an evaluation estimated at over an hour per run")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_deterministic_argument(parser)
     add_store_argument(parser)
     parser.set_defaults(handler=evaluate_command)
 
@@ -51,10 +53,16 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from che_bench.config import RunConfig
     from che_bench.kept_models import load_model, models_dir_for
     from che_bench.reevaluation import reevaluate, reevaluation_config
-    from che_bench.runner import describe_device, resolve_device, software_versions
+    from che_bench.runner import (
+        configure_numerics,
+        describe_device,
+        resolve_device,
+        software_versions,
+    )
     from che_bench.store import describe_protocol
 
     device = resolve_device(args.device)
+    configure_numerics(device, tf32=False, deterministic=args.deterministic)
     if args.threads < 1:
         raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)

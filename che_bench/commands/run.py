@@ -39,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "many as fit in its memory, on a CPU 1)")
     add_keep_model_argument(parser)
     add_tf32_argument(parser)
+    add_deterministic_argument(parser)
     parser.add_argument("--store", help="result store (default $CHE_BENCH_STORE or "
                         "results/che-bench.sqlite)")
     parser.add_argument("--checkpoint-dir",
@@ -118,6 +119,13 @@ def add_tf32_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tf32", action="store_true",
                         help="on a GPU, let matrix products and convolutions use TF32 (faster, "
                              "~1e-3 relative error; off by default, recorded with the runs)")
+
+
+def add_deterministic_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--deterministic", action="store_true",
+                        help="deterministic algorithms only (cuDNN, cuBLAS, attention): on a GPU "
+                             "the same seeds give the same numbers again, a little slower; "
+                             "recorded with the runs")
 
 
 def cell_configs(args: argparse.Namespace) -> list:
@@ -212,7 +220,8 @@ def run_command(args: argparse.Namespace) -> int:
         )
     results = runner.execute_runs(
         todo, pack=width, device=args.device, checkpoint_dir=checkpoint_dir,
-        models_dir=models_dir, tf32=args.tf32, progress=not args.no_progress,
+        models_dir=models_dir, tf32=args.tf32, deterministic=args.deterministic,
+        progress=not args.no_progress,
     ) if todo else []
     for result in results:
         store.record(result)

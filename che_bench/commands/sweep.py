@@ -8,7 +8,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from che_bench.commands.run import add_keep_model_argument, add_tf32_argument
+from che_bench.commands.run import (
+    add_deterministic_argument,
+    add_keep_model_argument,
+    add_tf32_argument,
+)
 from che_bench.errors import CheBenchError
 
 
@@ -35,6 +39,7 @@ def register(subparsers) -> None:
                              "CPU (default 1; runs need a length_seed to pack)")
     add_keep_model_argument(parser)
     add_tf32_argument(parser)
+    add_deterministic_argument(parser)
     parser.add_argument("--dry-run", action="store_true",
                         help="print the grid (count and runs, with their status) and run nothing")
     parser.add_argument("--store", default=None, metavar="PATH",
@@ -80,6 +85,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         "checkpoint_dir": checkpoint_dir_for(store),
         "models_dir": None if args.no_keep_model else models_dir_for(store.path),
         "tf32": args.tf32,
+        "deterministic": args.deterministic,
     }
     if args.backend == "local":
         make_backend = partial(_local_backend, args, run_options)
