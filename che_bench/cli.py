@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "che_bench.commands.sweep",
     "che_bench.commands.evaluate",
     "che_bench.commands.attention",
+    "che_bench.commands.selftest",
 )
 
 
