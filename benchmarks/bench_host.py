@@ -4,7 +4,8 @@ Two measured parts, for a pack of ``--members`` paper-preset runs (batch 128 eac
 
 * ``batches``: making one step's training batch for every member (``BatchStream``, on the
   host whatever the device), per task, at lengths drawn by the paper's schedule (1..40): ms
-  per batch, in the step loop's own process (``--batch-workers 0``) or from worker processes.
+  per batch (wall, and CPU time of the step loop's process), made in that process
+  (``--batch-workers 0``) or in worker processes.
 * ``dispatch``: one training step of the GPU step's shape (one pass, no micro-batches) plus
   the accuracy counts of the step loop, with a tiny model (width 8, one head, batch 2) so that
   compute is negligible and what remains is Python and operator dispatch (DAPE by grouped
@@ -56,17 +57,22 @@ def pack_configs(task: str, pe: str, kernel: int | None, members: int, **overrid
             for seed in range(members)]
 
 
-def batch_ms(task: str, members: int, batches: int, workers: int) -> float:
-    """Mean ms to make one pack batch (the first ones, from worker start-up, not counted)."""
+def batch_ms(task: str, members: int, batches: int, workers: int) -> tuple[float, float]:
+    """Mean ms per pack batch as the step loop sees it: wall time, and CPU time of the step
+    loop's own process (the part workers take off it); the first batches (worker start-up)
+    are not counted."""
     configs = pack_configs(task, "none", None, members)
-    stream = BatchStream(configs[0].build_task(), configs, workers=workers)
-    with stream.batches() as made:
-        for _ in range(min(3, batches)):
+    made = iter(BatchStream(configs[0].build_task(), configs, workers=workers))
+    try:
+        for _ in range(3):
             next(made)
-        started = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         for _ in range(batches):
             next(made)
-        return 1e3 * (time.perf_counter() - started) / batches
+        return (1e3 * (time.perf_counter() - wall) / batches,
+                1e3 * (time.process_time() - cpu) / batches)
+    finally:
+        made.close()
 
 
 def dispatch_step(pe: str, kernel: int | None, members: int, steps: int) -> tuple[float, int]:
@@ -117,8 +123,9 @@ def main() -> None:
     if "batches" in args.parts:
         for task in args.tasks:
             for workers in args.batch_workers:
-                ms = batch_ms(task, args.members, args.batches, workers)
-                print(f"batches  {task:28s} workers {workers}: {ms:7.2f} ms per pack batch")
+                wall, cpu = batch_ms(task, args.members, args.batches, workers)
+                print(f"batches  {task:28s} workers {workers}: {wall:7.2f} ms per pack batch "
+                      f"(wall), {cpu:7.2f} ms CPU in the step loop's process")
     if "dispatch" in args.parts:
         for spec in args.encodings:
             pe, _, kernel = spec.partition(":")
