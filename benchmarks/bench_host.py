@@ -10,7 +10,8 @@ Two measured parts, for a pack of ``--members`` paper-preset runs (batch 128 eac
   the accuracy counts of the step loop, with a tiny model (width 8, one head, batch 2) so that
   compute is negligible and what remains is Python and operator dispatch (DAPE by grouped
   convolutions, as on a GPU): ms per step and
-  the number of aten operators dispatched per step (counted with a dispatch mode).
+  the number of aten operators dispatched per step (counted with a dispatch mode), and how
+  many are not views (those launch kernels on a GPU).
 
 Nothing is asserted; every figure is measured on this machine.
 
@@ -41,14 +42,16 @@ TINY = dict(layers=5, dim=8, heads=1, ffn=8, batch_size=2)
 
 
 class OperatorCounter(TorchDispatchMode):
-    """Counts the aten operators dispatched while active."""
+    """Counts the aten operators dispatched while active, and those among them that are
+    views (metadata only: no kernel on a GPU)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.count = self.views = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += 1
+        self.views += bool(getattr(func, "is_view", False))
         return func(*args, **(kwargs or {}))
 
 
@@ -75,8 +78,9 @@ def batch_ms(task: str, members: int, batches: int, workers: int) -> tuple[float
         made.close()
 
 
-def dispatch_step(pe: str, kernel: int | None, members: int, steps: int) -> tuple[float, int]:
-    """Median ms of one tiny-model step (GPU shape, on the CPU) and operators per step."""
+def dispatch_step(pe: str, kernel: int | None, members: int,
+                  steps: int) -> tuple[float, OperatorCounter]:
+    """Median ms of one tiny-model step (GPU shape, on the CPU) and its operator counts."""
     configs = pack_configs("reverse_string", pe, kernel, members, **TINY)
     task = configs[0].build_task()
     model = build_pack_model(task, configs).train()
@@ -102,7 +106,7 @@ def dispatch_step(pe: str, kernel: int | None, members: int, steps: int) -> tupl
         started = time.perf_counter()
         step()
         times.append(time.perf_counter() - started)
-    return 1e3 * statistics.median(times), counter.count
+    return 1e3 * statistics.median(times), counter
 
 
 def main() -> None:
@@ -129,10 +133,11 @@ def main() -> None:
     if "dispatch" in args.parts:
         for spec in args.encodings:
             pe, _, kernel = spec.partition(":")
-            ms, operators = dispatch_step(pe, int(kernel) if kernel else None, args.members,
-                                          args.steps)
+            ms, counter = dispatch_step(pe, int(kernel) if kernel else None, args.members,
+                                        args.steps)
             print(f"dispatch {spec:28s}: {ms:7.2f} ms per step (tiny model), "
-                  f"{operators} operators per step")
+                  f"{counter.count} operators per step, {counter.count - counter.views} "
+                  "of them not views")
 
 
 if __name__ == "__main__":
