@@ -222,17 +222,27 @@ def training_step(
     On a CPU this keeps a pack's working set that of a single run: the step is memory-bound
     there, and a pack four times as wide no longer fits the caches a single run fits in.
     """
-    batch = inputs.shape[1]
     draws = model.sample_draws(inputs.shape[-1])
     optimizer.zero_grad()
     if micro_batches <= 1:  # the GPU's step: no operator spent on splitting
         logits = model(inputs, draws)
         losses = token_loss(logits, targets)
         losses.sum().backward()  # members are independent: each gets its own loss's gradient
-        optimizer.step()
-        for module in projected:
-            module.project_()
-        return losses.detach(), logits.detach()
+        losses, logits = losses.detach(), logits.detach()
+    else:
+        losses, logits = _micro_batched_backward(model, inputs, targets, draws, micro_batches)
+    optimizer.step()
+    for module in projected:
+        module.project_()
+    return losses, logits
+
+
+def _micro_batched_backward(
+    model: Encoder, inputs: torch.Tensor, targets: torch.Tensor, draws: Any, micro_batches: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward in ``micro_batches`` passes, each weighted by its share of the
+    batch; the whole batch's (losses, logits), detached."""
+    batch = inputs.shape[1]
     losses, logits = [], []
     for rows in micro_batch_rows(batch, micro_batches):
         share = (rows.stop - rows.start) / batch
@@ -241,9 +251,6 @@ def training_step(
         (part_losses.sum() * share).backward()
         losses.append(part_losses.detach() * share)
         logits.append(part_logits.detach())
-    optimizer.step()
-    for module in projected:
-        module.project_()
     return torch.stack(losses).sum(0), torch.cat(logits, dim=1)
 
 

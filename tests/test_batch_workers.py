@@ -1,6 +1,7 @@
-"""Batches made in worker processes: the same batches and generator states as in the step
-loop's process (so training and checkpoints are unchanged), errors and dead workers are one
-line, and closing stops the workers."""
+"""Host work per step. Batches made in worker processes: the same batches and generator
+states as in the step loop's process (so training and checkpoints are unchanged), errors and
+dead workers are one line, and closing stops the workers. Fewer operators: the micro-batch
+split in plain integers, the optimizer's gradients gathered by one ``cat``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ from che_bench.batch_workers import BatchWorkers, shares
 from che_bench.config import make_config
 from che_bench.errors import CheBenchError
 from che_bench.runner import build_pack_model
-from che_bench.training import BatchStream, batch_workers_for, train_pack
+from che_bench.model import build_model
+from che_bench.training import (
+    BatchStream,
+    PackOptimizer,
+    batch_workers_for,
+    micro_batch_rows,
+    train_pack,
+)
 
 
 def pack_configs(task="solve_equation", members=3, **overrides):
@@ -72,3 +80,28 @@ def test_only_wide_packs_on_a_gpu_use_workers():
     assert batch_workers_for(32, torch.device("cpu")) == 0
     assert batch_workers_for(2, torch.device("cuda")) == 0
     assert batch_workers_for(32, torch.device("cuda")) >= 1
+
+
+def test_micro_batch_rows_split_like_tensor_split():
+    for batch in range(1, 20):
+        for parts in range(1, 9):
+            expected = [(int(part[0]), int(part[-1]) + 1)
+                        for part in torch.arange(batch).tensor_split(min(parts, batch))]
+            assert [(rows.start, rows.stop) for rows in micro_batch_rows(batch, parts)] == expected
+
+
+def test_the_optimizer_gathers_every_gradient_and_zero_for_none():
+    task = make_config("even_pairs", preset="smoke").build_task()
+    model = build_model(task, "kerple", members=2, layers=1, dim=8, heads=2, ffn=8)
+    optimizer = PackOptimizer(model, [1e-3, 1e-3], (0.9, 0.999), 1e-8, max_norm=1e9)
+    parameters = list(model.parameters())
+    for index, parameter in enumerate(parameters[1:], start=1):
+        parameter.grad = torch.full_like(parameter, float(index))
+    optimizer.step()
+    offset = 0
+    for index, parameter in enumerate(parameters):
+        size = parameter[0].numel()
+        assert torch.all(optimizer.flat_grad[:, offset : offset + size] == index)  # 0: no grad
+        offset += size
+    optimizer.zero_grad()
+    assert all(parameter.grad is None for parameter in parameters)
