@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import signal
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -32,6 +33,9 @@ Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 def _work(task: Task, batch_size: int, states: list[dict], lengths: Any, out: Any) -> None:
     """A worker: for each length received (None: stop), its members' stacked batch and their
     generators' states after it."""
+    # Ctrl-C reaches the whole process group: the step loop handles it (finishing its step,
+    # saving checkpoints) and then stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     rngs = [np.random.default_rng() for _ in states]
     for rng, state in zip(rngs, states):
         rng.bit_generator.state = state

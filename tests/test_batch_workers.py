@@ -6,6 +6,8 @@ split in plain integers, the optimizer's gradients gathered by one ``cat``."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -73,6 +75,17 @@ def test_a_failing_or_dead_worker_is_a_one_line_error():
     workers._processes[0].kill()
     with pytest.raises(CheBenchError, match="died"):
         list(workers.batches(iter([5])))
+    assert multiprocessing.active_children() == []
+
+
+def test_ctrl_c_is_left_to_the_step_loop():
+    configs = pack_configs(batch_size=4)
+    states = [np.random.default_rng(0).bit_generator.state] * 2
+    workers = BatchWorkers(configs[0].build_task(), 4, states, 1)
+    made = workers.batches(iter([5, 6, 7]))
+    next(made)  # the worker is up and has its handler
+    os.kill(workers._processes[0].pid, signal.SIGINT)
+    assert len(list(made)) == 2
     assert multiprocessing.active_children() == []
 
 
