@@ -23,8 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="small models and fewer cases (about a minute on a CPU)")
     parser.add_argument("--json", type=Path, metavar="PATH",
                         help="write the full report here (to attach to a bug report)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's own)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1, as for runs: more slowed these small "
+                             "models many-fold on a busy machine)")
     parser.set_defaults(handler=selftest_command)
 
 
@@ -36,10 +37,9 @@ def selftest_command(args: argparse.Namespace) -> int:
     from che_bench.selftest import run_selftest
 
     device = resolve_device(args.device)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    if args.threads < 1:
+        raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     if args.json is not None and args.json.parent and not args.json.parent.is_dir():
         raise CheBenchError(f"cannot write {args.json}: no directory {args.json.parent}")
     console = Console()
