@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "che_bench.commands.evaluate",
     "che_bench.commands.attention",
     "che_bench.commands.checks",
+    "che_bench.commands.selftest",
 )
 
 

@@ -59,11 +59,19 @@ def rows_per_chunk(batch: int, length: int, channels: int, budget_bytes: int) ->
 def _fused_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
-    """SDPA over ``[M, B, H, ., d_h]``; an additive ``mask`` shared by the members (member
-    axis 1, or none) keeps the 4-D layout the fused GPU kernels take."""
-    if mask is not None and mask.dim() == 5 and mask.shape[0] > 1:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    """SDPA over ``[M, B, H, ., d_h]``, always called with the 4-D tensors its fused kernels
+    take: a mask shared by the members (member axis 1, or none) lets the members join the
+    batch axis; a mask of each member's own (``[M, b, H, R, T]``) makes them join the head
+    axis instead, ``[B, M * H, ., d_h]``, so that a pack never falls back to the unfused path,
+    which keeps every ``[M, B, H, R, T]`` map for the backward pass."""
     members, batch, heads, rows, head_dim = q.shape
+    if mask is not None and mask.dim() == 5 and mask.shape[0] > 1:
+        folded = [x.transpose(0, 1).reshape(batch, members * heads, x.shape[-2], head_dim)
+                  for x in (q, k, v)]
+        mask = mask.expand(members, mask.shape[1], heads, rows, mask.shape[-1])
+        mask = mask.transpose(0, 1).reshape(mask.shape[1], members * heads, rows, mask.shape[-1])
+        out = F.scaled_dot_product_attention(*folded, attn_mask=mask)
+        return out.view(batch, members, heads, rows, head_dim).transpose(0, 1)
     flat = [x.reshape(members * batch, heads, x.shape[-2], head_dim) for x in (q, k, v)]
     mask = mask[0] if mask is not None and mask.dim() == 5 else mask
     out = F.scaled_dot_product_attention(*flat, attn_mask=mask)

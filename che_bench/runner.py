@@ -9,6 +9,7 @@ run in any worker process; the caller records the returned ``RunResult``s (see
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -78,12 +79,41 @@ def checkpoint_path(checkpoint_dir: str | Path, run_id: str) -> Path:
     return Path(checkpoint_dir) / f"{run_id}.pt"
 
 
-def configure_numerics(device: torch.device, tf32: bool) -> None:
+#: cuBLAS's reproducible workspace setting (read when cuBLAS starts, so set before any product).
+CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
+
+
+def configure_numerics(device: torch.device, tf32: bool, deterministic: bool = False) -> None:
     """TF32 in GPU matrix products and convolutions only when asked for (cuDNN's own
-    default is on, which would make convolution results differ from CPU ones)."""
+    default is on, which would make convolution results differ from CPU ones).
+
+    ``deterministic``: torch's deterministic algorithms (``gather`` / ``index_put``
+    backward by sorting instead of atomic adds; an error for an op that has none), cuDNN's
+    deterministic convolutions without autotuning, cuBLAS's fixed workspace, and no flash or
+    cuDNN attention kernels, whose backward adds atomically (memory-efficient attention
+    follows the deterministic flag; so does the math path). Off again when not asked for,
+    so one process can run both kinds.
+    """
+    torch.use_deterministic_algorithms(deterministic)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC_WORKSPACE)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.deterministic = deterministic
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cuda.enable_flash_sdp(not deterministic)
+        if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):  # torch >= 2.3
+            torch.backends.cuda.enable_cudnn_sdp(not deterministic)
+
+
+def numerics_details(device: torch.device, tf32: bool, deterministic: bool) -> dict[str, Any]:
+    """The numerics settings recorded with a run (in its details, never in its id): TF32 on a
+    GPU, and deterministic mode wherever it was asked for."""
+    details: dict[str, Any] = {"tf32": tf32} if device.type == "cuda" else {}
+    if deterministic or device.type == "cuda":
+        details["deterministic"] = deterministic
+    return details
 
 
 def check_pack(configs: Sequence[RunConfig]) -> None:
@@ -116,6 +146,7 @@ def execute_pack(
     checkpoint_dir: str | Path | None = None,
     models_dir: str | Path | None = None,
     tf32: bool = False,
+    deterministic: bool = False,
     progress: bool = True,
     checkpoint_every: int = 1000,
     on_step: Callable[[int, list[float]], None] | None = None,
@@ -130,7 +161,8 @@ def execute_pack(
     (exactly the result of an uninterrupted run for an unchanged pack); members whose
     checkpoints are at different steps train as separate packs. A checkpoint is removed once
     its run has finished. With ``models_dir``, every completed run's final weights are kept
-    there (``che_bench.kept_models``). ``tf32`` lets a GPU use TF32 (recorded with the runs).
+    there (``che_bench.kept_models``). ``tf32`` lets a GPU use TF32, ``deterministic`` selects
+deterministic algorithms (``configure_numerics``); both are recorded with the runs.
     ``on_step(step, losses)`` is called after every optimizer step with each member's loss
     (progress hooks, tests). Each result carries its training history, a row every
     ``log_every`` steps (``che_bench.history``); ``trackers`` also log it, and each completed
@@ -140,11 +172,11 @@ def execute_pack(
     """
     check_pack(configs)
     torch_device = resolve_device(device)
-    configure_numerics(torch_device, tf32)
+    configure_numerics(torch_device, tf32, deterministic)
     results = [
         RunResult(run_id=config.run_id(), config=config, status="failed",
                   versions=software_versions(config), device=describe_device(torch_device),
-                  details={"tf32": tf32} if torch_device.type == "cuda" else {})
+                  details=numerics_details(torch_device, tf32, deterministic))
         for config in configs
     ]
     checkpoints = (None if checkpoint_dir is None

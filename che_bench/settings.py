@@ -108,6 +108,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("tf32", SWITCH, "on a GPU, let matrix products and convolutions use TF32 (faster, "
             "~1e-3 relative error; off by default, recorded with the runs)", where=RUNTIME,
             in_id=NOT_IN_ID, default=False),
+    Setting("deterministic", SWITCH, "deterministic algorithms only (cuDNN, cuBLAS, attention): "
+            "on a GPU the same seeds give the same numbers again, a little slower; recorded with "
+            "the runs", where=RUNTIME, in_id=NOT_IN_ID, default=False),
     Setting("log_every", int, "a training-history row (loss, accuracy, gradient norm, lr, time) "
             "every K steps and at the last step (default 100)", where=RUNTIME, in_id=NOT_IN_ID,
             default=100, metavar="K"),

@@ -16,8 +16,9 @@ encodings from per-member generators of their own.
 
 Nothing in the step loop waits for the device: losses, accuracy counts and gradient norms
 accumulate on it and are read every ``sync_every`` steps (finiteness, progress, the training
-history of ``che_bench.history``), batches are made ahead on a
-background thread and copied from pinned memory when training on a GPU.
+history of ``che_bench.history``), batches are made ahead on a background thread and copied
+from pinned memory when training on a GPU, and a wide pack's batches are made in worker
+processes (``che_bench.batch_workers``).
 
 A member's checkpoint holds its weights, Adam state, every RNG state and the step, so
 resuming gives exactly the result of an uninterrupted run. Ctrl-C is deferred to the end of
@@ -28,12 +29,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import queue
 import signal
 import sys
 import threading
 import time
-import warnings
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -66,6 +68,11 @@ CHECKPOINT_FORMAT = 2
 PREFETCH_DEPTH = 4
 #: Host-device synchronisations: every step on a CPU (free there), every this many on a GPU.
 GPU_SYNC_EVERY = 50
+#: On a GPU, packs of at least this many members make their batches in worker processes
+#: (about 1 ms of Python per member and step for the slowest tasks at batch 128) ...
+WIDE_PACK = 8
+#: ... in at most this many, leaving a core to the step loop.
+MAX_BATCH_WORKERS = 4
 
 
 class Diverged(RuntimeError):
@@ -126,11 +133,13 @@ class PackOptimizer:
     """Adam after global-norm gradient clipping, per member, for a model whose parameters
     all have a leading member axis.
 
-    The parameters and their gradients are re-homed into two flat ``[M, P]`` buffers (each
-    parameter a view of its columns), so clipping and the Adam update are a handful of
-    whole-pack operations, whatever the number of parameter tensors. Members never mix: the
-    norm, the clipping factor and the learning rate are per row. A learning rate of 0 leaves
-    its member's weights unchanged.
+    The parameters are re-homed into a flat ``[M, P]`` buffer (each parameter a view of its
+    columns), and ``step`` copies the gradients autograd left in ``.grad`` into a second one
+    with a single ``cat``, so clipping and the Adam update are a handful of whole-pack
+    operations, whatever the number of parameter tensors (``zero_grad`` sets the gradients to
+    None: autograd then hands over its own instead of adding each into a zeroed buffer, one
+    operator per parameter). Members never mix: the norm, the clipping factor and the
+    learning rate are per row. A learning rate of 0 leaves its member's weights unchanged.
     """
 
     def __init__(
@@ -141,9 +150,6 @@ class PackOptimizer:
         eps: float,
         max_norm: float,
     ) -> None:
-        # The gradients are views of the flat buffer on purpose: autograd accumulates into
-        # them in place, and that is all the layout contract is about.
-        warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout")
         self.parameters = list(model.parameters())
         first = self.parameters[0]
         members = first.shape[0]
@@ -158,7 +164,7 @@ class PackOptimizer:
                 columns = slice(offset, offset + size)
                 self.flat[:, columns].copy_(parameter.reshape(members, size))
                 parameter.data = self.flat[:, columns].view(parameter.shape)
-                parameter.grad = self.flat_grad[:, columns].view(parameter.shape)
+                parameter.grad = None
                 offset += size
         self.lrs = torch.tensor(list(lrs), dtype=self.flat.dtype, device=self.flat.device)[:, None]
         self.beta1, self.beta2 = float(betas[0]), float(betas[1])
@@ -174,10 +180,18 @@ class PackOptimizer:
         ).hexdigest()[:16]
 
     def zero_grad(self) -> None:
-        self.flat_grad.zero_()
+        for parameter in self.parameters:
+            parameter.grad = None
+
+    def _gather_gradients(self) -> None:
+        """``flat_grad`` := the parameters' gradients (0 where a parameter got none)."""
+        members = self.flat.shape[0]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
+        torch.cat([grad.reshape(members, -1) for grad in grads], dim=1, out=self.flat_grad)
 
     @torch.no_grad()
     def step(self) -> None:
+        self._gather_gradients()
         norms = torch.linalg.vector_norm(self.flat_grad, dim=1, keepdim=True)
         self.grad_norms = norms[:, 0]
         # torch.nn.utils.clip_grad_norm_'s factor, per member.
@@ -228,22 +242,56 @@ def training_step(
     On a CPU this keeps a pack's working set that of a single run: the step is memory-bound
     there, and a pack four times as wide no longer fits the caches a single run fits in.
     """
-    batch = inputs.shape[1]
     draws = model.sample_draws(inputs.shape[-1])
     optimizer.zero_grad()
-    losses, logits = [], []
-    for part in torch.arange(batch).tensor_split(min(micro_batches, batch)):
-        rows = slice(int(part[0]), int(part[-1]) + 1)
-        part_logits = model(inputs[:, rows], draws)
-        part_losses = token_loss(part_logits, targets[:, rows])
-        # Members are independent: each gets the gradient of its own loss.
-        (part_losses.sum() * (part.numel() / batch)).backward()
-        losses.append(part_losses.detach() * (part.numel() / batch))
-        logits.append(part_logits.detach())
+    if micro_batches <= 1:  # the GPU's step: no operator spent on splitting
+        logits = model(inputs, draws)
+        losses = token_loss(logits, targets)
+        losses.sum().backward()  # members are independent: each gets its own loss's gradient
+        losses, logits = losses.detach(), logits.detach()
+    else:
+        losses, logits = _micro_batched_backward(model, inputs, targets, draws, micro_batches)
     optimizer.step()
     for module in projected:
         module.project_()
+    return losses, logits
+
+
+def _micro_batched_backward(
+    model: Encoder, inputs: torch.Tensor, targets: torch.Tensor, draws: Any, micro_batches: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward in ``micro_batches`` passes, each weighted by its share of the
+    batch; the whole batch's (losses, logits), detached."""
+    batch = inputs.shape[1]
+    losses, logits = [], []
+    for rows in micro_batch_rows(batch, micro_batches):
+        share = (rows.stop - rows.start) / batch
+        part_logits = model(inputs[:, rows], draws)
+        part_losses = token_loss(part_logits, targets[:, rows])
+        (part_losses.sum() * share).backward()
+        losses.append(part_losses.detach() * share)
+        logits.append(part_logits.detach())
     return torch.stack(losses).sum(0), torch.cat(logits, dim=1)
+
+
+def micro_batch_rows(batch: int, parts: int) -> list[slice]:
+    """``parts`` (at most ``batch``) contiguous row ranges covering ``batch`` rows, the first
+    ``batch % parts`` one row longer (``torch.tensor_split``'s split, in plain integers)."""
+    parts = min(parts, batch)
+    size, longer = divmod(batch, parts)
+    bounds = [0]
+    for part in range(parts):
+        bounds.append(bounds[-1] + size + (part < longer))
+    return [slice(start, stop) for start, stop in zip(bounds[:-1], bounds[1:])]
+
+
+def batch_workers_for(members: int, device: torch.device) -> int:
+    """Worker processes making a pack's batches: on a GPU, for a wide pack, as many as there
+    are cores to spare (up to ``MAX_BATCH_WORKERS``); on a CPU none (its cores compute the
+    step, and a batch costs the same there in any process)."""
+    if device.type != "cuda" or members < WIDE_PACK:
+        return 0
+    return max(1, min(MAX_BATCH_WORKERS, (os.cpu_count() or 2) - 1))
 
 
 def micro_batches_for(members: int, device: torch.device) -> int:
@@ -273,9 +321,13 @@ class PackBatch:
 
 class BatchStream:
     """The training batches of a pack, in order: the shared length schedule and each
-    member's data generator. Its RNG states can be saved and restored with the batches."""
+    member's data generator. Its RNG states can be saved and restored with the batches.
 
-    def __init__(self, task: Task, configs: Sequence[RunConfig]) -> None:
+    ``workers`` > 0 (a pack with a length seed): the members' batches are made in that many
+    worker processes (``che_bench.batch_workers``), the same batches as in this process.
+    """
+
+    def __init__(self, task: Task, configs: Sequence[RunConfig], workers: int = 0) -> None:
         first = configs[0]
         self.task, self.batch_size = task, first.batch_size
         self.min_length, self.max_length = task.min_length, first.train_max_length
@@ -283,6 +335,7 @@ class BatchStream:
         # Without a length seed (a single run) the lengths come from the data generator.
         seeded = first.length_seed is not None
         self.length_rng = np.random.default_rng(first.length_seed) if seeded else None
+        self.workers = workers if seeded else 0
 
     def states(self) -> dict[str, Any]:
         return {
@@ -297,19 +350,46 @@ class BatchStream:
             rng.bit_generator.state = state
 
     def __iter__(self) -> Iterator[PackBatch]:
+        if self.workers:
+            return self._from_workers()
+        return self._in_process()
+
+    def _draw_length(self) -> int:
         length_rng = self.length_rng or self.data_rngs[0]
+        return int(length_rng.integers(self.min_length, self.max_length + 1))
+
+    def _batch(self, length: int, arrays: tuple[np.ndarray, ...], states: dict) -> PackBatch:
+        inputs, targets, mask = arrays
+        check_token_ids(inputs, self.task)
+        return PackBatch(length, torch.from_numpy(inputs), torch.from_numpy(targets),
+                         torch.from_numpy(mask), states)
+
+    def _in_process(self) -> Iterator[PackBatch]:
         while True:
-            length = int(length_rng.integers(self.min_length, self.max_length + 1))
+            length = self._draw_length()
             batches = [self.task.sample(length, self.batch_size, rng) for rng in self.data_rngs]
-            inputs = np.stack([batch.inputs for batch in batches])  # copies reversed views too
-            check_token_ids(inputs, self.task)
-            yield PackBatch(
-                length,
-                torch.from_numpy(inputs),
-                torch.from_numpy(np.stack([batch.targets for batch in batches])),
-                torch.from_numpy(np.stack([batch.mask for batch in batches])),
-                self.states(),
-            )
+            arrays = tuple(np.stack([getattr(batch, name) for batch in batches])  # copies views
+                           for name in ("inputs", "targets", "mask"))
+            yield self._batch(length, arrays, self.states())
+
+    def _from_workers(self) -> Iterator[PackBatch]:
+        from che_bench.batch_workers import BatchWorkers
+
+        workers = BatchWorkers(self.task, self.batch_size, self.states()["data"], self.workers)
+        drawn: deque[tuple[int, dict]] = deque()  # lengths sent ahead, with the state after
+
+        def lengths() -> Iterator[int]:
+            while True:
+                length = self._draw_length()
+                drawn.append((length, self.length_rng.bit_generator.state))
+                yield length
+
+        try:
+            for arrays, data_states in workers.batches(lengths()):
+                length, length_state = drawn.popleft()
+                yield self._batch(length, arrays, {"length": length_state, "data": data_states})
+        finally:
+            workers.close()
 
 
 def on_device(batches: Iterator[PackBatch], device: torch.device) -> Iterator[PackBatch]:
@@ -407,6 +487,7 @@ def train_pack(
     sync_every: int | None = None,
     log_every: int = DEFAULT_LOG_EVERY,
     on_history: Callable[[int, dict[str, Any]], None] | None = None,
+    batch_workers: int | None = None,
 ) -> PackTraining:
     """Train the members of ``model`` (on ``device``, member m freshly initialised from
     ``configs[m].seed``) for ``steps`` steps, resuming from ``checkpoints`` (one path per
@@ -415,15 +496,19 @@ def train_pack(
     ``on_step(step, losses)`` is called after every optimizer step with each member's loss
     (it makes the loop read the device every step). Each member's history gets a row every
     ``log_every`` steps and at the last one; ``on_history(member, row)`` sees each. Returns
-    each member's outcome; a member whose loss stops being finite is reported in ``diverged_at`` (the others go on), and when
-    every member has diverged training stops with ``Diverged``.
+    each member's outcome; a member whose loss stops being finite is reported in
+    ``diverged_at`` (the others go on), and when every member has diverged training stops with
+    ``Diverged``. ``batch_workers``: processes making the batches (default
+    ``batch_workers_for``; the batches are the same either way).
     """
     steps = configs[0].steps
     if sync_every is None:
         sync_every = 1 if device.type == "cpu" or on_step is not None else GPU_SYNC_EVERY
     optimizer = PackOptimizer(model, [c.lr for c in configs], configs[0].adam_betas,
                               configs[0].adam_eps, configs[0].grad_clip_norm)
-    stream = BatchStream(task, configs)
+    if batch_workers is None:
+        batch_workers = batch_workers_for(len(configs), device)
+    stream = BatchStream(task, configs, workers=batch_workers)
     model.seed_draws([draw_seed(config.seed) for config in configs])
     projected = projected_modules(model)
     micro_batches = micro_batches_for(len(configs), device)

@@ -7,6 +7,8 @@ import json
 import sys
 
 from che_bench.commands.reports import add_store_argument, existing_store
+from che_bench import settings
+from che_bench.commands.run import add_setting_argument
 from che_bench.errors import CheBenchError
 
 #: Above this many times the run's own evaluation, the estimated cost is stated first ...
@@ -47,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--yes", action="store_true",
                         help="start even an evaluation estimated at over an hour per run")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_setting_argument(parser, settings.BY_NAME["deterministic"])
     add_store_argument(parser)
     parser.set_defaults(handler=evaluate_command)
 
@@ -57,7 +60,12 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from che_bench.config import RunConfig
     from che_bench.kept_models import load_model, models_dir_for
     from che_bench.reevaluation import reevaluate, reevaluation_config
-    from che_bench.runner import describe_device, resolve_device, software_versions
+    from che_bench.runner import (
+        configure_numerics,
+        describe_device,
+        resolve_device,
+        software_versions,
+    )
     from che_bench.store import describe_protocol
 
     device = resolve_device(args.device)
@@ -65,6 +73,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
         from che_bench.samples import check_samples_per_length
 
         check_samples_per_length(args.samples_per_length)
+    configure_numerics(device, tf32=False, deterministic=args.deterministic)
     if args.threads < 1:
         raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)

@@ -63,16 +63,17 @@ def add_override_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("overrides of the preset")
     for setting in settings.run_settings():
         if setting.flag is not None:
-            _add_setting_argument(group, setting)
+            add_setting_argument(group, setting)
 
 
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of the runtime options of ``che_bench.settings`` (how runs execute)."""
     for setting in settings.settings_where(settings.RUNTIME):
-        _add_setting_argument(parser, setting)
+        add_setting_argument(parser, setting)
 
 
-def _add_setting_argument(parser, setting: settings.Setting) -> None:
+def add_setting_argument(parser, setting: settings.Setting) -> None:
+    """The command-line flag of one declared setting."""
     if setting.kind == settings.SWITCH:
         # None when not given, so that a preset's or a suite's value is kept.
         parser.add_argument(setting.flag, dest=setting.name, action="store_true",

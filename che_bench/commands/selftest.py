@@ -1,0 +1,93 @@
+"""``che-bench selftest``: check a device against the CPU before trusting its results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from che_bench.errors import CheBenchError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "selftest",
+        help="check that a device (a new GPU box) computes what the CPU does",
+        description="(a) logits and gradients on the device vs the CPU for every encoding x "
+        "DAPE kernel none/1/3, (b) a pack of 4 vs its members alone, (c) a 100-step loss "
+        "curve vs the CPU's, (d) step times of the paper-size model and estimated run and "
+        "table-cell times, (e) --deterministic twice. Exit 1 if any check disagrees.",
+    )
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--quick", action="store_true",
+                        help="small models and fewer cases (about a minute on a CPU)")
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="write the full report here (to attach to a bug report)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1, as for runs: more slowed these small "
+                             "models many-fold on a busy machine)")
+    parser.set_defaults(handler=selftest_command)
+
+
+def selftest_command(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+
+    from che_bench.runner import resolve_device
+    from che_bench.selftest import run_selftest
+
+    device = resolve_device(args.device)
+    if args.threads < 1:
+        raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    if args.json is not None and args.json.parent and not args.json.parent.is_dir():
+        raise CheBenchError(f"cannot write {args.json}: no directory {args.json.parent}")
+    console = Console()
+    report = run_selftest(device, args.quick,
+                          on_check=lambda title: console.print(f"[dim]{title} ...[/]"))
+
+    console.print(_cases_table(report))
+    console.print(_speed_table(report))
+    failed = [case for case in report.cases if not case.passed]
+    if args.json is not None:
+        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        console.print(f"report written to {args.json}")
+    verdict = (f"[bold red]{len(failed)} of {len(report.cases)} cases DIFFER[/]" if failed
+               else f"[green]all {len(report.cases)} cases agree[/]")
+    console.print(f"{verdict} ({report.seconds:.0f} s)")
+    return 1 if failed else 0
+
+
+def _cases_table(report):
+    """One row per check and subject, its quantities side by side: ``measured (<= tolerance)``."""
+    from rich.table import Table
+
+    table = Table(title=f"che-bench selftest on {report.device}{' (quick)' if report.quick else ''}")
+    for column in ("check", "subject", "measured (<= tolerance)", "result"):
+        table.add_column(column)
+    rows: dict[tuple[str, str], list] = {}
+    for case in report.cases:
+        rows.setdefault((case.check, case.subject), []).append(case)
+    for (check, subject), cases in rows.items():
+        measured = ", ".join(f"{case.quantity} {case.measured:.1e} (<= {case.tolerance:.0e})"
+                             for case in cases)
+        passed = all(case.passed for case in cases)
+        table.add_row(check, subject, measured,
+                      "[green]ok[/]" if passed else "[bold red]DIFFERS[/]")
+    legends = dict.fromkeys(f"({case.check}) {case.what}" for case in report.cases)
+    table.caption = "; ".join(legends)
+    return table
+
+
+def _speed_table(report):
+    """(d): measured figures and labelled estimates."""
+    from rich.table import Table
+
+    table = Table(title="(d) speed on this device")
+    for column in ("figure", "value", "kind", "note"):
+        table.add_column(column)
+    for figure in report.measurements:
+        value = f"{figure.value:,.0f}" if figure.value >= 100 else f"{figure.value:.3g}"
+        kind = "[bold]ESTIMATE[/]" if figure.kind == "estimate" else figure.kind
+        table.add_row(figure.name, f"{value} {figure.unit}", kind, figure.note)
+    return table

@@ -1,0 +1,357 @@
+"""``che-bench selftest``: does this device compute what che-bench computes on a CPU?
+
+Five checks, each a list of cases with a measured value, the tolerance it must stay within
+and a verdict (``Case``); measurements and labelled estimates besides (``Measurement``):
+
+* (a) agreement: the same weights, inputs and random draws give the same logits and gradients
+  on the device as on the CPU, for every encoding x DAPE kernel none / 1 / 3, TF32 off. The
+  device runs its own DAPE implementation (grouped convolutions on a GPU); on a CPU the
+  "device" copy is made to use the GPU's implementation, so the check compares the two.
+* (b) packs: a pack of 4 gives each member's logits and gradients alone, on the device.
+* (c) training: a 100-step training on the device follows the CPU's loss curve.
+* (d) speed: a step of the paper-size model at n = 40 (the longest training length) for one
+  run and for the widest ``--pack auto`` pack, peak memory, and *estimates* (not
+  measurements) of one paper run's and one table cell's training time on this device.
+* (e) determinism: ``--deterministic`` training twice gives bit-identical losses and weights.
+
+On a CPU, (c) and (e) compare the CPU with itself: equal by construction, they exercise the
+code paths. ``quick`` shrinks the models and lists (a CPU finishes in about a minute).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import platform
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from che_bench.config import RunConfig, make_config
+from che_bench.encodings import list_encodings
+from che_bench.model import Encoder, build_model, stack_members
+from che_bench.packing import AUTO, resolve_width
+from che_bench.runner import build_pack_model, configure_numerics, software_versions
+from che_bench.training import (
+    PackOptimizer,
+    micro_batches_for,
+    projected_modules,
+    token_loss,
+    train_pack,
+    training_step,
+)
+
+#: Relative error (``relative_error``) allowed between float32 logits / gradients computed by
+#: two implementations or devices (TF32 off): rounding differences only.
+LOGITS_TOLERANCE = 1e-4
+GRADIENT_TOLERANCE = 1e-3
+#: Largest difference, in nats, allowed between two loss curves over 100 steps.
+LOSS_TOLERANCE = 0.05
+KERNELS = (None, 1, 3)
+PAPER_STEPS = 200_000
+#: Runs of one table cell in the published protocol: 10 seeds x 3 learning rates.
+RUNS_PER_CELL = 30
+TASK = "reverse_string"
+#: The preset whose model (d) times: the paper's.
+SPEED_PRESET = "paper"
+
+
+@dataclass
+class Case:
+    """One comparison: ``quantity`` of ``subject`` (e.g. the logits of "kerple k=3") differs
+    from its reference by ``measured`` (see ``what``), which must not exceed ``tolerance``
+    (0: bit-identical)."""
+
+    check: str
+    subject: str
+    quantity: str
+    measured: float
+    tolerance: float
+    what: str
+
+    @property
+    def passed(self) -> bool:
+        return math.isfinite(self.measured) and self.measured <= self.tolerance
+
+
+@dataclass
+class Measurement:
+    """A figure of (d): ``kind`` is "measured" or "estimate"."""
+
+    name: str
+    value: float
+    unit: str
+    kind: str
+    note: str = ""
+
+
+@dataclass
+class SelftestReport:
+    device: str
+    quick: bool
+    versions: dict[str, str]
+    cases: list[Case] = field(default_factory=list)
+    measurements: list[Measurement] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(case.passed for case in self.cases)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "quick": self.quick,
+            "passed": self.passed,
+            "seconds": self.seconds,
+            "versions": self.versions,
+            "host": platform.node(),
+            "cases": [{**asdict(case), "passed": case.passed} for case in self.cases],
+            "measurements": [asdict(measurement) for measurement in self.measurements],
+        }
+
+
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """``|value - reference| / |reference|`` in the Euclidean norm over all elements."""
+    value, reference = value.detach().double().cpu(), reference.detach().double().cpu()
+    return float((value - reference).norm() / reference.norm().clamp(min=1e-30))
+
+
+def model_sizes(quick: bool) -> dict[str, int]:
+    """The models of checks (a)-(c): tiny in quick mode, else the paper's size."""
+    if quick:
+        return {"layers": 2, "dim": 16, "heads": 2, "ffn": 32}
+    return {"layers": 5, "dim": 64, "heads": 8, "ffn": 256}
+
+
+def use_device_dape(model: Encoder, device: torch.device) -> None:
+    """Make ``model``'s DAPE use ``device``'s implementation, the GPU's on a CPU too."""
+    for module in model.modules():
+        if hasattr(module, "implementation"):
+            module.implementation = "auto" if device.type == "cuda" else "convolution"
+
+
+def forward_backward(model: Encoder, inputs: torch.Tensor, targets: torch.Tensor,
+                     draws: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits ``[M, B, L, C]`` and every member's gradient ``[M, P]`` of the summed token
+    losses, on the CPU."""
+    model.zero_grad(set_to_none=True)
+    logits = model(inputs, draws)
+    token_loss(logits, targets).sum().backward()
+    members = model.members
+    gradients = torch.cat([
+        (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(members, -1)
+        for p in model.parameters()
+    ], dim=1)
+    return logits.detach().cpu(), gradients.cpu()
+
+
+def _batch(task_name: str, length: int, batch: int, seed: int = 0):
+    from che_bench.tasks import get_task
+
+    task = get_task(task_name)
+    sample = task.sample(length, batch, np.random.default_rng(seed))
+    return task, torch.from_numpy(sample.inputs.copy()), torch.from_numpy(sample.targets.copy())
+
+
+def agreement_cases(encoding: str, kernel: int | None, device: torch.device,
+                    quick: bool) -> list[Case]:
+    """(a) for one encoding and kernel: a copy on ``device`` vs the CPU model, with the same
+    weights, inputs and draws."""
+    length, batch = (12, 4) if quick else (40, 16)
+    task, inputs, targets = _batch(TASK, length, batch)
+    torch.manual_seed(0)
+    reference = build_model(task, encoding, kernel, dropout=0.0, **model_sizes(quick)).train()
+    tested = copy.deepcopy(reference).to(device)
+    use_device_dape(tested, device)
+    draws = reference.sample_draws(length)
+    expected = forward_backward(reference, inputs, targets[None], draws)
+    got = forward_backward(tested, inputs.to(device), targets[None].to(device),
+                           None if draws is None else draws.to(device))
+    name = f"{encoding} k={kernel or '-'}"
+    return [Case("a", name, "logits", relative_error(got[0], expected[0]), LOGITS_TOLERANCE,
+                 "relative error vs CPU"),
+            Case("a", name, "gradients", relative_error(got[1], expected[1]),
+                 GRADIENT_TOLERANCE, "relative error vs CPU")]
+
+
+def check_agreement(device: torch.device, quick: bool) -> list[Case]:
+    """(a) device vs CPU for every encoding x kernel."""
+    return [case for encoding in list_encodings() for kernel in KERNELS
+            for case in agreement_cases(encoding.name, kernel, device, quick)]
+
+
+def check_packs(device: torch.device, quick: bool, members: int = 4) -> list[Case]:
+    """(b) a pack of ``members`` vs each member alone, both on the device."""
+    length, batch = (12, 4) if quick else (40, 16)
+    task, inputs, targets = _batch(TASK, length, batch, seed=1)
+    inputs, targets = inputs.to(device), targets.to(device)
+    kernels = (None, 3) if quick else KERNELS
+    cases = []
+    for encoding in list_encodings():
+        for kernel in kernels:
+            alone = []
+            for seed in range(members):
+                torch.manual_seed(seed)
+                alone.append(build_model(task, encoding.name, kernel, dropout=0.0,
+                                         **model_sizes(quick)).to(device).train())
+            pack = stack_members(alone).train()
+            pack.seed_draws(range(members))
+            packed = forward_backward(pack, inputs, targets.expand(members, -1, -1), None)
+            worst_logits = worst_gradients = 0.0
+            for member, model in enumerate(alone):
+                model.seed_draws([member])
+                logits, gradients = forward_backward(model, inputs, targets[None], None)
+                worst_logits = max(worst_logits, relative_error(packed[0][member], logits[0]))
+                worst_gradients = max(worst_gradients,
+                                      relative_error(packed[1][member], gradients[0]))
+            name = f"{encoding.name} k={kernel or '-'}"
+            cases.append(Case("b", name, "logits", worst_logits, LOGITS_TOLERANCE,
+                              f"relative error, pack of {members} vs alone, worst member"))
+            cases.append(Case("b", name, "gradients", worst_gradients, GRADIENT_TOLERANCE,
+                              f"relative error, pack of {members} vs alone, worst member"))
+    return cases
+
+
+def _training_configs(quick: bool, steps: int, dropout: float) -> list[RunConfig]:
+    return [make_config(TASK, "kerple", 3, "smoke", steps=steps, batch_size=16, dropout=dropout,
+                        lr=1e-3, length_seed=0, **model_sizes(quick))]
+
+
+def train_losses(configs: Sequence[RunConfig], device: torch.device) -> tuple[list[float], torch.Tensor]:
+    """Per-step losses (first member) of a fresh training on ``device``, and its final weights."""
+    losses: list[float] = []
+    task = configs[0].build_task()
+    model = build_pack_model(task, configs).to(device)
+    train_pack(model, task, configs, device, progress=False,
+               on_step=lambda step, step_losses: losses.append(step_losses[0]))
+    weights = torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
+    return losses, weights
+
+
+def check_training(device: torch.device, quick: bool, steps: int = 100) -> list[Case]:
+    """(c) the device's loss curve vs the CPU's over ``steps`` steps (same seeds; no dropout,
+    whose masks come from each device's own random number generator)."""
+    configs = _training_configs(quick, steps, dropout=0.0)
+    expected, _ = train_losses(configs, torch.device("cpu"))
+    got, _ = train_losses(configs, device)
+    gap = max(abs(a - b) for a, b in zip(got, expected)) if len(got) == len(expected) else math.inf
+    return [Case("c", f"{steps} steps, kerple k=3", "losses", gap, LOSS_TOLERANCE,
+                 "largest loss difference vs CPU, nats")]
+
+
+def check_determinism(device: torch.device, quick: bool, steps: int = 20) -> list[Case]:
+    """(e) two trainings in deterministic mode (with dropout): bit-identical losses and
+    weights."""
+    configs = _training_configs(quick, steps, dropout=0.1)
+    configure_numerics(device, tf32=False, deterministic=True)
+    try:
+        runs = [train_losses(configs, device) for _ in range(2)]
+    finally:
+        configure_numerics(device, tf32=False, deterministic=False)
+    (first_losses, first_weights), (second_losses, second_weights) = runs
+    loss_gap = max(abs(a - b) for a, b in zip(first_losses, second_losses))
+    weight_gap = float((first_weights - second_weights).abs().max())
+    subject = f"{steps} steps twice, kerple k=3"
+    return [Case("e", subject, "losses", loss_gap, 0.0, "largest difference"),
+            Case("e", subject, "weights", weight_gap, 0.0, "largest difference")]
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak tensor memory on a GPU; on a CPU the process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def step_seconds(configs: Sequence[RunConfig], device: torch.device, repeats: int) -> float:
+    """Median seconds of one training step of the pack ``configs`` at n = 40 (after one
+    warm-up step)."""
+    task = configs[0].build_task()
+    model = build_pack_model(task, configs).to(device).train()
+    optimizer = PackOptimizer(model, [c.lr for c in configs], configs[0].adam_betas,
+                              configs[0].adam_eps, configs[0].grad_clip_norm)
+    projected = projected_modules(model)
+    rngs = [np.random.default_rng(config.data_seed) for config in configs]
+    samples = [task.sample(configs[0].train_max_length, configs[0].batch_size, rng) for rng in rngs]
+    inputs = torch.from_numpy(np.stack([s.inputs for s in samples])).to(device)
+    targets = torch.from_numpy(np.stack([s.targets for s in samples])).to(device)
+    micro_batches = micro_batches_for(len(configs), device)
+    times = []
+    for _ in range(repeats + 1):
+        _synchronize(device)
+        started = time.perf_counter()
+        training_step(model, optimizer, inputs, targets, projected, micro_batches)
+        _synchronize(device)
+        times.append(time.perf_counter() - started)
+    return float(np.median(times[1:]))
+
+
+def measure_speed(device: torch.device, quick: bool) -> list[Measurement]:
+    """(d) paper-size step times at n = 40, peak memory, and estimates of a paper run and a
+    table cell (training only: 200k steps at the longest length bound it from above)."""
+    pe, kernel = ("kerple", None) if quick else ("kerple", 3)
+    label = f"{TASK}, {pe}{'' if kernel is None else f' + DAPE k={kernel}'}"
+    single = [make_config(TASK, pe, kernel, SPEED_PRESET, seed=0, length_seed=0)]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    repeats = 2 if quick else 10
+    one = step_seconds(single, device, repeats)
+    width = resolve_width(AUTO, single[0], device)
+    pack = [make_config(TASK, pe, kernel, SPEED_PRESET, seed=seed, length_seed=0)
+            for seed in range(width)]
+    wide = one if width == 1 else step_seconds(pack, device, repeats)
+    packs_per_cell = math.ceil(RUNS_PER_CELL / width)
+    return [
+        Measurement(f"step, one run ({label}, batch {single[0].batch_size}, "
+                    f"n = {single[0].train_max_length})", 1e3 * one, "ms", "measured"),
+        Measurement(f"step, --pack auto = {width} runs", 1e3 * wide, "ms", "measured"),
+        Measurement("peak memory", peak_memory_bytes(device) / 2**30, "GiB", "measured",
+                    "tensors on a GPU; on a CPU the process's peak resident set"),
+        Measurement("one paper run, training", PAPER_STEPS * one / 3600, "h", "estimate",
+                    f"{PAPER_STEPS:,} steps x the step at n = 40 (an upper bound); "
+                    "evaluation not included"),
+        Measurement(f"one table cell ({RUNS_PER_CELL} runs), training",
+                    packs_per_cell * PAPER_STEPS * wide / 3600, "h", "estimate",
+                    f"{packs_per_cell} pack(s) of <= {width} one after another, "
+                    f"{PAPER_STEPS:,} steps each; evaluation not included"),
+    ]
+
+
+#: The checks in order: letter, title, function(device, quick).
+CHECKS: tuple[tuple[str, str, Callable[[torch.device, bool], list[Case]]], ...] = (
+    ("a", "device vs CPU, every encoding x kernel", check_agreement),
+    ("b", "pack of 4 vs members alone", check_packs),
+    ("c", "training follows the CPU loss curve", check_training),
+    ("e", "deterministic mode repeats bit for bit", check_determinism),
+)
+
+
+def run_selftest(device: torch.device, quick: bool,
+                 on_check: Callable[[str], None] | None = None) -> SelftestReport:
+    """Every check on ``device`` (TF32 off); ``on_check(title)`` is called as each starts."""
+    from che_bench.runner import describe_device
+
+    started = time.perf_counter()
+    configure_numerics(device, tf32=False)
+    report = SelftestReport(describe_device(device), quick, software_versions())
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for letter, title, check in CHECKS:
+            if on_check is not None:
+                on_check(f"({letter}) {title}")
+            report.cases.extend(check(device, quick))
+        if on_check is not None:
+            on_check("(d) step time and estimates")
+        report.measurements.extend(measure_speed(device, quick))
+    report.seconds = time.perf_counter() - started
+    return report

@@ -1,0 +1,89 @@
+"""On a CUDA GPU (``-m cuda``; skipped with a reason where torch sees none): the device agrees
+with the CPU for every encoding x kernel, the evaluation's memory budget holds at n = 500, a
+pack that runs out of memory under a cap splits and completes, deterministic mode repeats.
+
+None of these has run on a GPU yet: no GPU was lent to this project's work."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from che_bench import selftest
+from che_bench.config import make_config
+from che_bench.encodings import list_encodings
+from che_bench.evaluation import set_memory_budget
+from che_bench.model import build_model
+from che_bench.packing import training_bytes_per_member
+from che_bench.runner import configure_numerics, execute_pack, execute_run
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)"),
+]
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def tf32_off():
+    configure_numerics(CUDA, tf32=False)
+    yield
+    configure_numerics(CUDA, tf32=False)
+
+
+@pytest.mark.parametrize("kernel", selftest.KERNELS)
+@pytest.mark.parametrize("pe", [encoding.name for encoding in list_encodings()])
+def test_cuda_agrees_with_the_cpu(pe, kernel):
+    cases = selftest.agreement_cases(pe, kernel, CUDA, quick=False)
+    assert all(case.passed for case in cases), cases
+
+
+def test_the_evaluation_memory_budget_holds_at_500():
+    budget = 256 << 20
+    config = make_config("duplicate_string", "kerple", 3, "paper")
+    task = config.build_task()
+    model = build_model(task, "kerple", 3, **config.model_kwargs()).to(CUDA).eval()
+    set_memory_budget(model, budget)
+    inputs = torch.randint(0, task.input_size, (64, 500), device=CUDA)
+    torch.cuda.synchronize()
+    baseline = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        model(inputs)
+    torch.cuda.synchronize()
+    # The row chunks fill the budget; the rest (residual stream, logits) is small beside it.
+    assert torch.cuda.max_memory_allocated() - baseline <= 1.25 * budget
+
+
+def test_a_pack_out_of_memory_under_a_cap_splits_and_completes():
+    configs = [make_config("reverse_string", "kerple", None, "paper", seed=seed, length_seed=0,
+                           steps=20, test_lengths="41", eval_samples=64) for seed in range(8)]
+    per_member = training_bytes_per_member(configs[0], CUDA)
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(CUDA).total_memory
+    # Room for about three members' training step besides what is already allocated.
+    cap = torch.cuda.memory_allocated() + 3 * per_member + (64 << 20)
+    torch.cuda.set_per_process_memory_fraction(cap / total, CUDA)
+    try:
+        results = execute_pack(configs, device="cuda", progress=False)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, CUDA)
+    assert [result.status for result in results] == ["complete"] * 8, results[0].error
+    widths = {result.details.get("pack", {}).get("members", 1) for result in results}
+    assert max(widths) < 8
+
+
+def test_deterministic_mode_repeats_on_cuda():
+    assert all(case.passed for case in selftest.check_determinism(CUDA, quick=False))
+    config = make_config("reverse_string", "cope", 3, "smoke", steps=30, test_lengths="41,60")
+    first, second = (execute_run(config, device="cuda", progress=False, deterministic=True)
+                     for _ in range(2))
+    assert first.status == second.status == "complete", first.error
+    assert first.per_length == second.per_length
+    assert first.details["deterministic"] is True and first.details["tf32"] is False
+
+
+def test_the_selftest_passes_on_cuda(tmp_path):
+    from che_bench.cli import main
+
+    assert main(["selftest", "--device", "cuda", "--json", str(tmp_path / "selftest.json")]) == 0

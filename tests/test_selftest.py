@@ -1,0 +1,72 @@
+"""``che-bench selftest`` on the CPU: its checks pass, a device that computes differently is
+caught (exit 1), the JSON report holds every check, and estimates are labelled as such."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from che_bench import selftest
+from che_bench.cli import main
+from che_bench.encodings import get_encoding_class
+
+
+@pytest.fixture
+def two_encodings(monkeypatch):
+    """Checks (a) and (b) over two encodings only (one with a per-member bias), to stay fast."""
+    chosen = [get_encoding_class("none"), get_encoding_class("kerple")]
+    monkeypatch.setattr(selftest, "list_encodings", lambda: chosen)
+
+
+def perturbed_dape(model, device):
+    """A device that computes differently: one weight off by 1e-2 after the copy."""
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] += 1e-2
+
+
+def test_agreement_passes_on_cpu_and_catches_a_different_device(two_encodings, monkeypatch):
+    cases = selftest.check_agreement(torch.device("cpu"), quick=True)
+    assert len(cases) == 2 * 3 * 2 and all(case.passed for case in cases)
+    # The GPU's DAPE implementation runs in the "device" copy: not bit-identical, close.
+    assert any(case.measured > 0 for case in cases if case.subject.endswith("k=3"))
+    monkeypatch.setattr(selftest, "use_device_dape", perturbed_dape)
+    cases = selftest.check_agreement(torch.device("cpu"), quick=True)
+    assert not any(case.passed for case in cases if case.quantity == "logits")
+
+
+def test_selftest_command_writes_every_check_and_labels_estimates(two_encodings, tmp_path, capsys,
+                                                                  monkeypatch):
+    monkeypatch.setattr(selftest, "SPEED_PRESET", "smoke")  # (d) times a tiny model here
+    report_path = tmp_path / "selftest.json"
+    assert main(["selftest", "--device", "cpu", "--quick", "--json", str(report_path)]) == 0
+    report = json.loads(report_path.read_text())
+    assert report["passed"] and report["device"].startswith("cpu")
+    assert {case["check"] for case in report["cases"]} == {"a", "b", "c", "e"}
+    kinds = {figure["name"]: figure["kind"] for figure in report["measurements"]}
+    assert kinds["one paper run, training"] == "estimate"
+    assert all(kind == "measured" for name, kind in kinds.items() if name.startswith("step"))
+    assert all(figure["value"] > 0 for figure in report["measurements"])
+    assert "ESTIMATE" in capsys.readouterr().out
+
+
+def test_selftest_command_exits_1_on_a_disagreement(two_encodings, tmp_path, monkeypatch):
+    monkeypatch.setattr(selftest, "use_device_dape", perturbed_dape)
+    monkeypatch.setattr(selftest, "measure_speed", lambda device, quick: [])
+    report_path = tmp_path / "selftest.json"
+    assert main(["selftest", "--device", "cpu", "--quick", "--json", str(report_path)]) == 1
+    report = json.loads(report_path.read_text())
+    assert not report["passed"]
+    assert any(not case["passed"] and case["check"] == "a" for case in report["cases"])
+
+
+def test_selftest_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["selftest", "--device", "tpu"]) == 2
+    assert main(["selftest", "--device", "cpu", "--json", str(tmp_path / "no" / "x.json")]) == 2
+    assert capsys.readouterr().err.count("\n") == 2
+
+
+@pytest.mark.slow
+def test_the_whole_quick_selftest_passes_on_cpu(tmp_path):
+    assert main(["selftest", "--device", "cpu", "--quick", "--json", str(tmp_path / "r.json")]) == 0
