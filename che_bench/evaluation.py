@@ -10,8 +10,9 @@ it on; it then draws from torch's RNG seeded per length); randomized encodings d
 own generators, seeded per length, once per sub-batch, and only if ``randomize_at_eval``.
 
 On CUDA the row-chunk memory budget is sized from the free GPU memory, and on out-of-memory
-the forward pass of a sub-batch is split into smaller chunks; the accounting stays per logical
-sub-batch (with the same random draws), so the numbers do not depend on the split.
+the budget is halved (smaller row chunks and sub-batches) until the forward pass fits; the
+accounting stays per logical sub-batch (with the same random draws), so the numbers do not
+depend on the split. Sub-batches are copied to the GPU from pinned memory without waiting.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from che_bench.config import RunConfig
 from che_bench.model import Encoder
 from che_bench.tasks.base import Task
-from che_bench.training import check_token_ids, masked_counts
+from che_bench.device_memory import free_gpu_memory, release_memory
+from che_bench.training import check_token_ids, host_to_device, masked_counts
 
 #: Share of the free GPU memory an evaluation's row chunks may fill (the rest: weights,
 #: activations outside attention, the allocator's slack, other processes on the GPU).
@@ -53,8 +55,7 @@ def evaluate(
     started = time.perf_counter()
     model.train(config.dropout_at_eval)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        set_memory_budget(model, int(free * GPU_BUDGET_SHARE))
+        set_memory_budget(model, evaluation_budget(device))
     lengths = [*config.train_eval_lengths, *config.test_lengths]
     accuracies: dict[int, list[float]] = {}
     with _progress_bar(progress, len(lengths)) as bar:
@@ -75,6 +76,11 @@ def evaluate(
             seconds=seconds,
         ))
     return evaluations
+
+
+def evaluation_budget(device: torch.device) -> int:
+    """The memory budget of an evaluation on a GPU: a share of its free memory."""
+    return int(free_gpu_memory(device) * GPU_BUDGET_SHARE)
 
 
 def set_memory_budget(model: Encoder, budget_bytes: int) -> None:
@@ -117,29 +123,26 @@ def _sub_batch_sizes(samples: int, batch_size: int) -> list[int]:
 
 def _count_correct(model: Encoder, batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Correct and counted positions of one sub-batch per member (``[M]``, on the device, so
-    that a length costs one synchronisation), halving the
-    forward chunk on CUDA out-of-memory; one random draw serves the whole sub-batch."""
+    that a length costs one synchronisation); one random draw serves the whole sub-batch. On
+    out-of-memory the model's memory budget is halved, down to one query row of one sequence."""
     check_token_ids(batch.inputs, model.task)
     # Copies: task arrays may be reversed views, whose negative strides torch rejects (and
     # numpy calls such an array contiguous when the reversed axis has size 1).
-    inputs, targets, mask = (torch.from_numpy(array.copy()).to(device)
+    inputs, targets, mask = (host_to_device(torch.from_numpy(array.copy()), device)
                              for array in (batch.inputs, batch.targets, batch.mask))
     draws = model.sample_draws(inputs.shape[-1], evaluating=True)
-    chunk = inputs.shape[0]
     while True:
         try:
             with torch.inference_mode():
-                counts = [
-                    masked_counts(model(inputs[i : i + chunk], draws, evaluating=True),
-                                  targets[i : i + chunk], mask[i : i + chunk])
-                    for i in range(0, inputs.shape[0], chunk)
-                ]
-            return sum(c for c, _ in counts).double(), sum(t for _, t in counts).double()
+                logits = model(inputs, draws, evaluating=True)
+                correct, counted = masked_counts(logits, targets, mask)
+            return correct.double(), counted.double()
         except torch.cuda.OutOfMemoryError:
-            if chunk == 1:
+            if model.memory_budget_bytes <= model.query_row_bytes(inputs.shape[-1], device):
                 raise
-            torch.cuda.empty_cache()
-            chunk = max(1, chunk // 2)
+        # Past the except block, whose traceback held the failed attempt's maps.
+        release_memory(device)
+        set_memory_budget(model, model.memory_budget_bytes // 2)
 
 
 @contextmanager

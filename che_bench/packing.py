@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from che_bench.config import RunConfig
+from che_bench.device_memory import free_gpu_memory
 from che_bench.errors import CheBenchError
 
 AUTO = "auto"
@@ -97,6 +98,7 @@ def resolve_width(width: int | str, config: RunConfig, device: torch.device) -> 
         return int(width)
     if device.type != "cuda":
         return CPU_AUTO_WIDTH
-    free, _ = torch.cuda.mem_get_info(device)
-    fits = int(free * GPU_MEMORY_SHARE) // training_bytes_per_member(config, device)
+    usable = int(free_gpu_memory(device) * GPU_MEMORY_SHARE)
+    fits = usable // training_bytes_per_member(config, device)
     return max(1, min(MAX_AUTO_WIDTH, fits))
+

@@ -22,13 +22,14 @@ import torch
 
 import che_bench
 from che_bench.config import RunConfig, RunResult
+from che_bench.device_memory import release_memory
 from che_bench.errors import CheBenchError
-from che_bench.evaluation import evaluate
+from che_bench.evaluation import Evaluation, evaluate
 from che_bench.kept_models import save_model
 from che_bench.model import Encoder, build_model, member_state_dict, stack_members
 from che_bench.packing import group_into_packs, resolve_width
 from che_bench.tasks.base import Task
-from che_bench.training import Diverged, checkpoint_step, train_pack
+from che_bench.training import Diverged, PackTraining, checkpoint_step, train_pack
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -43,6 +44,9 @@ def resolve_device(device: str = "auto") -> torch.device:
         raise CheBenchError("device cuda requested but torch sees no CUDA GPU")
     if resolved.type not in ("cpu", "cuda"):
         raise CheBenchError(f"unsupported device {device!r}; use auto, cpu or cuda[:N]")
+    if resolved.type == "cuda" and (resolved.index or 0) >= torch.cuda.device_count():
+        raise CheBenchError(f"device {device!r} does not exist: torch sees "
+                            f"{torch.cuda.device_count()} CUDA GPU(s), cuda:0..")
     return resolved
 
 
@@ -67,12 +71,12 @@ def checkpoint_path(checkpoint_dir: str | Path, run_id: str) -> Path:
     return Path(checkpoint_dir) / f"{run_id}.pt"
 
 
-def configure_numerics(device: torch.device, tf32: bool) -> None:
+def configure_numerics(tf32: bool) -> None:
     """TF32 in GPU matrix products and convolutions only when asked for (cuDNN's own
-    default is on, which would make convolution results differ from CPU ones)."""
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
+    default is on, which would make convolution results differ from CPU ones). The flags
+    act on CUDA only, so they are set on any device."""
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
 
 
 def check_pack(configs: Sequence[RunConfig]) -> None:
@@ -125,7 +129,7 @@ def execute_pack(
     """
     check_pack(configs)
     torch_device = resolve_device(device)
-    configure_numerics(torch_device, tf32)
+    configure_numerics(tf32)
     results = [
         RunResult(run_id=config.run_id(), config=config, status="failed",
                   versions=software_versions(), device=describe_device(torch_device),
@@ -162,28 +166,16 @@ def _execute_group(
     device: torch.device,
     *,
     checkpoints: list[Path] | None,
-    models_dir: str | Path | None,
-    progress: bool,
-    checkpoint_every: int,
-    on_step: Callable[[int, list[float]], None] | None,
+    **options: Any,
 ) -> None:
-    """Train and evaluate members that resume from the same step as one pack; fills
-    ``results`` in place."""
+    """Train and evaluate members that resume from the same step as one pack (``options``:
+    models_dir, progress, checkpoint_every, on_step); fills ``results`` in place. A pack out
+    of GPU memory goes on as two narrower packs, from the members' checkpoints."""
     started = time.perf_counter()
-    pack = {"members": len(configs), "run_ids": [config.run_id() for config in configs]}
+    out_of_memory = False
     try:
-        task = configs[0].build_task()
-        model = build_pack_model(task, configs)
-        description = model.describe()
-        for result in results:
-            result.details["model"] = description
-            if len(configs) > 1:
-                result.details["pack"] = pack
-        model.to(device)
-        training = train_pack(model, task, configs, device, checkpoints=checkpoints,
-                              checkpoint_every=checkpoint_every, progress=progress,
-                              on_step=on_step)
-        evaluations = evaluate(model, task, configs[0], device, progress=progress)
+        model, training, evaluations = _train_and_evaluate(configs, results, device,
+                                                           checkpoints, **options)
     except KeyboardInterrupt:
         raise
     except Diverged as exc:  # deterministic: a resumed run would diverge again
@@ -191,41 +183,81 @@ def _execute_group(
             result.error = str(exc)
         finished = [True] * len(configs)
     except Exception as exc:  # recorded as failed runs; the traceback is kept in details
-        if isinstance(exc, torch.cuda.OutOfMemoryError) and len(configs) > 1:
-            model = None  # the members resume from their checkpoints in two narrower packs
-            torch.cuda.empty_cache()
-            half = len(configs) // 2
-            for part in (slice(0, half), slice(half, None)):
-                _execute_group(configs[part], results[part], device,
-                               checkpoints=None if checkpoints is None else checkpoints[part],
-                               models_dir=models_dir, progress=progress,
-                               checkpoint_every=checkpoint_every, on_step=on_step)
-            return
-        for result in results:
+        out_of_memory = isinstance(exc, torch.cuda.OutOfMemoryError) and len(configs) > 1
+        for result in [] if out_of_memory else results:
             result.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             result.details["traceback"] = traceback.format_exc()
         finished = [False] * len(configs)  # keep the checkpoints: a re-run after a fix resumes
     else:
         finished = [True] * len(configs)
-        for member, (config, result, evaluation) in enumerate(zip(configs, results, evaluations)):
-            result.timings.update(training.timings)
-            result.timings["eval_s"] = evaluation.seconds
-            diverged_at = training.diverged_at[member]
-            if diverged_at is not None:
-                result.error = f"diverged at step {diverged_at}: loss is not finite (lr {config.lr:g})"
-                continue
-            result.status = "complete"
-            result.score = evaluation.score
-            result.train_accuracy = evaluation.train_accuracy
-            result.per_length = evaluation.per_length
-            result.train_per_length = evaluation.train_per_length
-            if models_dir is not None:
-                save_model(models_dir, config, member_state_dict(model, member))
+        _record_outcome(configs, results, model, training, evaluations, options["models_dir"])
+    if out_of_memory:
+        # Here, past the except block, nothing holds the failed pack's weights, Adam state
+        # and activations any more: freed before the halves start.
+        release_memory(device)
+        half = len(configs) // 2
+        for part in (slice(0, half), slice(half, None)):
+            _execute_group(configs[part], results[part], device,
+                           checkpoints=None if checkpoints is None else checkpoints[part],
+                           **options)
+        return
     total = time.perf_counter() - started
     for member, result in enumerate(results):
         result.timings["total_s"] = total
         if checkpoints is not None and finished[member]:
             checkpoints[member].unlink(missing_ok=True)
+
+
+def _train_and_evaluate(
+    configs: list[RunConfig],
+    results: list[RunResult],
+    device: torch.device,
+    checkpoints: list[Path] | None,
+    *,
+    models_dir: str | Path | None,
+    progress: bool,
+    checkpoint_every: int,
+    on_step: Callable[[int, list[float]], None] | None,
+) -> tuple[Encoder, PackTraining, list[Evaluation]]:
+    """The pack's model, its training and its members' evaluations; notes the model (and
+    the pack) in ``results``."""
+    task = configs[0].build_task()
+    model = build_pack_model(task, configs)
+    description = model.describe()
+    pack = {"members": len(configs), "run_ids": [config.run_id() for config in configs]}
+    for result in results:
+        result.details["model"] = description
+        if len(configs) > 1:
+            result.details["pack"] = pack
+    model.to(device)
+    training = train_pack(model, task, configs, device, checkpoints=checkpoints,
+                          checkpoint_every=checkpoint_every, progress=progress, on_step=on_step)
+    return model, training, evaluate(model, task, configs[0], device, progress=progress)
+
+
+def _record_outcome(
+    configs: list[RunConfig],
+    results: list[RunResult],
+    model: Encoder,
+    training: PackTraining,
+    evaluations: list[Evaluation],
+    models_dir: str | Path | None,
+) -> None:
+    """Fill the results of a pack that trained and evaluated; keep completed runs' weights."""
+    for member, (config, result, evaluation) in enumerate(zip(configs, results, evaluations)):
+        result.timings.update(training.timings)
+        result.timings["eval_s"] = evaluation.seconds
+        diverged_at = training.diverged_at[member]
+        if diverged_at is not None:
+            result.error = f"diverged at step {diverged_at}: loss is not finite (lr {config.lr:g})"
+            continue
+        result.status = "complete"
+        result.score = evaluation.score
+        result.train_accuracy = evaluation.train_accuracy
+        result.per_length = evaluation.per_length
+        result.train_per_length = evaluation.train_per_length
+        if models_dir is not None:
+            save_model(models_dir, config, member_state_dict(model, member))
 
 
 def build_pack_model(task: Task, configs: Sequence[RunConfig]) -> Encoder:

@@ -292,18 +292,28 @@ class BatchStream:
             )
 
 
-def on_device(batches: Iterator[PackBatch], device: torch.device) -> Iterator[PackBatch]:
-    """The batches on ``device``: as they are on a CPU; on a GPU made ahead on a background
-    thread (``PREFETCH_DEPTH`` of them) and copied from pinned memory without waiting."""
-    if device.type == "cpu":
-        return batches
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` (on the host) on ``device``; to a GPU copied from pinned memory without
+    waiting for the copy (the caching host allocator keeps the pinned copy until it is done)."""
+    pinned = tensor.pin_memory() if device.type == "cuda" else tensor
+    return pinned.to(device, non_blocking=True)
+
+
+def on_device(
+    batches: Iterator[PackBatch], device: torch.device, prefetch: bool | None = None
+) -> Iterator[PackBatch]:
+    """The batches on ``device`` (``host_to_device``), made ahead on a background thread
+    (``PREFETCH_DEPTH`` of them) when ``prefetch`` (default: on a GPU)."""
+    if prefetch is None:
+        prefetch = device.type == "cuda"
 
     def copied(batch: PackBatch) -> PackBatch:
-        move = lambda tensor: tensor.pin_memory().to(device, non_blocking=True)  # noqa: E731
-        return PackBatch(batch.length, move(batch.inputs), move(batch.targets), move(batch.mask),
-                         batch.rng_states)
+        inputs, targets, mask = (host_to_device(tensor, device)
+                                 for tensor in (batch.inputs, batch.targets, batch.mask))
+        return PackBatch(batch.length, inputs, targets, mask, batch.rng_states)
 
-    return prefetched(map(copied, batches), PREFETCH_DEPTH)
+    on_the_device = (copied(batch) for batch in batches)
+    return prefetched(on_the_device, PREFETCH_DEPTH) if prefetch else on_the_device
 
 
 _EXHAUSTED = object()
@@ -383,6 +393,7 @@ def train_pack(
     progress: bool = True,
     on_step: Callable[[int, list[float]], None] | None = None,
     sync_every: int | None = None,
+    prefetch: bool | None = None,
 ) -> PackTraining:
     """Train the members of ``model`` (on ``device``, member m freshly initialised from
     ``configs[m].seed``) for ``steps`` steps, resuming from ``checkpoints`` (one path per
@@ -391,7 +402,9 @@ def train_pack(
     ``on_step(step, losses)`` is called after every optimizer step with each member's loss
     (it makes the loop read the device every step). Returns each member's outcome; a member
     whose loss stops being finite is reported in ``diverged_at`` (the others go on), and when
-    every member has diverged training stops with ``Diverged``.
+    every member has diverged training stops with ``Diverged``. ``sync_every`` (read the
+    device every N steps) and ``prefetch`` (batches made ahead on a thread) default to what
+    suits the device; tests select the GPU's choices on a CPU.
     """
     steps = configs[0].steps
     if sync_every is None:
@@ -404,7 +417,8 @@ def train_pack(
     micro_batches = micro_batches_for(len(configs), device)
     step, seconds_before = 0, 0.0
     if checkpoints is not None and any(path.exists() for path in checkpoints):
-        step, seconds_before = _load_checkpoints(checkpoints, configs, model, optimizer, stream)
+        step, seconds_before = _load_checkpoints(checkpoints, configs, model, optimizer, stream,
+                                                   device)
     resumed_from = step
     members = len(configs)
     diverged_at: list[int | None] = [None] * members
@@ -416,7 +430,7 @@ def train_pack(
 
     def save() -> None:
         _save_checkpoints(checkpoints, configs, model, optimizer, last_states, step,
-                          seconds_before + time.perf_counter() - started)
+                          seconds_before + time.perf_counter() - started, device)
 
     def read(first_step: int) -> list[list[float]]:
         """Pull the pending readings off the device; note divergences and running values."""
@@ -442,7 +456,7 @@ def train_pack(
     model.train()
     between_steps = True  # False while a step is half done (state not consistent)
     pending_from = step + 1
-    batches = on_device(iter(stream), device)
+    batches = on_device(iter(stream), device, prefetch)
     try:
         with _deferred_interrupt() as interrupted, _progress_bar(progress, steps, step) as bar:
             while step < steps:
@@ -542,17 +556,19 @@ def _save_checkpoints(
     rng_states: dict[str, Any],
     step: int,
     train_seconds: float,
+    device: torch.device,
 ) -> None:
     """One file per member, each written atomically (temp file + rename), so a kill never
     leaves a torn checkpoint. The dropout RNG is the pack's: a member resumed in a pack of
-    other members continues statistically, not bit for bit."""
+    other members continues statistically, not bit for bit. On a GPU only the training
+    device's RNG state is kept, so a machine with fewer GPUs can resume."""
     shared = {
         "format": CHECKPOINT_FORMAT,
         "step": step,
         "train_seconds": train_seconds,
         "length_rng": rng_states["length"],
         "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "device_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
     }
     draw_states = model.draw_states()
     for member, (path, config) in enumerate(zip(paths, configs)):
@@ -572,6 +588,7 @@ def _load_checkpoints(
     model: Encoder,
     optimizer: PackOptimizer,
     stream: BatchStream,
+    device: torch.device,
 ) -> tuple[int, float]:
     states = [_read_checkpoint(path, config) for path, config in zip(paths, configs)]
     steps = {int(state["step"]) for state in states}
@@ -582,8 +599,9 @@ def _load_checkpoints(
     model.set_draw_states([state["draw_rng"] for state in states])
     stream.restore({"length": states[0]["length_rng"], "data": [s["data_rng"] for s in states]})
     torch.set_rng_state(states[0]["torch_rng"])
-    if states[0]["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states[0]["cuda_rng"])
+    # (Absent from checkpoints written before: those saved every visible GPU's state.)
+    if device.type == "cuda" and states[0].get("device_rng") is not None:
+        torch.cuda.set_rng_state(states[0]["device_rng"], device)
     return steps.pop(), float(states[0]["train_seconds"])
 
 

@@ -51,7 +51,12 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from che_bench.config import RunConfig
     from che_bench.kept_models import load_model, models_dir_for
     from che_bench.reevaluation import reevaluate, reevaluation_config
-    from che_bench.runner import describe_device, resolve_device, software_versions
+    from che_bench.runner import (
+        configure_numerics,
+        describe_device,
+        resolve_device,
+        software_versions,
+    )
     from che_bench.store import describe_protocol
 
     device = resolve_device(args.device)
@@ -77,6 +82,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     models_dir = models_dir_for(store.path)
     models = [load_model(models_dir, run_id)[1] for run_id in run_ids]
 
+    configure_numerics(_recorded_tf32(store.run_details(run_ids)))
     evaluations = reevaluate(models, configs, device, progress=not args.no_progress)
     described = describe_device(device)
     for run_id, original, config, result in zip(run_ids, originals, configs, evaluations):
@@ -93,6 +99,15 @@ def evaluate_command(args: argparse.Namespace) -> int:
               f"{described}: score {result.score:.2%}, in-distribution "
               f"{result.train_accuracy:.2%}; {result.seconds:.0f} s")
     return 0
+
+
+def _recorded_tf32(details: dict[str, dict]) -> bool:
+    """Whether the runs trained with TF32 (recorded on GPUs only; absent means off): they
+    are re-evaluated with the same numerics."""
+    used = {bool(run.get("tf32", False)) for run in details.values()}
+    if len(used) > 1:
+        raise CheBenchError("these runs trained with and without --tf32: evaluate them apart")
+    return used.pop()
 
 
 def _state_cost(originals, configs, runs, confirmed: bool) -> None:
