@@ -9,7 +9,7 @@ import weakref
 import pytest
 import torch
 
-from che_bench import evaluation, packing, runner, training
+from che_bench import device_memory, evaluation, packing, runner, training
 from che_bench.cli import main
 from che_bench.config import make_config
 from che_bench.device_memory import free_gpu_memory
@@ -154,6 +154,14 @@ def test_free_memory_counts_the_allocators_reserved_but_unused_blocks(caching_al
     cuda = torch.device("cuda")
     assert free_gpu_memory(cuda) == 7 * GIB
     assert evaluation_budget(cuda) == int(7 * GIB * evaluation.GPU_BUDGET_SHARE)
+
+
+def test_workers_sharing_a_gpu_split_its_free_memory(caching_allocator, monkeypatch):
+    """Defect 5: two workers on one GPU each plan for half the driver's free memory (and
+    all of their own cache), not both for all of it."""
+    monkeypatch.setattr(device_memory, "_processes_sharing_gpu", 1)
+    device_memory.share_gpu_among(2)
+    assert free_gpu_memory(torch.device("cuda")) == 1 * GIB + 5 * GIB
 
 
 def test_pack_auto_sizes_from_what_the_process_can_fill(caching_allocator, monkeypatch):
