@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from che_bench.config import make_config
-from che_bench.evaluation import evaluation_budget, length_accuracies, set_memory_budget
+from che_bench.evaluation import length_accuracies, use_evaluation_budget
 from che_bench.runner import (
     build_pack_model,
     configure_numerics,
@@ -184,12 +184,6 @@ def timed_training(task_obj, configs, device: torch.device, warmup_steps: int):
     model = build_pack_model(task_obj, configs).to(device)
     training = train_pack(model, task_obj, configs, device, progress=False)
     return model, training.timings["train_s"]
-
-
-def use_evaluation_budget(model, device: torch.device) -> None:
-    """The memory budget ``che_bench.evaluation.evaluate`` gives a run on this device."""
-    if device.type == "cuda":
-        set_memory_budget(model, evaluation_budget(device))
 
 
 def run_eval_memory(args, device, report) -> None:

@@ -54,8 +54,7 @@ def evaluate(
     each member of ``model`` (all evaluated under ``config``'s evaluation protocol)."""
     started = time.perf_counter()
     model.train(config.dropout_at_eval)
-    if device.type == "cuda":
-        set_memory_budget(model, evaluation_budget(device))
+    use_evaluation_budget(model, device)
     lengths = [*config.train_eval_lengths, *config.test_lengths]
     accuracies: dict[int, list[float]] = {}
     with _progress_bar(progress, len(lengths)) as bar:
@@ -81,6 +80,13 @@ def evaluate(
 def evaluation_budget(device: torch.device) -> int:
     """The memory budget of an evaluation on a GPU: a share of its free memory."""
     return int(free_gpu_memory(device) * GPU_BUDGET_SHARE)
+
+
+def use_evaluation_budget(model: Encoder, device: torch.device) -> None:
+    """On a GPU, size the model's memory budget from the memory free now; elsewhere keep
+    the model's own (``memory_budget_bytes``, 1 GiB by default)."""
+    if device.type == "cuda":
+        set_memory_budget(model, evaluation_budget(device))
 
 
 def set_memory_budget(model: Encoder, budget_bytes: int) -> None:

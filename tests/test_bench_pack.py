@@ -38,11 +38,12 @@ def test_training_is_timed_after_its_warm_up(monkeypatch):
 
 
 def test_evaluation_uses_the_runs_budget_on_a_gpu(monkeypatch):
-    bench = load_bench_pack()
-    monkeypatch.setattr(bench, "evaluation_budget", lambda device: 123 << 20)
-    config = make_config("even_pairs", "none", None, "smoke")
+    from che_bench import evaluation
     from che_bench.model import build_model
 
+    bench = load_bench_pack()
+    monkeypatch.setattr(evaluation, "evaluation_budget", lambda device: 123 << 20)
+    config = make_config("even_pairs", "none", None, "smoke")
     model = build_model(config.build_task(), "none", **config.model_kwargs())
-    bench.use_evaluation_budget(model, torch.device("cuda"))
+    bench.use_evaluation_budget(model, torch.device("cuda"))  # what evaluate() does
     assert model.memory_budget_bytes == 123 << 20

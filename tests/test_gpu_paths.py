@@ -272,3 +272,39 @@ def test_cpu_training_saves_no_gpu_rng_state(two_gpus, monkeypatch, tmp_path):
                checkpoints=[path], progress=False)
     assert torch.load(path, weights_only=True)["device_rng"] is None
 
+
+
+def test_a_members_training_memory_is_its_peak_above_the_weights(monkeypatch):
+    """The measurement behind ``--pack auto`` (CUDA's memory queries faked): the peak of one
+    step above what was allocated before it."""
+    readings = iter([100, 100 + 5000])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: next(readings))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: next(readings))
+    torch.manual_seed(5)
+    expected = torch.rand(1)
+    torch.manual_seed(5)
+    assert packing.training_bytes_per_member(cell()[0], torch.device("cpu")) == 5000
+    assert torch.equal(torch.rand(1), expected)  # the global RNG is left as it was
+
+
+def test_a_gpu_is_described_by_its_name(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    assert runner.describe_device(torch.device("cuda", 0)) == "cuda:0 (Fake GPU)"
+
+
+def test_dape_convolutions_evaluate_as_the_chunked_filter():
+    """The GPU's DAPE filter (grouped convolutions), selected on a CPU, in an evaluation
+    split into row chunks: the same accuracies as the CPU's filter."""
+    configs = cell("kerple", 3, members=2)
+    task = configs[0].build_task()
+    accuracies = []
+    for implementation in ("chunks", "convolution"):
+        model = build_pack_model(task, configs).eval()
+        for block in model.blocks:
+            block.attention.dape.implementation = implementation
+        evaluation.set_memory_budget(model, 1 << 16)  # several row chunks per sub-batch
+        accuracies.append(length_accuracies(model, task, configs[0], 60, torch.device("cpu")))
+    assert accuracies[0] == pytest.approx(accuracies[1], abs=1e-9)
