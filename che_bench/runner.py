@@ -184,9 +184,10 @@ def _execute_group(
         finished = [True] * len(configs)
     except Exception as exc:  # recorded as failed runs; the traceback is kept in details
         out_of_memory = isinstance(exc, torch.cuda.OutOfMemoryError) and len(configs) > 1
-        for result in [] if out_of_memory else results:
-            result.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            result.details["traceback"] = traceback.format_exc()
+        if not out_of_memory:  # (a pack out of memory splits, below)
+            for result in results:
+                result.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                result.details["traceback"] = traceback.format_exc()
         finished = [False] * len(configs)  # keep the checkpoints: a re-run after a fix resumes
     else:
         finished = [True] * len(configs)
