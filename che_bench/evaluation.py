@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from che_bench.config import RunConfig
+from che_bench.device_memory import free_gpu_memory, release_memory
 from che_bench.model import Encoder
 from che_bench.tasks.base import Task
-from che_bench.device_memory import free_gpu_memory, release_memory
 from che_bench.training import check_token_ids, host_to_device, masked_counts
 
 #: Share of the free GPU memory an evaluation's row chunks may fill (the rest: weights,
@@ -130,7 +130,8 @@ def _sub_batch_sizes(samples: int, batch_size: int) -> list[int]:
 def _count_correct(model: Encoder, batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Correct and counted positions of one sub-batch per member (``[M]``, on the device, so
     that a length costs one synchronisation); one random draw serves the whole sub-batch. On
-    out-of-memory the model's memory budget is halved, down to one query row of one sequence."""
+    out-of-memory the model's memory budget is halved (for the rest of the evaluation too),
+    down to one query row of one sequence."""
     check_token_ids(batch.inputs, model.task)
     # Copies: task arrays may be reversed views, whose negative strides torch rejects (and
     # numpy calls such an array contiguous when the reversed axis has size 1).
