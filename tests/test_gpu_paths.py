@@ -50,7 +50,8 @@ def test_a_pack_out_of_memory_is_freed_before_its_halves_start(monkeypatch, tmp_
         def fail_after_a_step(step, losses):  # after real activations and Adam state exist
             raise torch.cuda.OutOfMemoryError("simulated")
 
-        return real_train_pack(model, task, configs, *args, **{**options, "on_step": fail_after_a_step})
+        options["on_step"] = fail_after_a_step
+        return real_train_pack(model, task, configs, *args, **options)
 
     monkeypatch.setattr(training, "PackOptimizer", Recorded)
     monkeypatch.setattr(runner, "train_pack", out_of_memory_when_wide)
@@ -68,7 +69,8 @@ def largest_maps(monkeypatch, model, limit):
         attend = block.attention._attend
 
         def bounded(q, k, v, rows, ctx, attend=attend):
-            sizes.append(q.shape[0] * q.shape[1] * q.shape[2] * (rows.stop - rows.start) * k.shape[-2])
+            members, batch, heads = q.shape[:3]
+            sizes.append(members * batch * heads * (rows.stop - rows.start) * k.shape[-2])
             if sizes[-1] > limit:
                 raise torch.cuda.OutOfMemoryError("simulated")
             return attend(q, k, v, rows, ctx)
@@ -233,7 +235,7 @@ def test_training_with_the_gpu_loop_equals_the_cpu_loop():
 
 def test_a_checkpoint_keeps_only_the_training_gpus_rng_state(two_gpus, monkeypatch, tmp_path):
     """Defect 11: a checkpoint written with two GPUs visible resumes where only one is."""
-    states = {0: torch.full((16,), 0, dtype=torch.uint8), 1: torch.full((16,), 1, dtype=torch.uint8)}
+    states = {index: torch.full((16,), index, dtype=torch.uint8) for index in (0, 1)}
     restored = []
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: list(states.values()))
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": states[device.index])
