@@ -8,12 +8,14 @@ Parts (``--parts``, default all that fit the device):
   ``--packs``. Prints ms per step, runs per device-hour at the paper's 200k steps, and the
   ratio (pack-of-N step) / (N x single step): below 1, packing gains.
 * ``end_to_end``: one paper-preset run (200k steps + every length 41..500 x 512 sequences),
-  EXTRAPOLATED from ``--train-steps`` real training steps over the length schedule and the
-  evaluation of a few lengths (a + b*T + c*T^2 fitted and summed over 41..500), for a single
-  run and for a pack of ``--end-to-end-pack`` runs; ``--measure`` runs the single paper run
-  for real instead (hours on a CPU).
+  EXTRAPOLATED from ``--train-steps`` real training steps over the length schedule (timed
+  after ``--warmup-steps`` untimed ones: CUDA start-up, kernel choice, allocator) and the
+  evaluation, under the run's own memory budget, of a few lengths (a + b*T + c*T^2 fitted
+  and summed over 41..500), for a single run and for a pack of ``--end-to-end-pack`` runs;
+  ``--measure`` runs the single paper run for real instead (hours on a CPU).
 * ``eval_memory``: one evaluation sub-batch (64 sequences) of a pack at n = 500 with the
-  default memory budget (on a GPU: sized from its free memory): time and peak memory.
+  memory budget of a run's evaluation (default 1 GiB; on a GPU sized from its free memory):
+  time and peak memory.
 
 Every figure is printed labelled "measured" or "extrapolated" and, with ``--json FILE``,
 written with the device and software versions. Nothing is asserted.
@@ -25,6 +27,7 @@ written with the device and software versions. Nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import resource
@@ -35,9 +38,10 @@ import numpy as np
 import torch
 
 from che_bench.config import make_config
-from che_bench.evaluation import length_accuracies, set_memory_budget
+from che_bench.evaluation import length_accuracies, use_evaluation_budget
 from che_bench.runner import (
     build_pack_model,
+    configure_numerics,
     describe_device,
     execute_run,
     resolve_device,
@@ -142,14 +146,12 @@ def run_end_to_end(args, device, report) -> None:
                                          "eval_s": timings.get("eval_s"), "label": "measured"})
             continue
         task_obj = configs[0].build_task()
-        short = [make_config(task, pe, kernel, "paper", seed=c.seed, length_seed=0,
-                             steps=args.train_steps) for c in configs]
-        model = build_pack_model(task_obj, short).to(device)
-        started = time.perf_counter()
-        train_pack(model, task_obj, short, device, progress=False)
-        synchronize(device)
-        train_seconds = (time.perf_counter() - started) / args.train_steps * PAPER_STEPS
+        short = [dataclasses.replace(c, steps=args.train_steps) for c in configs]
+        model, seconds = timed_training(task_obj, short, device, args.warmup_steps)
+        train_seconds = seconds / args.train_steps * PAPER_STEPS
         model.eval()
+        use_evaluation_budget(model, device)
+        length_accuracies(model, task_obj, configs[0], args.eval_lengths[0], device)  # warm-up
         tokens, seconds = [], []
         for n in args.eval_lengths:
             started = time.perf_counter()
@@ -173,14 +175,24 @@ def run_end_to_end(args, device, report) -> None:
         })
 
 
+def timed_training(task_obj, configs, device: torch.device, warmup_steps: int):
+    """The pack model of ``configs`` trained, and the seconds of its steps as ``train_pack``
+    times them, after ``warmup_steps`` untimed steps of a throwaway pack of the same shape."""
+    warmup = [dataclasses.replace(c, steps=warmup_steps) for c in configs]
+    train_pack(build_pack_model(task_obj, warmup).to(device), task_obj, warmup, device,
+               progress=False)
+    model = build_pack_model(task_obj, configs).to(device)
+    training = train_pack(model, task_obj, configs, device, progress=False)
+    return model, training.timings["train_s"]
+
+
 def run_eval_memory(args, device, report) -> None:
     task, pe, kernel = args.eval_memory_cell
     configs = paper_cell(task, pe, kernel, args.eval_memory_pack, eval_samples=64)
     task_obj = configs[0].build_task()
     model = build_pack_model(task_obj, configs).to(device).eval()
+    use_evaluation_budget(model, device)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        set_memory_budget(model, int(free * 0.5))
         torch.cuda.reset_peak_memory_stats(device)
     before = peak_bytes(device) if device.type == "cuda" else 0
     started = time.perf_counter()
@@ -228,6 +240,8 @@ def main() -> None:
     parser.add_argument("--end-to-end-pack", type=int, default=30)
     parser.add_argument("--train-steps", type=int, default=500,
                         help="real training steps behind the end-to-end extrapolation")
+    parser.add_argument("--warmup-steps", type=int, default=50,
+                        help="untimed training steps before the timed ones")
     parser.add_argument("--eval-lengths", nargs="+", type=int, default=[41, 150, 300, 500])
     parser.add_argument("--measure", action="store_true",
                         help="end_to_end: run the single paper run for real")
@@ -244,8 +258,7 @@ def main() -> None:
     args.parts = args.parts or (["step", "end_to_end", "eval_memory"] if gpu else ["step"])
     args.packs = args.packs or ([1, 2, 4, 8, 16, 30] if gpu else [1, 2, 4])
     args.eval_memory_pack = args.eval_memory_pack or (30 if gpu else 4)
-    if gpu:
-        torch.backends.cuda.matmul.allow_tf32 = False  # the default numerics of che-bench
+    configure_numerics(tf32=False)  # the default numerics of che-bench (cuDNN's too)
     report = {
         "device": describe_device(device),
         "cpu": platform.processor() or platform.machine(),

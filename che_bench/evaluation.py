@@ -12,8 +12,9 @@ draw from their own generators, seeded per length, once per sub-batch, and only 
 ``randomize_at_eval``.
 
 On CUDA the row-chunk memory budget is sized from the free GPU memory, and on out-of-memory
-the forward pass of a sub-batch is split into smaller chunks; the accounting stays per logical
-sub-batch (with the same random draws), so the numbers do not depend on the split.
+the budget is halved (smaller row chunks and sub-batches) until the forward pass fits; the
+accounting stays per logical sub-batch (with the same random draws), so the numbers do not
+depend on the split. Sub-batches are copied to the GPU from pinned memory without waiting.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from che_bench.config import RunConfig
+from che_bench.device_memory import free_gpu_memory, release_memory
 from che_bench.model import Encoder
 from che_bench.tasks.base import Task
-from che_bench.training import check_token_ids, exact_counts, masked_counts
+from che_bench.training import check_token_ids, exact_counts, host_to_device, masked_counts
 
 #: Share of the free GPU memory an evaluation's row chunks may fill (the rest: weights,
 #: activations outside attention, the allocator's slack, other processes on the GPU).
@@ -60,9 +62,7 @@ def evaluate(
     each member of ``model`` (all evaluated under ``config``'s evaluation protocol)."""
     started = time.perf_counter()
     model.train(config.dropout_at_eval)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        set_memory_budget(model, int(free * GPU_BUDGET_SHARE))
+    use_evaluation_budget(model, device)
     lengths = [*config.train_eval_lengths, *config.test_lengths]
     accuracies: dict[int, list[float]] = {}
     exact: dict[int, list[float]] = {}
@@ -93,6 +93,18 @@ def evaluate(
             train_exact_accuracy=float(np.mean(list(train_exact.values()))),
         ))
     return evaluations
+
+
+def evaluation_budget(device: torch.device) -> int:
+    """The memory budget of an evaluation on a GPU: a share of its free memory."""
+    return int(free_gpu_memory(device) * GPU_BUDGET_SHARE)
+
+
+def use_evaluation_budget(model: Encoder, device: torch.device) -> None:
+    """On a GPU, size the model's memory budget from the memory free now; elsewhere keep
+    the model's own (``memory_budget_bytes``, 1 GiB by default)."""
+    if device.type == "cuda":
+        set_memory_budget(model, evaluation_budget(device))
 
 
 def set_memory_budget(model: Encoder, budget_bytes: int) -> None:
@@ -145,34 +157,28 @@ def _sub_batch_sizes(samples: int, batch_size: int) -> list[int]:
 
 def _count_correct(model: Encoder, batch, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Correct and counted positions, exactly right and counted sequences of one sub-batch per
-    member (``[M]`` each, on the device, so that a length costs one synchronisation), halving the
-    forward chunk on CUDA out-of-memory; one random draw serves the whole sub-batch."""
+    member (``[M]`` each, on the device, so that a length costs one synchronisation); one
+    random draw serves the whole sub-batch. On out-of-memory the model's memory budget is
+    halved (for the rest of the evaluation too), down to one query row of one sequence."""
     check_token_ids(batch.inputs, model.task)
     # Copies: task arrays may be reversed views, whose negative strides torch rejects (and
     # numpy calls such an array contiguous when the reversed axis has size 1).
-    inputs, targets, mask = (torch.from_numpy(array.copy()).to(device)
+    inputs, targets, mask = (host_to_device(torch.from_numpy(array.copy()), device)
                              for array in (batch.inputs, batch.targets, batch.mask))
     draws = model.sample_draws(inputs.shape[-1], evaluating=True)
-    chunk = inputs.shape[0]
     while True:
         try:
             with torch.inference_mode():
-                counts = [
-                    _chunk_counts(model(inputs[i : i + chunk], draws, evaluating=True),
-                                  targets[i : i + chunk], mask[i : i + chunk])
-                    for i in range(0, inputs.shape[0], chunk)
-                ]
-            return tuple(sum(parts).double() for parts in zip(*counts))
+                logits = model(inputs, draws, evaluating=True)
+                counts = (*masked_counts(logits, targets, mask),
+                          *exact_counts(logits, targets, mask))
+            return tuple(count.double() for count in counts)
         except torch.cuda.OutOfMemoryError:
-            if chunk == 1:
+            if model.memory_budget_bytes <= model.query_row_bytes(inputs.shape[-1], device):
                 raise
-            torch.cuda.empty_cache()
-            chunk = max(1, chunk // 2)
-
-
-def _chunk_counts(logits: torch.Tensor, targets: torch.Tensor,
-                  mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return (*masked_counts(logits, targets, mask), *exact_counts(logits, targets, mask))
+        # Past the except block, whose traceback held the failed attempt's maps.
+        release_memory(device)
+        set_memory_budget(model, model.memory_budget_bytes // 2)
 
 
 @contextmanager

@@ -351,10 +351,15 @@ class Encoder(nn.Module):
         """Without gradients, split the batch when one query row of it exceeds the budget."""
         if torch.is_grad_enabled():
             return batch
+        row_bytes = self.query_row_bytes(input_tokens, device)
+        return max(1, min(batch, self.memory_budget_bytes // row_bytes))
+
+    def query_row_bytes(self, input_tokens: int, device: torch.device) -> int:
+        """Bytes of the maps of one query row of one sequence (every member): the least
+        memory an evaluation's forward pass can be split down to."""
         length = input_tokens + self.output_length(input_tokens)
         channels = max(block.attention.transient_channels(device) for block in self.blocks)
-        row_bytes = FLOAT_BYTES * self.members * channels * length
-        return max(1, min(batch, self.memory_budget_bytes // row_bytes))
+        return FLOAT_BYTES * self.members * channels * length
 
     def _forward(self, inputs: torch.Tensor, draws: Draws | None) -> torch.Tensor:
         output_length = self.output_length(inputs.shape[-1])

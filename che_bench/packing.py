@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from che_bench.config import RunConfig
+from che_bench.device_memory import free_gpu_memory
 from che_bench.errors import CheBenchError
 
 AUTO = "auto"
@@ -67,13 +68,13 @@ def unpackable(configs: Sequence[RunConfig]) -> int:
 
 def training_bytes_per_member(config: RunConfig, device: torch.device) -> int:
     """Peak device memory of one training step of one member at the longest training length
-    (measured on ``device``, a GPU)."""
+    (measured on ``device``, a GPU; elsewhere only with faked memory queries, in tests)."""
     from che_bench.model import build_model
     from che_bench.training import token_loss
 
     task = config.build_task()
     length = config.train_max_length
-    with torch.random.fork_rng(devices=[device]):
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         model = build_model(task, config.pe, config.kernel, **config.model_kwargs()).to(device)
         batch = task.sample(length, config.batch_size, np.random.default_rng(0))
         inputs = torch.from_numpy(batch.inputs.copy())
@@ -97,6 +98,7 @@ def resolve_width(width: int | str, config: RunConfig, device: torch.device) -> 
         return int(width)
     if device.type != "cuda":
         return CPU_AUTO_WIDTH
-    free, _ = torch.cuda.mem_get_info(device)
-    fits = int(free * GPU_MEMORY_SHARE) // training_bytes_per_member(config, device)
+    usable = int(free_gpu_memory(device) * GPU_MEMORY_SHARE)
+    fits = usable // training_bytes_per_member(config, device)
     return max(1, min(MAX_AUTO_WIDTH, fits))
+

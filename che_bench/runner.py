@@ -24,15 +24,16 @@ import torch
 import che_bench
 from che_bench import plugins
 from che_bench.config import RunConfig, RunResult
+from che_bench.device_memory import release_memory
 from che_bench.errors import CheBenchError
-from che_bench.evaluation import evaluate
+from che_bench.evaluation import Evaluation, evaluate
 from che_bench.history import DEFAULT_LOG_EVERY
 from che_bench.kept_models import save_model
 from che_bench.model import Encoder, build_model, member_state_dict, stack_members
 from che_bench.packing import group_into_packs, resolve_width
 from che_bench.tasks.base import Task
 from che_bench.trackers import TrackerOptions, Trackers
-from che_bench.training import Diverged, checkpoint_step, train_pack
+from che_bench.training import Diverged, PackTraining, checkpoint_step, train_pack
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -47,6 +48,9 @@ def resolve_device(device: str = "auto") -> torch.device:
         raise CheBenchError("device cuda requested but torch sees no CUDA GPU")
     if resolved.type not in ("cpu", "cuda"):
         raise CheBenchError(f"unsupported device {device!r}; use auto, cpu or cuda[:N]")
+    if resolved.type == "cuda" and (resolved.index or 0) >= torch.cuda.device_count():
+        raise CheBenchError(f"device {device!r} does not exist: torch sees "
+                            f"{torch.cuda.device_count()} CUDA GPU(s), cuda:0..")
     return resolved
 
 
@@ -83,7 +87,7 @@ def checkpoint_path(checkpoint_dir: str | Path, run_id: str) -> Path:
 CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
 
 
-def configure_numerics(device: torch.device, tf32: bool, deterministic: bool = False) -> None:
+def configure_numerics(tf32: bool, deterministic: bool = False) -> None:
     """TF32 in GPU matrix products and convolutions only when asked for (cuDNN's own
     default is on, which would make convolution results differ from CPU ones).
 
@@ -92,19 +96,19 @@ def configure_numerics(device: torch.device, tf32: bool, deterministic: bool = F
     deterministic convolutions without autotuning, cuBLAS's fixed workspace, and no flash or
     cuDNN attention kernels, whose backward adds atomically (memory-efficient attention
     follows the deterministic flag; so does the math path). Off again when not asked for,
-    so one process can run both kinds.
+    so one process can run both kinds. The backend flags act on CUDA only, so they are set
+    on any device.
     """
     torch.use_deterministic_algorithms(deterministic)
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC_WORKSPACE)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
-        torch.backends.cudnn.deterministic = deterministic
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cuda.enable_flash_sdp(not deterministic)
-        if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):  # torch >= 2.3
-            torch.backends.cuda.enable_cudnn_sdp(not deterministic)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.enable_flash_sdp(not deterministic)
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):  # torch >= 2.3
+        torch.backends.cuda.enable_cudnn_sdp(not deterministic)
 
 
 def numerics_details(device: torch.device, tf32: bool, deterministic: bool) -> dict[str, Any]:
@@ -172,7 +176,7 @@ deterministic algorithms (``configure_numerics``); both are recorded with the ru
     """
     check_pack(configs)
     torch_device = resolve_device(device)
-    configure_numerics(torch_device, tf32, deterministic)
+    configure_numerics(tf32, deterministic)
     results = [
         RunResult(run_id=config.run_id(), config=config, status="failed",
                   versions=software_versions(config), device=describe_device(torch_device),
@@ -211,33 +215,21 @@ def _execute_group(
     device: torch.device,
     *,
     checkpoints: list[Path] | None,
-    models_dir: str | Path | None,
-    progress: bool,
-    checkpoint_every: int,
-    on_step: Callable[[int, list[float]], None] | None,
-    log_every: int,
-    trackers: TrackerOptions | None,
+    **options: Any,
 ) -> None:
-    """Train and evaluate members that resume from the same step as one pack; fills
-    ``results`` in place."""
+    """Train and evaluate members that resume from the same step as one pack (``options``:
+    models_dir, progress, checkpoint_every, on_step, log_every, trackers); fills ``results``
+    in place. A pack out of GPU memory goes on as two narrower packs, from the members'
+    checkpoints."""
     started = time.perf_counter()
-    pack = {"members": len(configs), "run_ids": [config.run_id() for config in configs]}
-    tracking = Trackers(trackers, configs)
+    tracking = Trackers(options["trackers"], configs)
     history: list[list[dict[str, Any]]] = [[] for _ in configs]
+    out_of_memory = False
     try:
-        task = configs[0].build_task()
-        model = build_pack_model(task, configs)
-        description = model.describe()
-        for result in results:
-            result.details["model"] = description
-            if len(configs) > 1:
-                result.details["pack"] = pack
-        model.to(device)
-        training = train_pack(model, task, configs, device, checkpoints=checkpoints,
-                              checkpoint_every=checkpoint_every, progress=progress,
-                              on_step=on_step, log_every=log_every, on_history=tracking.log_row)
-        history = training.history
-        evaluations = evaluate(model, task, configs[0], device, progress=progress)
+        model, training, evaluations = _train_and_evaluate(
+            configs, results, device, checkpoints, progress=options["progress"],
+            checkpoint_every=options["checkpoint_every"], on_step=options["on_step"],
+            log_every=options["log_every"], on_history=tracking.log_row)
     except KeyboardInterrupt:
         tracking.close()
         raise
@@ -247,50 +239,90 @@ def _execute_group(
             result.error = str(exc)
         finished = [True] * len(configs)
     except Exception as exc:  # recorded as failed runs; the traceback is kept in details
-        if isinstance(exc, torch.cuda.OutOfMemoryError) and len(configs) > 1:
-            model = None  # the members resume from their checkpoints in two narrower packs
-            tracking.close()
-            torch.cuda.empty_cache()
-            half = len(configs) // 2
-            for part in (slice(0, half), slice(half, None)):
-                _execute_group(configs[part], results[part], device,
-                               checkpoints=None if checkpoints is None else checkpoints[part],
-                               models_dir=models_dir, progress=progress,
-                               checkpoint_every=checkpoint_every, on_step=on_step,
-                               log_every=log_every, trackers=trackers)
-            return
-        for result in results:
-            result.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            result.details["traceback"] = traceback.format_exc()
+        out_of_memory = isinstance(exc, torch.cuda.OutOfMemoryError) and len(configs) > 1
+        if not out_of_memory:  # (a pack out of memory splits, below)
+            for result in results:
+                result.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                result.details["traceback"] = traceback.format_exc()
         finished = [False] * len(configs)  # keep the checkpoints: a re-run after a fix resumes
     else:
         finished = [True] * len(configs)
-        for member, (config, result, evaluation) in enumerate(zip(configs, results, evaluations)):
-            result.timings.update(training.timings)
-            result.timings["eval_s"] = evaluation.seconds
-            diverged_at = training.diverged_at[member]
-            if diverged_at is not None:
-                result.error = f"diverged at step {diverged_at}: loss is not finite (lr {config.lr:g})"
-                continue
-            result.status = "complete"
-            result.score = evaluation.score
-            result.train_accuracy = evaluation.train_accuracy
-            result.per_length = evaluation.per_length
-            result.train_per_length = evaluation.train_per_length
-            result.exact_score = evaluation.exact_score
-            result.train_exact_accuracy = evaluation.train_exact_accuracy
-            result.exact_per_length = evaluation.exact_per_length
-            result.train_exact_per_length = evaluation.train_exact_per_length
-            tracking.log_evaluation(member, evaluation)
-            if models_dir is not None:
-                save_model(models_dir, config, member_state_dict(model, member))
+        history = training.history
+        _record_outcome(configs, results, model, training, evaluations, options["models_dir"],
+                        tracking)
     tracking.close()
+    if out_of_memory:
+        # Here, past the except block, nothing holds the failed pack's weights, Adam state
+        # and activations any more: freed before the halves start.
+        release_memory(device)
+        half = len(configs) // 2
+        for part in (slice(0, half), slice(half, None)):
+            _execute_group(configs[part], results[part], device,
+                           checkpoints=None if checkpoints is None else checkpoints[part],
+                           **options)
+        return
     total = time.perf_counter() - started
     for member, result in enumerate(results):
         result.history = history[member]
         result.timings["total_s"] = total
         if checkpoints is not None and finished[member]:
             checkpoints[member].unlink(missing_ok=True)
+
+
+def _train_and_evaluate(
+    configs: list[RunConfig],
+    results: list[RunResult],
+    device: torch.device,
+    checkpoints: list[Path] | None,
+    **training_options: Any,
+) -> tuple[Encoder, PackTraining, list[Evaluation]]:
+    """The pack's model, its training (``training_options``: ``train_pack``'s keywords) and
+    its members' evaluations; notes the model (and the pack) in ``results``."""
+    task = configs[0].build_task()
+    model = build_pack_model(task, configs)
+    description = model.describe()
+    pack = {"members": len(configs), "run_ids": [config.run_id() for config in configs]}
+    for result in results:
+        result.details["model"] = description
+        if len(configs) > 1:
+            result.details["pack"] = pack
+    model.to(device)
+    training = train_pack(model, task, configs, device, checkpoints=checkpoints,
+                          **training_options)
+    return model, training, evaluate(model, task, configs[0], device,
+                                     progress=training_options["progress"])
+
+
+def _record_outcome(
+    configs: list[RunConfig],
+    results: list[RunResult],
+    model: Encoder,
+    training: PackTraining,
+    evaluations: list[Evaluation],
+    models_dir: str | Path | None,
+    tracking: Trackers,
+) -> None:
+    """Fill the results of a pack that trained and evaluated, log the evaluations to the
+    trackers and keep completed runs' weights."""
+    for member, (config, result, evaluation) in enumerate(zip(configs, results, evaluations)):
+        result.timings.update(training.timings)
+        result.timings["eval_s"] = evaluation.seconds
+        diverged_at = training.diverged_at[member]
+        if diverged_at is not None:
+            result.error = f"diverged at step {diverged_at}: loss is not finite (lr {config.lr:g})"
+            continue
+        result.status = "complete"
+        result.score = evaluation.score
+        result.train_accuracy = evaluation.train_accuracy
+        result.per_length = evaluation.per_length
+        result.train_per_length = evaluation.train_per_length
+        result.exact_score = evaluation.exact_score
+        result.train_exact_accuracy = evaluation.train_exact_accuracy
+        result.exact_per_length = evaluation.exact_per_length
+        result.train_exact_per_length = evaluation.train_exact_per_length
+        tracking.log_evaluation(member, evaluation)
+        if models_dir is not None:
+            save_model(models_dir, config, member_state_dict(model, member))
 
 
 def build_pack_model(task: Task, configs: Sequence[RunConfig]) -> Encoder:

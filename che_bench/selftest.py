@@ -249,11 +249,11 @@ def check_determinism(device: torch.device, quick: bool, steps: int = 20) -> lis
     """(e) two trainings in deterministic mode (with dropout): bit-identical losses and
     weights."""
     configs = _training_configs(quick, steps, dropout=0.1)
-    configure_numerics(device, tf32=False, deterministic=True)
+    configure_numerics(tf32=False, deterministic=True)
     try:
         runs = [train_losses(configs, device) for _ in range(2)]
     finally:
-        configure_numerics(device, tf32=False, deterministic=False)
+        configure_numerics(tf32=False, deterministic=False)
     (first_losses, first_weights), (second_losses, second_weights) = runs
     loss_gap = max(abs(a - b) for a, b in zip(first_losses, second_losses))
     weight_gap = float((first_weights - second_weights).abs().max())
@@ -343,7 +343,7 @@ def run_selftest(device: torch.device, quick: bool,
     from che_bench.runner import describe_device
 
     started = time.perf_counter()
-    configure_numerics(device, tf32=False)
+    configure_numerics(tf32=False)
     report = SelftestReport(describe_device(device), quick, software_versions())
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         for letter, title, check in CHECKS:

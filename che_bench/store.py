@@ -428,6 +428,16 @@ class ResultStore:
             rows = connection.execute("SELECT run_id FROM runs WHERE status = 'complete'")
             return {row[0] for row in rows}
 
+    def run_details(self, run_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """What was recorded about each run besides its results (model, pack, tf32, ...)."""
+        run_ids = list(run_ids)
+        placeholders = ", ".join("?" * len(run_ids))
+        with self._connect() as connection:
+            rows = connection.execute(
+                f"SELECT run_id, details FROM runs WHERE run_id IN ({placeholders})", run_ids
+            )
+            return {run_id: json.loads(text or "{}") for run_id, text in rows}
+
     def runs(self, run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL) -> pd.DataFrame:
         """One row per run, oldest first; ``kernel`` is None without DAPE. ``score``,
         ``train_accuracy``, ``exact_score``, ``train_exact_accuracy`` (NaN where exact match

@@ -310,7 +310,7 @@ class LocalBackend:
                 max_workers=self.workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_init_worker,
-                initargs=(self.threads, os.getpid()),
+                initargs=(self.threads, os.getpid(), self.workers),
             )
         return self._pool
 
@@ -323,11 +323,15 @@ class LocalBackend:
 _run_active = threading.Event()
 
 
-def _init_worker(threads: int, sweep_pid: int) -> None:
-    """Worker set-up: torch threads, Ctrl-C handling, and an orphan watchdog."""
+def _init_worker(threads: int, sweep_pid: int, workers: int) -> None:
+    """Worker set-up: torch threads, the GPU's memory shared by the workers, Ctrl-C
+    handling, and an orphan watchdog."""
     import torch
 
+    from che_bench.device_memory import share_gpu_among
+
     torch.set_num_threads(threads)
+    share_gpu_among(workers)
     # Own process group: a Ctrl-C in the terminal reaches the sweep only, which then asks each
     # worker once to stop (a second SIGINT would abort training mid-step, without checkpoint).
     os.setpgrp()

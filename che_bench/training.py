@@ -392,18 +392,28 @@ class BatchStream:
             workers.close()
 
 
-def on_device(batches: Iterator[PackBatch], device: torch.device) -> Iterator[PackBatch]:
-    """The batches on ``device``: as they are on a CPU; on a GPU made ahead on a background
-    thread (``PREFETCH_DEPTH`` of them) and copied from pinned memory without waiting."""
-    if device.type == "cpu":
-        return batches
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` (on the host) on ``device``; to a GPU copied from pinned memory without
+    waiting for the copy (the caching host allocator keeps the pinned copy until it is done)."""
+    pinned = tensor.pin_memory() if device.type == "cuda" else tensor
+    return pinned.to(device, non_blocking=True)
+
+
+def on_device(
+    batches: Iterator[PackBatch], device: torch.device, prefetch: bool | None = None
+) -> Iterator[PackBatch]:
+    """The batches on ``device`` (``host_to_device``), made ahead on a background thread
+    (``PREFETCH_DEPTH`` of them) when ``prefetch`` (default: on a GPU)."""
+    if prefetch is None:
+        prefetch = device.type == "cuda"
 
     def copied(batch: PackBatch) -> PackBatch:
-        move = lambda tensor: tensor.pin_memory().to(device, non_blocking=True)  # noqa: E731
-        return PackBatch(batch.length, move(batch.inputs), move(batch.targets), move(batch.mask),
-                         batch.rng_states)
+        inputs, targets, mask = (host_to_device(tensor, device)
+                                 for tensor in (batch.inputs, batch.targets, batch.mask))
+        return PackBatch(batch.length, inputs, targets, mask, batch.rng_states)
 
-    return prefetched(map(copied, batches), PREFETCH_DEPTH)
+    on_the_device = (copied(batch) for batch in batches)
+    return prefetched(on_the_device, PREFETCH_DEPTH) if prefetch else on_the_device
 
 
 _EXHAUSTED = object()
@@ -488,6 +498,7 @@ def train_pack(
     log_every: int = DEFAULT_LOG_EVERY,
     on_history: Callable[[int, dict[str, Any]], None] | None = None,
     batch_workers: int | None = None,
+    prefetch: bool | None = None,
 ) -> PackTraining:
     """Train the members of ``model`` (on ``device``, member m freshly initialised from
     ``configs[m].seed``) for ``steps`` steps, resuming from ``checkpoints`` (one path per
@@ -499,7 +510,9 @@ def train_pack(
     each member's outcome; a member whose loss stops being finite is reported in
     ``diverged_at`` (the others go on), and when every member has diverged training stops with
     ``Diverged``. ``batch_workers``: processes making the batches (default
-    ``batch_workers_for``; the batches are the same either way).
+    ``batch_workers_for``; the batches are the same either way). ``sync_every`` (read the
+    device every N steps) and ``prefetch`` (batches made ahead on a thread) default to what
+    suits the device; tests select the GPU's choices on a CPU.
     """
     steps = configs[0].steps
     if sync_every is None:
@@ -516,7 +529,7 @@ def train_pack(
     step, seconds_before = 0, 0.0
     if checkpoints is not None and any(path.exists() for path in checkpoints):
         step, seconds_before = _load_checkpoints(checkpoints, configs, model, optimizer, stream,
-                                                 history)
+                                                 history, device)
     resumed_from = step
     members = len(configs)
     diverged_at: list[int | None] = [None] * members
@@ -529,7 +542,7 @@ def train_pack(
     def save() -> None:
         read()  # the history's open window goes into the checkpoints whole
         _save_checkpoints(checkpoints, configs, model, optimizer, last_states, step,
-                          seconds_before + time.perf_counter() - started, history)
+                          seconds_before + time.perf_counter() - started, history, device)
 
     def read() -> list[float]:
         """Pull the pending readings off the device (one transfer); note divergences, running
@@ -554,7 +567,7 @@ def train_pack(
     model.train()
     between_steps = True  # False while a step is half done (state not consistent)
     pending_from = step + 1
-    batches = on_device(iter(stream), device)
+    batches = on_device(iter(stream), device, prefetch)
     try:
         with _deferred_interrupt() as interrupted, _progress_bar(progress, steps, step) as bar:
             while step < steps:
@@ -669,17 +682,19 @@ def _save_checkpoints(
     step: int,
     train_seconds: float,
     history: TrainingHistory,
+    device: torch.device,
 ) -> None:
     """One file per member, each written atomically (temp file + rename), so a kill never
     leaves a torn checkpoint. The dropout RNG is the pack's: a member resumed in a pack of
-    other members continues statistically, not bit for bit."""
+    other members continues statistically, not bit for bit. On a GPU only the training
+    device's RNG state is kept, so a machine with fewer GPUs can resume."""
     shared = {
         "format": CHECKPOINT_FORMAT,
         "step": step,
         "train_seconds": train_seconds,
         "length_rng": rng_states["length"],
         "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "device_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
     }
     draw_states = model.draw_states()
     for member, (path, config) in enumerate(zip(paths, configs)):
@@ -701,6 +716,7 @@ def _load_checkpoints(
     optimizer: PackOptimizer,
     stream: BatchStream,
     history: TrainingHistory,
+    device: torch.device,
 ) -> tuple[int, float]:
     states = [_read_checkpoint(path, config) for path, config in zip(paths, configs)]
     steps = {int(state["step"]) for state in states}
@@ -712,8 +728,9 @@ def _load_checkpoints(
     model.set_draw_states([state["draw_rng"] for state in states])
     stream.restore({"length": states[0]["length_rng"], "data": [s["data_rng"] for s in states]})
     torch.set_rng_state(states[0]["torch_rng"])
-    if states[0]["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states[0]["cuda_rng"])
+    # (Absent from checkpoints written before: those saved every visible GPU's state.)
+    if device.type == "cuda" and states[0].get("device_rng") is not None:
+        torch.cuda.set_rng_state(states[0]["device_rng"], device)
     return steps.pop(), float(states[0]["train_seconds"])
 
 

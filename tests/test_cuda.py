@@ -26,9 +26,9 @@ CUDA = torch.device("cuda")
 
 @pytest.fixture(autouse=True)
 def tf32_off():
-    configure_numerics(CUDA, tf32=False)
+    configure_numerics(tf32=False)
     yield
-    configure_numerics(CUDA, tf32=False)
+    configure_numerics(tf32=False)
 
 
 @pytest.mark.parametrize("kernel", selftest.KERNELS)

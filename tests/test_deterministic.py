@@ -30,12 +30,12 @@ def restore_numerics(monkeypatch):
 
 def test_deterministic_mode_selects_every_deterministic_switch(restore_numerics):
     # The CUDA switches are process-wide flags: settable, and checkable, without a GPU.
-    configure_numerics(torch.device("cuda"), tf32=False, deterministic=True)
+    configure_numerics(tf32=False, deterministic=True)
     assert torch.are_deterministic_algorithms_enabled()
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
     assert not torch.backends.cuda.flash_sdp_enabled()
-    configure_numerics(torch.device("cuda"), tf32=False, deterministic=False)
+    configure_numerics(tf32=False, deterministic=False)
     assert not torch.are_deterministic_algorithms_enabled()
     assert not torch.backends.cudnn.deterministic and torch.backends.cuda.flash_sdp_enabled()
 

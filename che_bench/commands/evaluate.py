@@ -73,7 +73,6 @@ def evaluate_command(args: argparse.Namespace) -> int:
         from che_bench.samples import check_samples_per_length
 
         check_samples_per_length(args.samples_per_length)
-    configure_numerics(device, tf32=False, deterministic=args.deterministic)
     if args.threads < 1:
         raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
@@ -96,6 +95,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     models_dir = models_dir_for(store.path)
     models = [load_model(models_dir, run_id)[1] for run_id in run_ids]
 
+    configure_numerics(_recorded_tf32(store.run_details(run_ids)), args.deterministic)
     evaluations = reevaluate(models, configs, device, progress=not args.no_progress)
     described = describe_device(device)
     for run_id, original, config, result in zip(run_ids, originals, configs, evaluations):
@@ -121,6 +121,15 @@ def evaluate_command(args: argparse.Namespace) -> int:
         written = write_samples(args.samples, models, configs, device, args.samples_per_length)
         print(f"wrote {written} sample predictions to {args.samples}")
     return 0
+
+
+def _recorded_tf32(details: dict[str, dict]) -> bool:
+    """Whether the runs trained with TF32 (recorded on GPUs only; absent means off): they
+    are re-evaluated with the same numerics."""
+    used = {bool(run.get("tf32", False)) for run in details.values()}
+    if len(used) > 1:
+        raise CheBenchError("these runs trained with and without --tf32: evaluate them apart")
+    return used.pop()
 
 
 def _state_cost(originals, configs, runs, confirmed: bool) -> None:
