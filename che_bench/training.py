@@ -82,14 +82,20 @@ def check_token_ids(inputs: np.ndarray, task: Task) -> None:
         raise CheBenchError(f"input ids must lie in 0..{task.input_size - 1}")
 
 
-def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def token_loss(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Cross-entropy per output token, averaged over batch and positions, per member: logits
-    ``[M, B, L, C]`` and targets ``[M, B, L]`` -> ``[M]``; not masked."""
+    ``[M, B, L, C]`` and targets ``[M, B, L]`` -> ``[M]``. Not masked (the CHE reference), or
+    with ``mask`` (``[M, B, L]`` or ``[B, L]``) averaged over its positions only."""
     members = logits.shape[0]
     per_token = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
-    )
-    return per_token.view(members, -1).mean(1)
+    ).view(members, -1)
+    if mask is None:
+        return per_token.mean(1)
+    weights = mask.expand(targets.shape).reshape(members, -1).to(per_token.dtype)
+    return (per_token * weights).sum(1) / weights.sum(1).clamp(min=1)
 
 
 def masked_counts(
@@ -198,9 +204,11 @@ def training_step(
     targets: torch.Tensor,
     projected: Sequence[torch.nn.Module],
     micro_batches: int = 1,
+    loss_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step of every member: forward, per-member loss, backward, clipped Adam,
     projection of constrained parameters. Returns (losses ``[M]``, logits), on the device.
+    ``loss_mask`` (like ``targets``): the positions the loss counts (default: all).
 
     ``micro_batches`` > 1 splits the batch (every member's sequences alike) into that many
     forward/backward passes whose gradients add up to the whole batch's (the loss is a mean
@@ -215,7 +223,8 @@ def training_step(
     for part in torch.arange(batch).tensor_split(min(micro_batches, batch)):
         rows = slice(int(part[0]), int(part[-1]) + 1)
         part_logits = model(inputs[:, rows], draws)
-        part_losses = token_loss(part_logits, targets[:, rows])
+        part_mask = None if loss_mask is None else loss_mask[..., rows, :]
+        part_losses = token_loss(part_logits, targets[:, rows], part_mask)
         # Members are independent: each gets the gradient of its own loss.
         (part_losses.sum() * (part.numel() / batch)).backward()
         losses.append(part_losses.detach() * (part.numel() / batch))
@@ -402,6 +411,7 @@ def train_pack(
     model.seed_draws([draw_seed(config.seed) for config in configs])
     projected = projected_modules(model)
     micro_batches = micro_batches_for(len(configs), device)
+    masks_loss = task.output_layout == "in_place"  # unscored positions have no answer to learn
     step, seconds_before = 0, 0.0
     if checkpoints is not None and any(path.exists() for path in checkpoints):
         step, seconds_before = _load_checkpoints(checkpoints, configs, model, optimizer, stream)
@@ -449,7 +459,8 @@ def train_pack(
                 between_steps = False
                 batch = next(batches)
                 losses, logits = training_step(model, optimizer, batch.inputs, batch.targets,
-                                               projected, micro_batches)
+                                               projected, micro_batches,
+                                               batch.mask if masks_loss else None)
                 step += 1
                 last_states = batch.rng_states
                 between_steps = True

@@ -20,6 +20,7 @@ from che_bench.tasks.cs import (
     OddsFirst,
 )
 from che_bench.tasks.dcf import ModularArithmeticBrackets, ReverseString, SolveEquation, StackManipulation
+from che_bench.tasks.mqar import MultiQueryAssociativeRecall
 from che_bench.tasks.recall import AssociativeRecall, Induction
 from che_bench.tasks.regular import CycleNavigation, EvenPairs, ModularArithmetic, ParityCheck
 
@@ -33,7 +34,7 @@ TASKS: dict[str, type[Task]] = {
         StackManipulation, ReverseString, ModularArithmeticBrackets, SolveEquation,
         DuplicateString, MissingDuplicateString, OddsFirst, BinaryAddition,
         BinaryMultiplication, ComputeSqrt, BucketSort,
-        AssociativeRecall, Induction,
+        AssociativeRecall, Induction, MultiQueryAssociativeRecall,
     )
 }
 
@@ -48,6 +49,8 @@ ALIASES: dict[str, str] = {
     "recall": "associative_recall",
     "recall_single": "associative_recall",
     "induction_trigger": "induction",
+    "multi_query_associative_recall": "mqar",
+    "multiquery_ar": "mqar",
 }
 
 
