@@ -54,7 +54,7 @@ def test_power_law_puts_queries_near_the_context_and_a_1_is_uniform():
 
 
 def test_random_non_queries_fill_from_the_whole_vocabulary():
-    batch = get_task("mqar", vocab_size=32).sample(100, 50, np.random.default_rng(0))
+    batch = get_task("mqar", vocab_size=32, random_non_queries=True).sample(100, 50, np.random.default_rng(0))
     filler = batch.inputs[:, 8:][~batch.mask[:, 8:]]
     assert filler.min() == 0 and filler.max() == 31 and len(np.unique(filler)) == 32
 

@@ -31,6 +31,9 @@ class MultiQueryAssociativeRecall(Task):
     ``sequence_length`` L; there the first query slot, when it holds no query, is filler 0 (so
     that the context ends visibly and the oracle can count D from the input alone).
 
+    Defaults are sized for a laptop CPU (V = 64, D = 4, filler 0); Zoology's generator has
+    V = 8192 and random filler.
+
     Example (V = 16, D = 2, n = L = 10, a = 1, filler 0): context ``3 9 5 12`` = (k3 -> v9),
     (k5 -> v12); query slots at offsets 0, 2, 4 of the region ``5 0 0 0 3 0``: k5 at offset 0,
     k3 at offset 4 -> targets ``. . . . 4 . . . 1 .`` (classes 12-8, 9-8; ``.`` not scored).
@@ -42,9 +45,9 @@ class MultiQueryAssociativeRecall(Task):
     AXES = ("length", "pairs")
 
     def __init__(
-        self, vocab_size: int = 8192, num_pairs: int | None = None,
+        self, vocab_size: int = 64, num_pairs: int | None = None,
         length_per_pair: int | None = None, power_a: float = 0.01,
-        random_non_queries: bool = True, axis: str = "length", sequence_length: int = 128,
+        random_non_queries: bool = False, axis: str = "length", sequence_length: int = 128,
     ) -> None:
         self.vocab_size = check_int_param(self.name, "vocab_size", vocab_size, 4)
         if self.vocab_size % 2:
