@@ -160,3 +160,19 @@ def test_masked_loss_averages_over_the_masked_positions_only():
     expected = torch.stack([per_token[m][mask].mean() for m in range(2)])
     torch.testing.assert_close(token_loss(logits, targets, mask), expected)
     torch.testing.assert_close(token_loss(logits, targets), per_token.flatten(1).mean(1))
+
+
+def test_pairs_axis_runs_end_to_end_with_results_per_pair_count(tmp_path):
+    import pandas as pd
+
+    from che_bench.cli import main
+
+    store = str(tmp_path / "store.sqlite")
+    assert main(["run", "--task", "mqar", "--pe", "rope", "--preset", "smoke", "--steps", "3",
+                 "--task-param", "axis=pairs", "--task-param", "sequence_length=32",
+                 "--train-max-length", "4", "--test-lengths", "5:8", "--eval-samples", "4",
+                 "--store", store, "--no-keep-model", "--no-progress"]) == 0
+    assert main(["export", "--store", store, "--per-length", "--out", str(tmp_path / "c.csv")]) == 0
+    curves = pd.read_csv(tmp_path / "c.csv")
+    assert sorted(curves.loc[curves["split"] == "test", "length"]) == [5, 6, 7, 8]  # pair counts
+    assert main(["plot", "--store", store, "--out", str(tmp_path / "p.png")]) == 0
