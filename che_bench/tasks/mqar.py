@@ -170,13 +170,13 @@ class MultiQueryAssociativeRecall(Task):
                 targets[row, position], mask[row, position] = value - half, True
         return targets, mask
 
-    def _context_pairs(self, inputs: np.ndarray) -> np.ndarray | int:
+    def _context_pairs(self, inputs: np.ndarray) -> int:
         """D read from the input (axis "pairs"): the longest run of (new key, value) pairs at
         the start; the sampler keeps the token after the context from extending it."""
         if inputs.shape[1] != self.sequence_length:
             raise CheBenchError(f"{self.name}: inputs must have {self.sequence_length} tokens")
         half = self.vocab_size // 2
-        counts = set()
+        counts: set[int] = set()
         for row in inputs:
             seen: set[int] = set()
             while (2 * len(seen) + 1 < len(row) and 1 <= row[2 * len(seen)] < half
