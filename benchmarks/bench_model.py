@@ -122,7 +122,7 @@ def run_eval(args) -> None:
     for task_name in args.tasks:
         task = get_task(task_name)
         for n in args.lengths:
-            tokens = task.input_length(n) + task.output_length(n)
+            tokens = task.model_length(n)
             for pe in args.encodings:
                 for kernel in args.kernels:
                     wall, cpu, peak = time_evaluation(task_name, pe, kernel, n, args)

@@ -157,8 +157,8 @@ def run_end_to_end(args, device, report) -> None:
             started = time.perf_counter()
             length_accuracies(model, task_obj, configs[0], n, device)
             seconds.append(time.perf_counter() - started)
-            tokens.append(task_obj.input_length(n) + task_obj.output_length(n))
-        all_tokens = [task_obj.input_length(n) + task_obj.output_length(n)
+            tokens.append(task_obj.model_length(n))
+        all_tokens = [task_obj.model_length(n)
                       for n in configs[0].test_lengths]
         eval_seconds = fitted_total(tokens, seconds, all_tokens)
         total = train_seconds + eval_seconds
@@ -200,7 +200,7 @@ def run_eval_memory(args, device, report) -> None:
     synchronize(device)
     seconds = time.perf_counter() - started
     peak = peak_bytes(device) - before
-    tokens = task_obj.input_length(500) + task_obj.output_length(500)
+    tokens = task_obj.model_length(500)
     print(f"evaluation of a pack of {len(configs)} ({task}/{pe}/{kernel_label(kernel)}) at n = 500 "
           f"(T = {tokens}), 64 sequences: measured {seconds:.1f} s, peak "
           f"{peak / 2**30:.2f} GiB ({'GPU allocated' if device.type == 'cuda' else 'process RSS'})")

@@ -53,12 +53,12 @@ def estimate_paper_eval(task_name: str, pe: str, kernel: int | None, lengths: li
         started = time.perf_counter()
         length_accuracies(model, task, config, n, device)
         seconds.append(time.perf_counter() - started)
-        tokens.append(task.input_length(n) + task.output_length(n))
+        tokens.append(task.model_length(n))
         print(f"  measured: n={n} (T={tokens[-1]}), {config.eval_samples} sequences: "
               f"{seconds[-1]:.1f} s")
     design = np.array([[1.0, t, t * t] for t in tokens])
     coefficients = np.linalg.lstsq(design, np.array(seconds), rcond=None)[0]
-    all_tokens = [task.input_length(n) + task.output_length(n) for n in config.test_lengths]
+    all_tokens = [task.model_length(n) for n in config.test_lengths]
     total = sum(float(np.dot(coefficients, [1.0, t, t * t])) for t in all_tokens)
     print(f"  EXTRAPOLATION (fit a + b*T + c*T^2 to the lengths above, summed over "
           f"{len(all_tokens)} lengths 41..500): ~{total / 3600:.1f} h for one model on this CPU "

@@ -292,7 +292,7 @@ def check_evaluation(config: RunConfig) -> None:
     lengths = config.test_lengths
     task.check_length(max(lengths))
     max_tokens = _check_model_builds(config)
-    longest = max(task.input_length(n) + task.output_length(n) for n in lengths)
+    longest = max(task.model_length(n) for n in lengths)
     if max_tokens is not None and longest > max_tokens:
         raise CheBenchError(
             f"test length {max(lengths)} needs {longest} model input tokens but encoding "

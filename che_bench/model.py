@@ -3,7 +3,8 @@ and an optional DAPE / DAPE V2 score processor in every attention layer.
 
 Non-autoregressive format (spec tasks.md 3.2): the model appends ``output_length(n)``
 placeholder tokens (id ``task.input_size``) to the input and reads the logits of those last
-positions. Defaults follow the reference: 5 layers, width 64, 8 heads, FFN 256 (ReLU),
+positions; a task whose ``output_layout`` is "in_place" (MQAR) gets the logits of its input
+positions instead, with no placeholders. Defaults follow the reference: 5 layers, width 64, 8 heads, FFN 256 (ReLU),
 dropout 0.1 after the attention output and after the FFN, embedding dropout only for
 encodings that add to the embeddings, Haiku-style initialisation.
 
@@ -202,7 +203,8 @@ class Block(nn.Module):
 
 class Encoder(nn.Module):
     """The CHE encoder for one task, ``members`` models side by side; ``forward(inputs)``
-    returns the placeholder logits ``[M, B, output_length, output_size]``.
+    returns the output logits ``[M, B, output_length, output_size]`` (at the placeholders, or
+    at the input positions for an in-place task).
 
     Randomized encodings draw from ``draw_generators`` (one CPU generator per member, seeded
     by ``seed_draws``), never from the global RNG that dropout uses.
@@ -302,14 +304,16 @@ class Encoder(nn.Module):
         evaluating = not self.training if evaluating is None else evaluating
         if not self.encoding.draws_active(evaluating):
             return None
-        length = input_tokens + self.output_length(input_tokens)
+        length = input_tokens + self.placeholders(input_tokens)
         draws = self.encoding.sample_draws(length, self.draw_generators)
         return draws.to(self.embedding.weight.device)
 
     # -- forward ---------------------------------------------------------------------------
 
-    def output_length(self, input_tokens: int) -> int:
+    def placeholders(self, input_tokens: int) -> int:
         """Number of placeholders for an input of ``input_tokens`` tokens."""
+        if self.task.output_layout == "in_place":
+            return 0
         if self.task.input_length(input_tokens) != input_tokens:
             raise CheBenchError(
                 f"task {self.task.name!r} never produces inputs of {input_tokens} tokens"
@@ -357,19 +361,23 @@ class Encoder(nn.Module):
     def query_row_bytes(self, input_tokens: int, device: torch.device) -> int:
         """Bytes of the maps of one query row of one sequence (every member): the least
         memory an evaluation's forward pass can be split down to."""
-        length = input_tokens + self.output_length(input_tokens)
+        length = input_tokens + self.placeholders(input_tokens)
         channels = max(block.attention.transient_channels(device) for block in self.blocks)
         return FLOAT_BYTES * self.members * channels * length
 
     def _forward(self, inputs: torch.Tensor, draws: Draws | None) -> torch.Tensor:
-        output_length = self.output_length(inputs.shape[-1])
-        placeholders = inputs.new_full((*inputs.shape[:2], output_length), self.task.input_size)
+        input_tokens = inputs.shape[-1]
+        placeholders = inputs.new_full(
+            (*inputs.shape[:2], self.placeholders(input_tokens)), self.task.input_size
+        )
         tokens = torch.cat([inputs, placeholders], dim=-1)
         h = self.embedding(tokens) * math.sqrt(self.dim)
         h = self.embedding_dropout(self.encoding.embed(h, draws))
         for layer, block in enumerate(self.blocks):
             h = block(h, None if draws is None else draws.layer(layer))
-        return self.head(h[:, :, h.shape[2] - output_length :])
+        in_place = self.task.output_layout == "in_place"
+        outputs = input_tokens if in_place else placeholders.shape[-1]
+        return self.head(h[:, :, h.shape[2] - outputs :])
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -439,8 +447,7 @@ def build_model(
             f"length {task.min_length}"
         )
     train_max_tokens = max(
-        task.input_length(n) + task.output_length(n)
-        for n in range(task.min_length, settings["train_length"] + 1)
+        task.model_length(n) for n in range(task.min_length, settings["train_length"] + 1)
     )
     encoding = build_encoding(
         pe,

@@ -128,7 +128,7 @@ def _draw_panel(ax, runs: pd.DataFrame, curves: pd.DataFrame, label: str) -> Non
             ax.plot(lengths, [100 * c for c in ceiling], color="0.2", linestyle="--",
                     label="ceiling without positions")
     ax.set_title(label)
-    ax.set_xlabel("length n")
+    ax.set_xlabel(task.length_label)
     ax.set_ylabel("exact match (%)" if curves.attrs.get("metric") == "exact" else "accuracy (%)")
     ax.set_ylim(0, 101)
     ax.legend(fontsize="small")

@@ -38,8 +38,7 @@ def evaluation_cost(config: RunConfig) -> float:
     over its lengths (attention, the dominant term at long lengths, is quadratic)."""
     task = config.build_task()
     lengths = set(config.test_lengths) | set(config.train_eval_lengths)
-    return float(sum(config.eval_samples * (task.input_length(n) + task.output_length(n)) ** 2
-                     for n in lengths))
+    return float(sum(config.eval_samples * task.model_length(n) ** 2 for n in lengths))
 
 
 def reevaluate(

@@ -101,13 +101,15 @@ def run_encoding_label(config_json: str) -> str:
 @cache
 def _task_facts(name: str, params_json: str) -> tuple[str, float, str]:
     """(level label, chance, table label) of a task with the given parameters (JSON): the
-    chance of the task the run trained on, e.g. 1/7 for cycle_navigation(cycle_length=7)."""
+    chance of the task the run trained on, e.g. 1/7 for cycle_navigation(cycle_length=7). The
+    label names the parameters that differ from the task's defaults."""
     from che_bench.tasks import get_task
 
     task = get_task(name, **json.loads(params_json))
-    default = get_task(name)
-    label = name if task.params() == default.params() else (
-        f"{name}({', '.join(f'{k}={v}' for k, v in sorted(task.params().items()))})"
+    default = get_task(name).params()
+    changed = {key: value for key, value in task.params().items() if default.get(key) != value}
+    label = name if not changed else (
+        f"{name}({', '.join(f'{k}={v}' for k, v in sorted(changed.items()))})"
     )
     return LEVEL_LABELS.get(task.level, task.level), task.chance, label
 

@@ -96,14 +96,20 @@ def check_token_ids(inputs: np.ndarray, task: Task) -> None:
         raise CheBenchError(f"input ids must lie in 0..{task.input_size - 1}")
 
 
-def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def token_loss(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Cross-entropy per output token, averaged over batch and positions, per member: logits
-    ``[M, B, L, C]`` and targets ``[M, B, L]`` -> ``[M]``; not masked."""
+    ``[M, B, L, C]`` and targets ``[M, B, L]`` -> ``[M]``. Not masked (the CHE reference), or
+    with ``mask`` (``[M, B, L]`` or ``[B, L]``) averaged over its positions only."""
     members = logits.shape[0]
     per_token = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
-    )
-    return per_token.view(members, -1).mean(1)
+    ).view(members, -1)
+    if mask is None:
+        return per_token.mean(1)
+    weights = mask.expand(targets.shape).reshape(members, -1).to(per_token.dtype)
+    return (per_token * weights).sum(1) / weights.sum(1).clamp(min=1)
 
 
 def masked_counts(
@@ -232,9 +238,11 @@ def training_step(
     targets: torch.Tensor,
     projected: Sequence[torch.nn.Module],
     micro_batches: int = 1,
+    loss_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step of every member: forward, per-member loss, backward, clipped Adam,
     projection of constrained parameters. Returns (losses ``[M]``, logits), on the device.
+    ``loss_mask`` (like ``targets``): the positions the loss counts (default: all).
 
     ``micro_batches`` > 1 splits the batch (every member's sequences alike) into that many
     forward/backward passes whose gradients add up to the whole batch's (the loss is a mean
@@ -246,11 +254,12 @@ def training_step(
     optimizer.zero_grad()
     if micro_batches <= 1:  # the GPU's step: no operator spent on splitting
         logits = model(inputs, draws)
-        losses = token_loss(logits, targets)
+        losses = token_loss(logits, targets, loss_mask)
         losses.sum().backward()  # members are independent: each gets its own loss's gradient
         losses, logits = losses.detach(), logits.detach()
     else:
-        losses, logits = _micro_batched_backward(model, inputs, targets, draws, micro_batches)
+        losses, logits = _micro_batched_backward(model, inputs, targets, loss_mask, draws,
+                                                 micro_batches)
     optimizer.step()
     for module in projected:
         module.project_()
@@ -258,7 +267,8 @@ def training_step(
 
 
 def _micro_batched_backward(
-    model: Encoder, inputs: torch.Tensor, targets: torch.Tensor, draws: Any, micro_batches: int
+    model: Encoder, inputs: torch.Tensor, targets: torch.Tensor,
+    loss_mask: torch.Tensor | None, draws: Any, micro_batches: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward in ``micro_batches`` passes, each weighted by its share of the
     batch; the whole batch's (losses, logits), detached."""
@@ -267,7 +277,8 @@ def _micro_batched_backward(
     for rows in micro_batch_rows(batch, micro_batches):
         share = (rows.stop - rows.start) / batch
         part_logits = model(inputs[:, rows], draws)
-        part_losses = token_loss(part_logits, targets[:, rows])
+        part_losses = token_loss(part_logits, targets[:, rows],
+                                 None if loss_mask is None else loss_mask[:, rows])
         (part_losses.sum() * share).backward()
         losses.append(part_losses.detach() * share)
         logits.append(part_logits.detach())
@@ -526,6 +537,7 @@ def train_pack(
     projected = projected_modules(model)
     micro_batches = micro_batches_for(len(configs), device)
     history = TrainingHistory([c.lr for c in configs], log_every, steps, on_history)
+    masks_loss = task.output_layout == "in_place"  # unscored positions have no answer to learn
     step, seconds_before = 0, 0.0
     if checkpoints is not None and any(path.exists() for path in checkpoints):
         step, seconds_before = _load_checkpoints(checkpoints, configs, model, optimizer, stream,
@@ -574,7 +586,8 @@ def train_pack(
                 between_steps = False
                 batch = next(batches)
                 losses, logits = training_step(model, optimizer, batch.inputs, batch.targets,
-                                               projected, micro_batches)
+                                               projected, micro_batches,
+                                               batch.mask if masks_loss else None)
                 step += 1
                 last_states = batch.rng_states
                 between_steps = True

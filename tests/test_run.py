@@ -143,7 +143,7 @@ def test_ctrl_c_finishes_the_step_and_checkpoints_it(tmp_path):
 
 def test_diverged_run_is_recorded_as_failed(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(training, "token_loss",
-                        lambda logits, targets: logits.sum((1, 2, 3)) * torch.tensor(float("nan")))
+                        lambda logits, targets, mask=None: logits.sum((1, 2, 3)) * torch.tensor(float("nan")))
     store = tmp_path / "store.sqlite"
     assert run_cli(store) == 1
     assert "diverged at step 1" in capsys.readouterr().err

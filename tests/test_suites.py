@@ -175,3 +175,31 @@ def test_shipped_suites_are_valid_and_have_the_documented_grids():
 
     full = load_suite(REPO / "tasks" / "full.toml")
     assert (full.tasks[0].name, full.encodings[0].name) == ("all", "all")
+
+
+def test_mqar_suites_sweep_both_axes_with_the_recall_grid():
+    recall_grid = {(pe, k) for pe in ("none", "rope", "alibi", "kerple", "fire") for k in (None, 1, 3, 5, 7)}
+    length = load_suite(REPO / "tasks" / "mqar_length.toml").configs()
+    assert {(c.pe, c.kernel) for c in length} == recall_grid and len(length) == 75
+    assert {c.task_params["num_pairs"] for c in length} == {8}
+    assert {(c.train_max_length, max(c.test_lengths)) for c in length} == {(128, 1024)}
+    pairs = load_suite(REPO / "tasks" / "mqar_pairs.toml").configs()
+    assert {(c.pe, c.kernel) for c in pairs} == recall_grid
+    assert {(c.task_params["axis"], c.task_params["sequence_length"]) for c in pairs} == {("pairs", 256)}
+    assert {(c.train_max_length, max(c.test_lengths)) for c in pairs} == {(16, 64)}
+    laptop = load_suite(REPO / "tasks" / "laptop_mqar.toml").configs()
+    assert {(c.pe, c.kernel) for c in laptop} == {
+        (pe, k) for pe in ("none", "rope", "alibi", "kerple") for k in (None, 3)}
+    assert len(laptop) == 24 and {c.seed for c in laptop} == {0, 1, 2}
+
+
+def test_mqar_zoology_suite_is_figure_2_once_runs_take_the_causal_setting():
+    try:
+        zoology = load_suite(REPO / "tasks" / "mqar.toml").configs()
+    except CheBenchError as error:
+        if "unknown run setting(s): causal" in str(error):
+            pytest.skip("needs the causal run setting (issue 14)")
+        raise
+    assert {c.task_params["length_per_pair"] for c in zoology} == {16}
+    assert {c.train_eval_lengths for c in zoology} == {(64, 128, 256)}
+    assert len(zoology) == 5 * 5 * 3 * 4

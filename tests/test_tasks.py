@@ -70,13 +70,13 @@ def test_worked_examples(name, params, tokens, target, mask):
     assert got_mask == (mask if mask is not None else [1] * len(target))
 
 
-def test_registry_lists_the_seventeen_tasks_in_table_order():
+def test_registry_lists_the_eighteen_tasks_in_table_order():
     names = list_tasks()
-    assert len(names) == 17
+    assert len(names) == 18
     assert names[:4] == ["even_pairs", "modular_arithmetic", "parity_check", "cycle_navigation"]
-    assert names[-2:] == ["associative_recall", "induction"]
+    assert names[-3:] == ["associative_recall", "induction", "mqar"]
     assert [get_task(name).level for name in names] == (
-        ["regular"] * 4 + ["dcf"] * 4 + ["cs"] * 7 + ["recall"] * 2
+        ["regular"] * 4 + ["dcf"] * 4 + ["cs"] * 7 + ["recall"] * 3
     )
 
 
@@ -105,6 +105,7 @@ SIZES = {
     "duplicate_string": (2, 2, 20), "missing_duplicate_string": (4, 2, 1), "odds_first": (2, 2, 10),
     "binary_addition": (3, 3, 11), "binary_multiplication": (3, 3, 10), "compute_sqrt": (2, 2, 5),
     "bucket_sort": (5, 5, 10), "associative_recall": (513, 256, 1), "induction": (17, 16, 1),
+    "mqar": (64, 32, 10),
 }
 
 

@@ -12,13 +12,13 @@ from che_bench.commands.key_values import parse_key_values
 from che_bench.tasks import get_task, list_tasks
 
 
-def test_tasks_lists_all_seventeen_with_their_formulas(capsys):
+def test_tasks_lists_all_eighteen_with_their_formulas(capsys):
     assert main(["tasks"]) == 0
     out = capsys.readouterr().out
     for name in list_tasks():
         assert name in out
-    assert len(list_tasks()) == 17
-    for formula in ("n+1", "2n", "ceil(n/2)", "0.39%"):
+    assert len(list_tasks()) == 18
+    for formula in ("n+1", "2n", "ceil(n/2)", "0.39%", "n (in place)"):
         assert formula in out
 
 

@@ -20,6 +20,7 @@ from che_bench.tasks.cs import (
     OddsFirst,
 )
 from che_bench.tasks.dcf import ModularArithmeticBrackets, ReverseString, SolveEquation, StackManipulation
+from che_bench.tasks.mqar import MultiQueryAssociativeRecall
 from che_bench.tasks.recall import AssociativeRecall, Induction
 from che_bench.tasks.regular import CycleNavigation, EvenPairs, ModularArithmetic, ParityCheck
 
@@ -40,6 +41,7 @@ for _task, _aliases in (
     (BinaryAddition, ()), (BinaryMultiplication, ()), (ComputeSqrt, ("compute_square_root",)),
     (BucketSort, ()),
     (AssociativeRecall, ("recall", "recall_single")), (Induction, ("induction_trigger",)),
+    (MultiQueryAssociativeRecall, ("multi_query_associative_recall", "multiquery_ar")),
 ):
     register_task(*_aliases)(_task)
 

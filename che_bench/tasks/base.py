@@ -51,6 +51,12 @@ class Task(abc.ABC):
     permutation_invariant: ClassVar[bool] = False
     #: ``output_length(n)`` as a short formula, for listings ("1", "n+1", "ceil(n/2)").
     output_length_formula: ClassVar[str]
+    #: Where the model reads its outputs: "appended" (``output_length(n)`` placeholder tokens
+    #: after the input, the CHE format) or "in_place" (one output per input position, no
+    #: placeholders; then the loss, like the accuracy, counts the masked positions only).
+    output_layout: ClassVar[str] = "appended"
+    #: What the length ``n`` of this task counts, for axis labels.
+    length_label: ClassVar[str] = "length n"
 
     @property
     def chance(self) -> float:
@@ -69,6 +75,12 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def output_length(self, n: int) -> int:
         """Number of output positions for requested length ``n``."""
+
+    def model_length(self, n: int) -> int:
+        """Number of tokens the model reads at length ``n``: the input, plus the placeholders
+        of the appended layout."""
+        placeholders = 0 if self.output_layout == "in_place" else self.output_length(n)
+        return self.input_length(n) + placeholders
 
     def ceiling(self, n: int) -> float | None:
         """Best accuracy a model that only sees the multiset of input tokens can reach
