@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import json
 import platform
-import resource
 import statistics
 import time
 
@@ -47,6 +46,7 @@ from che_bench.runner import (
     resolve_device,
     software_versions,
 )
+from che_bench.selftest import peak_memory_bytes, synchronize
 from che_bench.training import (
     PackOptimizer,
     micro_batches_for,
@@ -62,17 +62,6 @@ def paper_cell(task: str, pe: str, kernel: int | None, members: int, **overrides
     """Configs of ``members`` paper-preset runs of one table cell (seeds 0.., lr 1e-4)."""
     return [make_config(task, pe, kernel, "paper", seed=seed, length_seed=0, **overrides)
             for seed in range(members)]
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def peak_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def step_seconds(task: str, pe: str, kernel: int | None, members: int, device: torch.device,
@@ -100,7 +89,7 @@ def step_seconds(task: str, pe: str, kernel: int | None, members: int, device: t
         training_step(model, optimizer, inputs, targets, projected, micro_batches)
         synchronize(device)
         times.append(time.perf_counter() - started)
-    return statistics.median(times), peak_bytes(device)
+    return statistics.median(times), peak_memory_bytes(device)
 
 
 def run_steps(args, device, report) -> None:
@@ -194,12 +183,12 @@ def run_eval_memory(args, device, report) -> None:
     use_evaluation_budget(model, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    before = peak_bytes(device) if device.type == "cuda" else 0
+    before = peak_memory_bytes(device) if device.type == "cuda" else 0
     started = time.perf_counter()
     length_accuracies(model, task_obj, configs[0], 500, device)
     synchronize(device)
     seconds = time.perf_counter() - started
-    peak = peak_bytes(device) - before
+    peak = peak_memory_bytes(device) - before
     tokens = task_obj.model_length(500)
     print(f"evaluation of a pack of {len(configs)} ({task}/{pe}/{kernel_label(kernel)}) at n = 500 "
           f"(T = {tokens}), 64 sequences: measured {seconds:.1f} s, peak "

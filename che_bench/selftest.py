@@ -262,7 +262,8 @@ def check_determinism(device: torch.device, quick: bool, steps: int = 20) -> lis
             Case("e", subject, "weights", weight_gap, 0.0, "largest difference")]
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on a CPU), so that timings are whole."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -289,10 +290,10 @@ def step_seconds(configs: Sequence[RunConfig], device: torch.device, repeats: in
     micro_batches = micro_batches_for(len(configs), device)
     times = []
     for _ in range(repeats + 1):
-        _synchronize(device)
+        synchronize(device)
         started = time.perf_counter()
         training_step(model, optimizer, inputs, targets, projected, micro_batches)
-        _synchronize(device)
+        synchronize(device)
         times.append(time.perf_counter() - started)
     return float(np.median(times[1:]))
 
