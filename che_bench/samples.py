@@ -29,10 +29,11 @@ from che_bench.model import Encoder
 DEFAULT_SAMPLES_PER_LENGTH = 8
 
 
-def sample_predictions(model: Encoder, config: RunConfig, device: torch.device,
+def sample_predictions(model: Encoder, config: RunConfig, run_id: str, device: torch.device,
                        count: int = DEFAULT_SAMPLES_PER_LENGTH) -> Iterator[dict[str, Any]]:
-    """The records (see the module docstring) of a one-member ``model`` under ``config``'s
-    evaluation protocol, length by length."""
+    """The records (see the module docstring) of a one-member ``model``, the kept model of
+    stored run ``run_id``, under ``config``'s evaluation protocol (the run's own, or a
+    re-evaluation's), length by length."""
     task = config.build_task()
     model.to(device).train(config.dropout_at_eval)
     sub_batch = min(config.eval_batch_size, config.eval_samples)
@@ -47,7 +48,7 @@ def sample_predictions(model: Encoder, config: RunConfig, device: torch.device,
             draws = model.sample_draws(inputs.shape[-1], evaluating=True)
             predictions = model(inputs, draws, evaluating=True)[0].argmax(-1).cpu().numpy()
         for index in range(shown):
-            yield _record(task, config.run_id(), length, index, batch.inputs[index],
+            yield _record(task, run_id, length, index, batch.inputs[index],
                           batch.targets[index], batch.mask[index], predictions[index])
 
 
@@ -75,15 +76,17 @@ def check_samples_per_length(count: int) -> None:
         raise CheBenchError(f"--samples-per-length must be at least 1, got {count}")
 
 
-def write_samples(out: str | Path, models: Sequence[Encoder], configs: Sequence[RunConfig],
-                  device: torch.device, count: int = DEFAULT_SAMPLES_PER_LENGTH) -> int:
-    """Write the records of every (model, config) to JSON-lines file ``out``; returns how many."""
+def write_samples(out: str | Path, run_ids: Sequence[str], models: Sequence[Encoder],
+                  configs: Sequence[RunConfig], device: torch.device,
+                  count: int = DEFAULT_SAMPLES_PER_LENGTH) -> int:
+    """Write the records of every (run id, model, config) to JSON-lines file ``out``; returns
+    how many."""
     check_samples_per_length(count)
     written = 0
     try:
         with open(out, "w", encoding="utf-8") as handle:
-            for model, config in zip(models, configs):
-                for record in sample_predictions(model, config, device, count):
+            for run_id, model, config in zip(run_ids, models, configs):
+                for record in sample_predictions(model, config, run_id, device, count):
                     handle.write(json.dumps(record) + "\n")
                     written += 1
     except OSError as exc:

@@ -125,7 +125,10 @@ def test_evaluate_writes_samples_and_records_exact_match(tmp_path, capsys):
     assert main(["evaluate", run_id, "--test-lengths", "60,70", "--samples", str(out),
                  "--samples-per-length", "3", "--store", str(store), "--no-progress"]) == 0
     assert "exact match" in capsys.readouterr().out
-    assert [json.loads(line)["length"] for line in out.read_text().splitlines()] == [60] * 3 + [70] * 3
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [record["length"] for record in records] == [60] * 3 + [70] * 3
+    # Named by the stored run, not by the re-evaluation's (other) configuration.
+    assert {record["run_id"] for record in records} == {run_id}
     evaluation = ResultStore(store).evaluations()["evaluation"].iloc[-1]
     exact = ResultStore(store).per_length(evaluation=evaluation)["exact_accuracy"]
     assert exact.notna().all()

@@ -118,7 +118,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
     if args.samples is not None:
         from che_bench.samples import write_samples
 
-        written = write_samples(args.samples, models, configs, device, args.samples_per_length)
+        written = write_samples(args.samples, run_ids, models, configs, device,
+                                args.samples_per_length)
         print(f"wrote {written} sample predictions to {args.samples}")
     return 0
 

@@ -74,10 +74,14 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_setting_argument(parser, setting: settings.Setting) -> None:
     """The command-line flag of one declared setting."""
-    if setting.kind == settings.SWITCH:
-        # None when not given, so that a preset's or a suite's value is kept.
+    if setting.kind == settings.SWITCH and setting.where == settings.RUNTIME:
         parser.add_argument(setting.flag, dest=setting.name, action="store_true",
-                            default=None if setting.where != settings.RUNTIME else False,
+                            default=False, help=setting.help)
+    elif setting.kind == settings.SWITCH:
+        # --X / --no-X; None when neither is given, so that a preset's, a suite's or the
+        # task's value is kept.
+        parser.add_argument(setting.flag, dest=setting.name,
+                            action=argparse.BooleanOptionalAction, default=None,
                             help=setting.help)
     elif setting.kind == settings.KEY_VALUES:
         parser.add_argument(setting.flag, dest=setting.name, action="append", default=[],
@@ -265,9 +269,9 @@ def _write_run_samples(args: argparse.Namespace, store, run_ids: list[str]) -> N
     from che_bench.samples import write_samples
 
     complete = store.completed_run_ids()
-    kept = [load_model(models_dir_for(store.path), run_id) for run_id in run_ids
-            if run_id in complete]
-    written = write_samples(args.samples, [model for _, model in kept],
+    done = [run_id for run_id in run_ids if run_id in complete]
+    kept = [load_model(models_dir_for(store.path), run_id) for run_id in done]
+    written = write_samples(args.samples, done, [model for _, model in kept],
                             [config for config, _ in kept], resolve_device(args.device),
                             args.samples_per_length)
     print(f"wrote {written} sample predictions to {args.samples}")
