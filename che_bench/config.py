@@ -263,7 +263,8 @@ def make_config(
         score_from_42=bool(values.get("score_from_42", False)),
         length_seed=(None if values.get("length_seed") is None
                      else _int_at_least("length_seed", values["length_seed"], minimum=0)),
-        causal=_switch("causal", values.get("causal", False)),
+        causal=_switch("causal", values.get(
+            "causal", settings.task_default(settings.BY_NAME["causal"], task_obj))),
     )
     check_evaluation(config)
     return config

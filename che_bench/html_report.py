@@ -467,13 +467,17 @@ def _setting_arguments(setting: settings.Setting, config: dict[str, Any]) -> lis
                 for item in (setting.flag, f"{key}={_flag_value(item_value)}")]
     if setting.follows is not None:
         default = config[setting.follows]
+    elif setting.task_default is not None:
+        default = settings.task_default(setting, get_task(config["task"], **config["task_params"]))
     else:
         default = setting.default_for(config["preset"])
     if setting.where == settings.DAPE and setting.name not in config["dape_options"]:
         return []  # no kernel, no DAPE options
     if value == default:
         return []
-    return [setting.flag] if setting.kind == settings.SWITCH else [setting.flag, str(value)]
+    if setting.kind == settings.SWITCH:
+        return [setting.flag if value else "--no-" + setting.flag[2:]]
+    return [setting.flag, str(value)]
 
 
 def _flag_value(value: Any) -> str:

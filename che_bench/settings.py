@@ -32,7 +32,9 @@ PRESET_NAMES = ("paper", "quick", "smoke")
 class Setting:
     """One run setting. ``presets``: its value per preset (every preset names it); else
     ``default`` holds for all. ``flag=None``: no command-line flag (suite files and the
-    Python API only). ``follows``: the setting whose value it takes when not given."""
+    Python API only). ``follows``: the setting whose value it takes when not given;
+    ``task_default``: the ``Task`` attribute that gives its value when not given (the task
+    is defined with it), instead of ``default``."""
 
     name: str
     kind: Any
@@ -44,6 +46,7 @@ class Setting:
     flag: str | None = ""
     metavar: str | None = None
     follows: str | None = None
+    task_default: str | None = None
 
     def __post_init__(self) -> None:
         if self.flag == "":
@@ -91,9 +94,10 @@ SETTINGS: tuple[Setting, ...] = (
             presets=_per_preset(256, 256, 32)),
     Setting("dropout", float, "dropout rate", where=MODEL, presets=_per_preset(0.1, 0.1, 0.1)),
     Setting("causal", SWITCH,
-            "decoder-style attention: each position sees only itself and earlier ones "
-            "(default: bidirectional, the CHE encoder)", in_id=IN_ID_UNLESS_DEFAULT,
-            default=False),
+            "decoder-style attention: each position sees only itself and earlier ones; "
+            "--no-causal: bidirectional (default: the task's, bidirectional for the CHE "
+            "encoder's tasks, causal for mqar, Zoology's causal task)",
+            in_id=IN_ID_UNLESS_DEFAULT, default=False, task_default="causal"),
     Setting("pe_options", KEY_VALUES, "encoding option (repeatable); VALUE parsed as JSON when "
             "possible", flag="--pe-option", metavar="KEY=VALUE", default={}),
     Setting("task_params", KEY_VALUES, "task parameter (repeatable); VALUE parsed as JSON when "
@@ -143,6 +147,11 @@ def omitted_at_default() -> dict[str, Any]:
     """Run-config fields left out of the run id while they hold these values."""
     return {setting.name: setting.default for setting in SETTINGS
             if setting.in_id == IN_ID_UNLESS_DEFAULT}
+
+
+def task_default(setting: Setting, task: Any) -> Any:
+    """The value ``setting`` takes for ``task`` when not given."""
+    return getattr(task, setting.task_default) if setting.task_default else setting.default
 
 
 def stored_value(config: dict[str, Any], setting: Setting) -> Any:

@@ -103,6 +103,7 @@ def test_reproduce_lists_run_commands_that_recreate_the_runs(page, store):
     {"kernel": 3, "dape_width": 16, "train_max_length": 30, "test_lengths": "41:60,100,200:203"},
     {"score_from_42": True, "eval_samples": 4, "layers": 2, "dropout": 0.0},
     {"causal": True, "length_seed": 4, "pe": "rope"},
+    {"task": "mqar", "causal": False, "pe": "rope"},  # against mqar's own default: --no-causal
 ])
 def test_run_command_lines_recreate_the_run_id(overrides):
     arguments = {"task": "even_pairs", "pe": "alibi", "kernel": None, "preset": "smoke", **overrides}

@@ -72,6 +72,19 @@ def test_causal_is_recorded_labelled_and_out_of_the_id_while_off(tmp_path):
     assert set(summarize(store)["column"]) == {"DAPE_k3_RoPE", "DAPE_k3_RoPE (causal)"}
 
 
+def test_a_task_defined_causally_defaults_to_causal_and_no_causal_overrides_it():
+    """mqar is Zoology's causal task: causal unless --no-causal; CHE's tasks stay bidirectional."""
+    assert make_config("mqar", "rope", None, "smoke").causal is True
+    assert make_config("reverse_string", "rope", None, "smoke").causal is False
+    for flag, causal in (("--no-causal", False), ("--causal", True)):
+        args = build_parser().parse_args(["run", "--task", "mqar", "--pe", "rope", "--preset",
+                                          "smoke", flag])
+        config = cell_configs(args)[0]
+        assert config.causal is causal
+        # Stored as given: a bidirectional mqar run keeps the id it has without the field.
+        assert ("causal" in config.to_dict()) is causal
+
+
 def test_a_suite_sets_causal_in_its_overrides(tmp_path):
     suite = parse_suite({"preset": "smoke", "tasks": ["parity_check"], "encodings": ["none"],
                          "overrides": {"causal": True}}, tmp_path / "causal.toml")

@@ -55,6 +55,9 @@ class Task(abc.ABC):
     #: after the input, the CHE format) or "in_place" (one output per input position, no
     #: placeholders; then the loss, like the accuracy, counts the masked positions only).
     output_layout: ClassVar[str] = "appended"
+    #: Whether the task is defined with causal (decoder-style) attention: the default of the
+    #: ``causal`` run setting for it (CHE's tasks: an encoder, bidirectional).
+    causal: ClassVar[bool] = False
     #: What the length ``n`` of this task counts, for axis labels.
     length_label: ClassVar[str] = "length n"
 

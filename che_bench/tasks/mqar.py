@@ -42,6 +42,7 @@ class MultiQueryAssociativeRecall(Task):
     name = "mqar"
     level = "recall"
     output_layout = "in_place"
+    causal = True  # Zoology's task is causal language modelling (--no-causal: bidirectional)
     AXES = ("length", "pairs")
 
     def __init__(
