@@ -80,7 +80,8 @@ class RayBackend:
         self.max_in_flight = max_in_flight
         # A task that asks for no GPU must not pick one up through device "auto".
         self.device = "cpu" if device == "auto" and run_gpus == 0 else device
-        #: ``execute_runs`` keywords: checkpoint_dir, models_dir, tf32, deterministic.
+        #: ``execute_runs`` keywords: checkpoint_dir, models_dir and the runtime options
+        #: (``commands.run.runtime_options_from_args``).
         self.run_options = run_options
         self._remote = self.ray.remote(_run_in_ray_task).options(
             num_cpus=run_cpus, num_gpus=run_gpus, max_retries=SYSTEM_RETRIES,

@@ -262,7 +262,8 @@ class LocalBackend:
         self.workers = workers
         self.device = device
         self.on_gpu = resolve_device(device).type == "cuda"
-        #: ``execute_runs`` keywords: checkpoint_dir, models_dir, tf32, deterministic.
+        #: ``execute_runs`` keywords: checkpoint_dir, models_dir and the runtime options
+        #: (``commands.run.runtime_options_from_args``).
         self.run_options = run_options
         self.threads = threads or default_threads_per_worker(workers)
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
