@@ -486,13 +486,48 @@ class PackTraining:
     history: list[list[dict[str, Any]]] = field(default_factory=list)
 
 
-@dataclass
 class _Readings:
-    """Per step: losses, correct and counted positions and gradient norms (a ``[4, M]``
-    device tensor, kept there until read) and the training seconds after it (host time)."""
+    """What each step measured, kept on the device until read: losses, correct and counted
+    positions and gradient norms per member (a ``[4, M]`` tensor per step), with the training
+    seconds after the step (host time). ``read`` takes them off in one transfer and feeds
+    the divergence watch, the running values and the history."""
 
-    values: list[torch.Tensor] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
+    def __init__(self, members: int, first_step: int, history: TrainingHistory) -> None:
+        self.values: list[torch.Tensor] = []
+        self.seconds: list[float] = []
+        self.first_step = first_step  # the step of the oldest pending reading
+        self.history = history
+        self.diverged_at: list[int | None] = [None] * members
+        self.running_losses = [math.nan] * members
+        self.running_accuracy = math.nan
+
+    def add(self, losses: torch.Tensor, correct: torch.Tensor, counted: torch.Tensor,
+            grad_norms: torch.Tensor, seconds: float) -> None:
+        self.values.append(torch.stack([losses, correct.to(losses.dtype),
+                                        counted.to(losses.dtype), grad_norms.to(losses.dtype)]))
+        self.seconds.append(seconds)
+
+    def read(self) -> list[float]:
+        """Pull the pending readings off the device; note divergences, running values and
+        history. Returns the last read step's losses ([] when none was pending)."""
+        if not self.values:
+            return []
+        values = torch.stack(self.values).tolist()  # [steps][4][M]
+        seconds, first_step = list(self.seconds), self.first_step
+        # Taken off before use: an interruption below never feeds a step to the history twice.
+        self.values.clear(), self.seconds.clear()
+        self.first_step += len(values)
+        for offset, ((losses, correct, counted, norms), elapsed) in enumerate(zip(values, seconds)):
+            _note_divergence(first_step + offset, losses, self.diverged_at, self.running_losses)
+            self.history.add(first_step + offset, losses, correct, counted, norms, elapsed)
+        correct, counted = (np.sum([step_values[i] for step_values in values], axis=0)
+                            for i in (1, 2))
+        accuracy = float(np.mean(correct / np.maximum(counted, 1)))
+        self.running_accuracy = _smooth(self.running_accuracy, accuracy)
+        return values[-1][0]
+
+    def all_diverged(self) -> bool:
+        return all(at is not None for at in self.diverged_at)
 
 
 def train_pack(
@@ -543,42 +578,17 @@ def train_pack(
         step, seconds_before = _load_checkpoints(checkpoints, configs, model, optimizer, stream,
                                                  history, device)
     resumed_from = step
-    members = len(configs)
-    diverged_at: list[int | None] = [None] * members
-    running_losses = [math.nan] * members
-    running_accuracy = math.nan
-    readings = _Readings()
+    readings = _Readings(len(configs), step + 1, history)
     last_states = stream.states()
     started = time.perf_counter()
 
     def save() -> None:
-        read()  # the history's open window goes into the checkpoints whole
+        readings.read()  # the history's open window goes into the checkpoints whole
         _save_checkpoints(checkpoints, configs, model, optimizer, last_states, step,
                           seconds_before + time.perf_counter() - started, history, device)
 
-    def read() -> list[float]:
-        """Pull the pending readings off the device (one transfer); note divergences, running
-        values and history. Returns the last read step's losses ([] when none was pending)."""
-        nonlocal running_accuracy, pending_from
-        if not readings.values:
-            return []
-        values = torch.stack(readings.values).tolist()  # [steps][4][M]
-        seconds, first_step = list(readings.seconds), pending_from
-        # Taken off before use: an interruption below never feeds a step to the history twice.
-        readings.values.clear(), readings.seconds.clear()
-        pending_from += len(values)
-        for offset, ((losses, correct, counted, norms), elapsed) in enumerate(zip(values, seconds)):
-            _note_divergence(first_step + offset, losses, diverged_at, running_losses)
-            history.add(first_step + offset, losses, correct, counted, norms, elapsed)
-        correct, counted = (np.sum([step_values[i] for step_values in values], axis=0)
-                            for i in (1, 2))
-        accuracy = float(np.mean(correct / np.maximum(counted, 1)))
-        running_accuracy = _smooth(running_accuracy, accuracy)
-        return values[-1][0]
-
     model.train()
     between_steps = True  # False while a step is half done (state not consistent)
-    pending_from = step + 1
     batches = on_device(iter(stream), device, prefetch)
     try:
         with _deferred_interrupt() as interrupted, _progress_bar(progress, steps, step) as bar:
@@ -593,38 +603,18 @@ def train_pack(
                 between_steps = True
 
                 with torch.no_grad():
-                    correct, counted = masked_counts(logits, batch.targets, batch.mask)
-                    readings.values.append(torch.stack([
-                        losses, correct.to(losses.dtype), counted.to(losses.dtype),
-                        optimizer.grad_norms.to(losses.dtype)]))
-                readings.seconds.append(seconds_before + time.perf_counter() - started)
+                    readings.add(losses, *masked_counts(logits, batch.targets, batch.mask),
+                                 optimizer.grad_norms, seconds_before + time.perf_counter() - started)
                 if step % sync_every == 0 or step == steps:
-                    step_losses = read()
-                    if on_step is not None:
-                        on_step(step, step_losses)
-                    if all(at is not None for at in diverged_at):
-                        raise Diverged(f"diverged at step {min(diverged_at)}: loss is not finite "
-                                       f"(lr {', '.join(f'{c.lr:g}' for c in configs)})",
-                                       history.rows)
-                    if bar is not None:
-                        bar.update(bar.task_ids[0], completed=step,
-                                   loss=float(np.nanmean(running_losses)), acc=running_accuracy)
+                    _check_in(readings, step, configs, on_step, bar)
                 if interrupted.is_set():
                     raise KeyboardInterrupt
                 if checkpoints is not None and (step % checkpoint_every == 0 or step == steps):
                     save()  # also at the end, so an interrupted evaluation keeps the training
     except KeyboardInterrupt:
-        if checkpoints is None:
-            sys.stderr.write("che-bench: interrupted (no checkpoint directory, progress lost)\n")
-        elif between_steps:
+        if checkpoints is not None and between_steps:
             save()
-            where = checkpoints[0].parent
-            sys.stderr.write(
-                f"che-bench: checkpoint saved at step {step}/{steps} in {where}; "
-                "run the same command again to resume\n"
-            )
-        else:
-            sys.stderr.write("che-bench: aborted mid-step; a re-run resumes from the last checkpoint\n")
+        _report_interrupt(checkpoints, between_steps, step, steps)
         raise
     finally:
         batches.close()
@@ -634,16 +624,43 @@ def train_pack(
     return PackTraining(
         steps_done=step,
         resumed_from_step=resumed_from,
-        final_losses=running_losses,
-        diverged_at=diverged_at,
+        final_losses=readings.running_losses,
+        diverged_at=readings.diverged_at,
         history=history.rows,
         timings={
             "train_s": seconds_before + elapsed,
             "steps_per_s": new_steps / max(elapsed, 1e-9),
             "resumed_from_step": float(resumed_from),
-            "pack_members": float(members),
+            "pack_members": float(len(configs)),
         },
     )
+
+
+def _check_in(readings: _Readings, step: int, configs: Sequence[RunConfig],
+              on_step: Callable[[int, list[float]], None] | None, bar: Progress | None) -> None:
+    """Read the pending readings: report the step, stop when every member has diverged,
+    show progress."""
+    step_losses = readings.read()
+    if on_step is not None:
+        on_step(step, step_losses)
+    if readings.all_diverged():
+        raise Diverged(f"diverged at step {min(readings.diverged_at)}: loss is not finite "
+                       f"(lr {', '.join(f'{c.lr:g}' for c in configs)})", readings.history.rows)
+    if bar is not None:
+        bar.update(bar.task_ids[0], completed=step,
+                   loss=float(np.nanmean(readings.running_losses)), acc=readings.running_accuracy)
+
+
+def _report_interrupt(checkpoints: Sequence[Path] | None, between_steps: bool, step: int,
+                      steps: int) -> None:
+    """Say on stderr what an interruption kept (the checkpoints are saved by then)."""
+    if checkpoints is None:
+        sys.stderr.write("che-bench: interrupted (no checkpoint directory, progress lost)\n")
+    elif between_steps:
+        sys.stderr.write(f"che-bench: checkpoint saved at step {step}/{steps} in "
+                         f"{checkpoints[0].parent}; run the same command again to resume\n")
+    else:
+        sys.stderr.write("che-bench: aborted mid-step; a re-run resumes from the last checkpoint\n")
 
 
 def _note_divergence(step: int, losses: Sequence[float], diverged_at: list[int | None],
