@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 
 from che_bench.errors import CheBenchError
-from che_bench.tasks.base import LEVELS, TASKS, Batch, Task, register_task
+from che_bench.tasks.base import LEVELS, TASKS, Batch, Task, register_task, single_class
 from che_bench.tasks.cs import (
     BinaryAddition,
     BinaryMultiplication,
@@ -25,7 +25,7 @@ from che_bench.tasks.recall import AssociativeRecall, Induction
 from che_bench.tasks.regular import CycleNavigation, EvenPairs, ModularArithmetic, ParityCheck
 
 __all__ = ["LEVELS", "TASKS", "Batch", "Task", "canonical_task_name", "get_task", "list_tasks",
-           "register_task"]
+           "register_task", "single_class"]
 
 # The CHE tasks in the order of the CHE tables, then the recall probes. Other spellings are
 # aliases (compared normalised: lower case, words joined by "_"). The paper label "MODULAR

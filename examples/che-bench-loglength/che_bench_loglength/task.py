@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from che_bench.tasks import Batch, Task, register_task
+from che_bench.tasks import Batch, Task, register_task, single_class
 
 ZEROS, ONES, TIE = 0, 1, 2
 
@@ -33,10 +33,10 @@ class Majority(Task):
         inputs = rng.integers(0, 2, size=(batch_size, n))
         balance = np.sign(2 * inputs.sum(axis=1) - n)  # +1 more ones, -1 more zeros, 0 tie
         classes = np.choose(balance + 1, [ZEROS, TIE, ONES])
-        return Batch(inputs, classes.reshape(-1, 1).astype(np.int64), np.ones((batch_size, 1), bool))
+        return Batch(inputs, *single_class(classes))
 
     def _solve(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ones = (inputs == 1).sum(axis=1)
         zeros = (inputs == 0).sum(axis=1)
         classes = np.where(ones > zeros, ONES, np.where(zeros > ones, ZEROS, TIE))
-        return classes.reshape(-1, 1).astype(np.int64), np.ones((len(inputs), 1), bool)
+        return single_class(classes)
