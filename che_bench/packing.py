@@ -101,4 +101,3 @@ def resolve_width(width: int | str, config: RunConfig, device: torch.device) -> 
     usable = int(free_gpu_memory(device) * GPU_MEMORY_SHARE)
     fits = usable // training_bytes_per_member(config, device)
     return max(1, min(MAX_AUTO_WIDTH, fits))
-

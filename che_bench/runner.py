@@ -166,13 +166,13 @@ def execute_pack(
     checkpoints are at different steps train as separate packs. A checkpoint is removed once
     its run has finished. With ``models_dir``, every completed run's final weights are kept
     there (``che_bench.kept_models``). ``tf32`` lets a GPU use TF32, ``deterministic`` selects
-deterministic algorithms (``configure_numerics``); both are recorded with the runs.
+    deterministic algorithms (``configure_numerics``); both are recorded with the runs.
     ``on_step(step, losses)`` is called after every optimizer step with each member's loss
     (progress hooks, tests). Each result carries its training history, a row every
     ``log_every`` steps (``che_bench.history``); ``trackers`` also log it, and each completed
     run's evaluation, to TensorBoard / W&B. A diverged member or a crashed pack gives
-    ``status="failed"`` results; a pack that runs out of GPU memory is split in two; KeyboardInterrupt
-    propagates after the checkpoints are saved.
+    ``status="failed"`` results; a pack that runs out of GPU memory is split in two;
+    KeyboardInterrupt propagates after the checkpoints are saved.
     """
     check_pack(configs)
     torch_device = resolve_device(device)
