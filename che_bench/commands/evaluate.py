@@ -6,9 +6,13 @@ import argparse
 import json
 import sys
 
-from che_bench.commands.reports import add_store_argument, existing_store
 from che_bench import settings
-from che_bench.commands.run import add_setting_argument
+from che_bench.commands.reports import add_store_argument, existing_store
+from che_bench.commands.run import (
+    add_samples_arguments,
+    add_setting_argument,
+    check_samples_arguments,
+)
 from che_bench.errors import CheBenchError
 
 #: Above this many times the run's own evaluation, the estimated cost is stated first ...
@@ -38,12 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="keep dropout on while evaluating (as the reference code does)")
     parser.add_argument("--score-from-42", action=argparse.BooleanOptionalAction, default=None,
                         help="average the score over 42.. like the reference scripts")
-    parser.add_argument("--samples", metavar="FILE.jsonl",
-                        help="also write each model's predictions on the first test sequences "
-                             "of every test length (input, target, prediction, mask, per-token "
-                             "correctness), one JSON line each")
-    parser.add_argument("--samples-per-length", type=int, default=8, metavar="N",
-                        help="sequences per length with --samples (default 8)")
+    add_samples_arguments(parser, "also write each model's predictions on the first test "
+                                  "sequences of every test length (input, target, prediction, "
+                                  "mask, per-token correctness), one JSON line each")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--yes", action="store_true",
@@ -69,10 +70,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from che_bench.store import describe_protocol
 
     device = resolve_device(args.device)
-    if args.samples is not None:
-        from che_bench.samples import check_samples_per_length
-
-        check_samples_per_length(args.samples_per_length)
+    check_samples_arguments(args)
     if args.threads < 1:
         raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)

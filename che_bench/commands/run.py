@@ -40,11 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "many as fit in its memory, on a CPU 1)")
     add_keep_model_argument(parser)
     add_runtime_arguments(parser)
-    parser.add_argument("--samples", metavar="FILE.jsonl",
-                        help="after the runs, write each completed run's predictions on the "
-                             "first test sequences of every test length (needs the kept model)")
-    parser.add_argument("--samples-per-length", type=int, default=8, metavar="N",
-                        help="sequences per length with --samples (default 8)")
+    add_samples_arguments(parser, "after the runs, write each completed run's predictions on "
+                                  "the first test sequences of every test length (needs the "
+                                  "kept model)")
     parser.add_argument("--store", help="result store (default $CHE_BENCH_STORE or "
                         "results/che-bench.sqlite)")
     parser.add_argument("--checkpoint-dir",
@@ -64,6 +62,21 @@ def add_override_arguments(parser: argparse.ArgumentParser) -> None:
     for setting in settings.run_settings():
         if setting.flag is not None:
             add_setting_argument(group, setting)
+
+
+def add_samples_arguments(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--samples FILE`` (``che_bench.samples``) and how many sequences per length."""
+    parser.add_argument("--samples", metavar="FILE.jsonl", help=help)
+    parser.add_argument("--samples-per-length", type=int, default=8, metavar="N",
+                        help="sequences per length with --samples (default 8)")
+
+
+def check_samples_arguments(args: argparse.Namespace) -> None:
+    """A bad ``--samples-per-length`` is refused before anything runs."""
+    if args.samples is not None:
+        from che_bench.samples import check_samples_per_length
+
+        check_samples_per_length(args.samples_per_length)
 
 
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
@@ -202,12 +215,9 @@ def run_command(args: argparse.Namespace) -> int:
     configs = cell_configs(args)
     width = parse_pack_width(args.pack)
     runtime_options = runtime_options_from_args(args)
-    if args.samples is not None:
-        from che_bench.samples import check_samples_per_length
-
-        check_samples_per_length(args.samples_per_length)
-        if args.no_keep_model:
-            raise CheBenchError("--samples reads the kept models: leave out --no-keep-model")
+    check_samples_arguments(args)
+    if args.samples is not None and args.no_keep_model:
+        raise CheBenchError("--samples reads the kept models: leave out --no-keep-model")
     runner.resolve_device(args.device)  # a bad device fails before anything is written
     if args.threads < 1:
         raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
