@@ -430,12 +430,9 @@ class ResultStore:
 
     def run_details(self, run_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """What was recorded about each run besides its results (model, pack, tf32, ...)."""
-        run_ids = list(run_ids)
-        placeholders = ", ".join("?" * len(run_ids))
+        where, params = _run_filter("r", run_ids)
         with self._connect() as connection:
-            rows = connection.execute(
-                f"SELECT run_id, details FROM runs WHERE run_id IN ({placeholders})", run_ids
-            )
+            rows = connection.execute(f"SELECT r.run_id, r.details FROM runs r {where}", params)
             return {run_id: json.loads(text or "{}") for run_id, text in rows}
 
     def runs(self, run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL) -> pd.DataFrame:
