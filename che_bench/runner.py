@@ -23,6 +23,7 @@ import torch
 
 import che_bench
 from che_bench import plugins
+from che_bench.checkpoints import checkpoint_step
 from che_bench.config import RunConfig, RunResult
 from che_bench.device_memory import release_memory
 from che_bench.errors import CheBenchError
@@ -33,7 +34,7 @@ from che_bench.model import Encoder, build_model, member_state_dict, stack_membe
 from che_bench.packing import group_into_packs, resolve_width
 from che_bench.tasks.base import Task
 from che_bench.trackers import TrackerOptions, Trackers
-from che_bench.training import Diverged, PackTraining, checkpoint_step, train_pack
+from che_bench.training import Diverged, PackTraining, train_pack
 
 
 def resolve_device(device: str = "auto") -> torch.device:

@@ -20,14 +20,14 @@ history of ``che_bench.history``), batches are made ahead on a background thread
 from pinned memory when training on a GPU, and a wide pack's batches are made in worker
 processes (``che_bench.batch_workers``).
 
-A member's checkpoint holds its weights, Adam state, every RNG state and the step, so
-resuming gives exactly the result of an uninterrupted run. Ctrl-C is deferred to the end of
+A member's checkpoint (``che_bench.checkpoints``) holds its weights, Adam state, every RNG
+state and the step, so resuming gives exactly the result of an uninterrupted run; a pack of
+another width resumes it too. Ctrl-C is deferred to the end of
 the current step, checkpoints are written, then KeyboardInterrupt is re-raised.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import queue
@@ -55,15 +55,18 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from che_bench.atomic import save_atomically
+from che_bench.checkpoints import (
+    layout_matches,
+    load_checkpoints,
+    member_layout,
+    save_checkpoints,
+)
 from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
 from che_bench.history import DEFAULT_LOG_EVERY, TrainingHistory
 from che_bench.model import Encoder
 from che_bench.tasks.base import Task
 
-#: Checkpoint layout version (older files are refused with a clear message).
-CHECKPOINT_FORMAT = 2
 #: Batches made ahead of the step loop on a GPU.
 PREFETCH_DEPTH = 4
 #: Host-device synchronisations: every step on a CPU (free there), every this many on a GPU.
@@ -180,10 +183,9 @@ class PackOptimizer:
         self.steps = 0
         #: Each member's gradient norm before clipping at the last step (on the device).
         self.grad_norms = torch.zeros_like(self.lrs[:, 0])
-        #: Fingerprint of the flat layout (names are not needed: the model fixes the order).
-        self.layout = hashlib.sha256(
-            repr([tuple(p.shape) for p in self.parameters]).encode()
-        ).hexdigest()[:16]
+        #: The shapes of one member's parameters: its row of the flat buffers is portable to
+        #: a pack of any width (``che_bench.checkpoints``).
+        self.member_shapes = [p.shape[1:] for p in self.parameters]
 
     def zero_grad(self) -> None:
         for parameter in self.parameters:
@@ -214,7 +216,7 @@ class PackOptimizer:
     def member_state(self, member: int) -> dict[str, Any]:
         """One member's weights and Adam state (copies, on the CPU)."""
         return {
-            "layout": self.layout,
+            "layout": member_layout(self.member_shapes),
             "adam_steps": self.steps,
             "flat": self.flat[member].cpu(),
             "exp_avg": self.exp_avg[member].cpu(),
@@ -223,7 +225,8 @@ class PackOptimizer:
 
     @torch.no_grad()
     def load_member_state(self, member: int, state: dict[str, Any]) -> None:
-        if state["layout"] != self.layout or state["flat"].shape != self.flat[member].shape:
+        if (not layout_matches(state, self.member_shapes)
+                or state["flat"].shape != self.flat[member].shape):
             raise CheBenchError("checkpoint is for another model layout")
         self.flat[member] = state["flat"]
         self.exp_avg[member] = state["exp_avg"]
@@ -575,8 +578,8 @@ def train_pack(
     masks_loss = task.output_layout == "in_place"  # unscored positions have no answer to learn
     step, seconds_before = 0, 0.0
     if checkpoints is not None and any(path.exists() for path in checkpoints):
-        step, seconds_before = _load_checkpoints(checkpoints, configs, model, optimizer, stream,
-                                                 history, device)
+        step, seconds_before = load_checkpoints(checkpoints, configs, model, optimizer, stream,
+                                                history, device)
     resumed_from = step
     readings = _Readings(len(configs), step + 1, history)
     last_states = stream.states()
@@ -584,8 +587,8 @@ def train_pack(
 
     def save() -> None:
         readings.read()  # the history's open window goes into the checkpoints whole
-        _save_checkpoints(checkpoints, configs, model, optimizer, last_states, step,
-                          seconds_before + time.perf_counter() - started, history, device)
+        save_checkpoints(checkpoints, configs, model, optimizer, last_states, step,
+                         seconds_before + time.perf_counter() - started, history, device)
 
     model.train()
     between_steps = True  # False while a step is half done (state not consistent)
@@ -677,91 +680,6 @@ def _note_divergence(step: int, losses: Sequence[float], diverged_at: list[int |
 
 def _smooth(previous: float, value: float, weight: float = 0.95) -> float:
     return value if math.isnan(previous) else weight * previous + (1 - weight) * value
-
-
-# --- checkpoints -------------------------------------------------------------------------------
-
-
-def checkpoint_step(path: Path, config: RunConfig) -> int:
-    """The step a member's checkpoint was written at (0 when there is none)."""
-    if not path.exists():
-        return 0
-    return int(_read_checkpoint(path, config)["step"])
-
-
-def _read_checkpoint(path: Path, config: RunConfig) -> dict[str, Any]:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CheBenchError(f"unreadable checkpoint {path} ({exc}); delete it to start over") from None
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise CheBenchError(
-            f"checkpoint {path} was written by another che-bench version; delete it to start over"
-        )
-    if state.get("run_id") != config.run_id():
-        raise CheBenchError(f"checkpoint {path} belongs to another run; delete it to start over")
-    return state
-
-
-def _save_checkpoints(
-    paths: Sequence[Path],
-    configs: Sequence[RunConfig],
-    model: Encoder,
-    optimizer: PackOptimizer,
-    rng_states: dict[str, Any],
-    step: int,
-    train_seconds: float,
-    history: TrainingHistory,
-    device: torch.device,
-) -> None:
-    """One file per member, each written atomically (temp file + rename), so a kill never
-    leaves a torn checkpoint. The dropout RNG is the pack's: a member resumed in a pack of
-    other members continues statistically, not bit for bit. On a GPU only the training
-    device's RNG state is kept, so a machine with fewer GPUs can resume."""
-    shared = {
-        "format": CHECKPOINT_FORMAT,
-        "step": step,
-        "train_seconds": train_seconds,
-        "length_rng": rng_states["length"],
-        "torch_rng": torch.get_rng_state(),
-        "device_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-    }
-    draw_states = model.draw_states()
-    for member, (path, config) in enumerate(zip(paths, configs)):
-        state = {
-            **shared,
-            "run_id": config.run_id(),
-            "data_rng": rng_states["data"][member],
-            "draw_rng": draw_states[member],
-            "history": history.state(member),
-            **optimizer.member_state(member),
-        }
-        save_atomically(state, path, "checkpoint")
-
-
-def _load_checkpoints(
-    paths: Sequence[Path],
-    configs: Sequence[RunConfig],
-    model: Encoder,
-    optimizer: PackOptimizer,
-    stream: BatchStream,
-    history: TrainingHistory,
-    device: torch.device,
-) -> tuple[int, float]:
-    states = [_read_checkpoint(path, config) for path, config in zip(paths, configs)]
-    steps = {int(state["step"]) for state in states}
-    if len(steps) != 1:
-        raise CheBenchError("the members of a pack must resume from the same step")
-    for member, state in enumerate(states):
-        optimizer.load_member_state(member, state)
-        history.restore(member, state.get("history"))
-    model.set_draw_states([state["draw_rng"] for state in states])
-    stream.restore({"length": states[0]["length_rng"], "data": [s["data_rng"] for s in states]})
-    torch.set_rng_state(states[0]["torch_rng"])
-    # (Absent from checkpoints written before: those saved every visible GPU's state.)
-    if device.type == "cuda" and states[0].get("device_rng") is not None:
-        torch.cuda.set_rng_state(states[0]["device_rng"], device)
-    return steps.pop(), float(states[0]["train_seconds"])
 
 
 # --- Ctrl-C and progress --------------------------------------------------------------------

@@ -1,0 +1,137 @@
+"""Checkpoints of a pack's members: one file per run, resumable by a pack of any width.
+
+A member's file holds its weights and Adam state (its row of ``PackOptimizer``'s flat
+buffers), its data and draw generators, its history, the pack's shared RNG states and the
+step. The weights are fingerprinted by the shapes of one member's parameters, so a member
+checkpointed in a pack of 8 resumes alone, in a pack of 2 (an out-of-memory split) or in a
+pack of 30 (``--pack auto`` on a GPU with more free memory) -- and bit for bit in a pack of
+the same members. A checkpoint of another model is still refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from che_bench.atomic import save_atomically
+from che_bench.config import RunConfig
+from che_bench.errors import CheBenchError
+from che_bench.history import TrainingHistory
+
+if TYPE_CHECKING:  # (training imports this module)
+    from che_bench.model import Encoder
+    from che_bench.training import BatchStream, PackOptimizer
+
+#: Checkpoint layout version. 3: the layout fingerprint leaves out the member axis.
+CHECKPOINT_FORMAT = 3
+#: Version 2, whose fingerprint included the writing pack's width; still read.
+WIDTH_BOUND_FORMAT = 2
+#: The widest pack whose version-2 checkpoints are recognised (one hash per width tried).
+MAX_WIDTH_BOUND_PACK = 1024
+
+
+def member_layout(member_shapes: Sequence[torch.Size]) -> str:
+    """Fingerprint of a model's flat layout from the shapes of one member's parameters (in
+    the model's order: names are not needed)."""
+    return _fingerprint([tuple(shape) for shape in member_shapes])
+
+
+def _fingerprint(shapes: list[tuple[int, ...]]) -> str:
+    return hashlib.sha256(repr(shapes).encode()).hexdigest()[:16]
+
+
+def layout_matches(state: dict[str, Any], member_shapes: Sequence[torch.Size]) -> bool:
+    """Whether a checkpoint's fingerprint is that of ``member_shapes``; a version-2 file
+    fingerprinted the shapes with its pack's width in front, so each width is tried."""
+    if state.get("format") != WIDTH_BOUND_FORMAT:
+        return state["layout"] == member_layout(member_shapes)
+    return any(state["layout"] == _fingerprint([(width, *shape) for shape in member_shapes])
+               for width in range(1, MAX_WIDTH_BOUND_PACK + 1))
+
+
+def checkpoint_step(path: Path, config: RunConfig) -> int:
+    """The step a member's checkpoint was written at (0 when there is none)."""
+    if not path.exists():
+        return 0
+    return int(read_checkpoint(path, config)["step"])
+
+
+def read_checkpoint(path: Path, config: RunConfig) -> dict[str, Any]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheBenchError(f"unreadable checkpoint {path} ({exc}); delete it to start over") from None
+    if state.get("format") not in (CHECKPOINT_FORMAT, WIDTH_BOUND_FORMAT):
+        raise CheBenchError(
+            f"checkpoint {path} was written by another che-bench version; delete it to start over"
+        )
+    if state.get("run_id") != config.run_id():
+        raise CheBenchError(f"checkpoint {path} belongs to another run; delete it to start over")
+    return state
+
+
+def save_checkpoints(
+    paths: Sequence[Path],
+    configs: Sequence[RunConfig],
+    model: Encoder,
+    optimizer: PackOptimizer,
+    rng_states: dict[str, Any],
+    step: int,
+    train_seconds: float,
+    history: TrainingHistory,
+    device: torch.device,
+) -> None:
+    """One file per member, each written atomically (temp file + rename), so a kill never
+    leaves a torn checkpoint. The dropout RNG is the pack's: a member resumed in a pack of
+    other members continues statistically, not bit for bit. On a GPU only the training
+    device's RNG state is kept, so a machine with fewer GPUs can resume."""
+    shared = {
+        "format": CHECKPOINT_FORMAT,
+        "step": step,
+        "train_seconds": train_seconds,
+        "length_rng": rng_states["length"],
+        "torch_rng": torch.get_rng_state(),
+        "device_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
+    draw_states = model.draw_states()
+    for member, (path, config) in enumerate(zip(paths, configs)):
+        state = {
+            **shared,
+            "run_id": config.run_id(),
+            "data_rng": rng_states["data"][member],
+            "draw_rng": draw_states[member],
+            "history": history.state(member),
+            **optimizer.member_state(member),
+        }
+        save_atomically(state, path, "checkpoint")
+
+
+def load_checkpoints(
+    paths: Sequence[Path],
+    configs: Sequence[RunConfig],
+    model: Encoder,
+    optimizer: PackOptimizer,
+    stream: BatchStream,
+    history: TrainingHistory,
+    device: torch.device,
+) -> tuple[int, float]:
+    """Restore every member from its file (all at one step); returns (step, training
+    seconds before)."""
+    states = [read_checkpoint(path, config) for path, config in zip(paths, configs)]
+    steps = {int(state["step"]) for state in states}
+    if len(steps) != 1:
+        raise CheBenchError("the members of a pack must resume from the same step")
+    for member, state in enumerate(states):
+        optimizer.load_member_state(member, state)
+        history.restore(member, state.get("history"))
+    model.set_draw_states([state["draw_rng"] for state in states])
+    stream.restore({"length": states[0]["length_rng"], "data": [s["data_rng"] for s in states]})
+    torch.set_rng_state(states[0]["torch_rng"])
+    # (Absent from checkpoints written before: those saved every visible GPU's state.)
+    if device.type == "cuda" and states[0].get("device_rng") is not None:
+        torch.cuda.set_rng_state(states[0]["device_rng"], device)
+    return steps.pop(), float(states[0]["train_seconds"])
