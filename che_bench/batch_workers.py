@@ -5,17 +5,22 @@ batches, in order, at the lengths the step loop sends it (drawn there from the p
 generator); it returns the arrays and its generators' states after each batch. The batches
 are therefore exactly those made in one process, whatever the number of workers.
 
-Spawned, so this module and the tasks import numpy only: a worker starts without torch.
+A worker is ``python -m che_bench.batch_workers`` talking over two pipes, not a
+multiprocessing child: spawn would run the user's main module again in every worker (a
+script without a ``__main__`` guard would then start training there), while this imports
+che-bench and the module of the pickled task only (numpy, no torch). A worker stops when its
+owner closes the pipes or dies (even by SIGKILL: the pipe ends, or its parent changes).
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import queue
+import os
 import signal
+import subprocess
+import sys
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Any
+from multiprocessing.connection import Connection
 
 import numpy as np
 
@@ -24,34 +29,71 @@ from che_bench.tasks.base import Task
 
 #: Lengths sent to each worker ahead of the batch being consumed.
 LENGTHS_AHEAD = 4
-#: Seconds between checks that a worker is still alive while waiting for its batch.
+#: Seconds between checks that the other side is still alive while waiting for it.
 LIVENESS_POLL_S = 1.0
+#: Seconds a worker gets to exit once its pipes are closed, before it is killed.
+EXIT_GRACE_S = 10
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def _work(task: Task, batch_size: int, states: list[dict], lengths: Any, out: Any) -> None:
-    """A worker: for each length received (None: stop), its members' stacked batch and their
-    generators' states after it."""
-    # Ctrl-C reaches the whole process group: the step loop handles it (finishing its step,
-    # saving checkpoints) and then stops the workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    rngs = [np.random.default_rng() for _ in states]
-    for rng, state in zip(rngs, states):
-        rng.bit_generator.state = state
+class _OwnerGone(Exception):
+    """The process that started this worker has ended."""
+
+
+def _next_length(lengths: Connection, owner: int) -> int:
+    """The next length the owner sends; _OwnerGone when it closed the pipe or died."""
+    while not lengths.poll(LIVENESS_POLL_S):
+        if os.getppid() != owner:  # (the pipe stays open if a child of the owner holds it)
+            raise _OwnerGone
     try:
-        while (length := lengths.get()) is not None:
+        return lengths.recv()
+    except EOFError:
+        raise _OwnerGone from None
+
+
+def _serve(lengths: Connection, out: Connection) -> None:
+    """A worker: for each length received, its members' stacked batch and their generators'
+    states after it; an error is sent back as one line."""
+    owner = os.getppid()
+    try:
+        task, batch_size, states = lengths.recv()
+        rngs = [np.random.default_rng() for _ in states]
+        for rng, state in zip(rngs, states):
+            rng.bit_generator.state = state
+        while True:
+            length = _next_length(lengths, owner)
             batches = [task.sample(length, batch_size, rng) for rng in rngs]
-            out.put((
+            out.send((
                 np.stack([batch.inputs for batch in batches]),  # copies reversed views too
                 np.stack([batch.targets for batch in batches]),
                 np.stack([batch.mask for batch in batches]),
                 [rng.bit_generator.state for rng in rngs],
             ))
-    except Exception as exc:  # noqa: BLE001 - reported to the step loop, which raises it
-        out.put(f"{type(exc).__name__}: {exc}")
+    except (_OwnerGone, EOFError, BrokenPipeError):  # stopped: batches made ahead stay unread
         return
-    out.cancel_join_thread()  # told to stop: batches made ahead may stay unread
+    except Exception as exc:  # noqa: BLE001 - reported to the step loop, which raises it
+        try:
+            out.send(f"{type(exc).__name__}: {exc}")
+        except OSError:  # the owner is gone too
+            pass
+
+
+def _start_worker(task: Task, batch_size: int, states: list[dict]
+                  ) -> tuple[subprocess.Popen, Connection, Connection]:
+    """A worker process and the two ends of its pipes held here (lengths in, batches out)."""
+    lengths_read, lengths_write = os.pipe()
+    out_read, out_write = os.pipe()
+    # The worker finds che-bench and the plugins where this process does.
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "che_bench.batch_workers", str(lengths_read), str(out_write)],
+        pass_fds=(lengths_read, out_write), env=environment,
+    )
+    os.close(lengths_read), os.close(out_write)
+    lengths = Connection(lengths_write, readable=False)
+    lengths.send((task, batch_size, states))
+    return process, lengths, Connection(out_read, writable=False)
 
 
 def shares(members: int, workers: int) -> list[range]:
@@ -67,18 +109,19 @@ class BatchWorkers:
 
     def __init__(self, task: Task, batch_size: int, data_states: Sequence[dict],
                  workers: int) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._lengths, self._outputs, self._processes = [], [], []
-        for share in shares(len(data_states), workers):
-            lengths, out = context.Queue(), context.Queue()
-            process = context.Process(
-                target=_work, daemon=True,
-                args=(task, batch_size, [data_states[m] for m in share], lengths, out),
-            )
-            process.start()
-            self._lengths.append(lengths)
-            self._outputs.append(out)
-            self._processes.append(process)
+        self._processes: list[subprocess.Popen] = []
+        self._lengths: list[Connection] = []
+        self._outputs: list[Connection] = []
+        try:
+            for share in shares(len(data_states), workers):
+                process, lengths, out = _start_worker(task, batch_size,
+                                                      [data_states[m] for m in share])
+                self._processes.append(process)
+                self._lengths.append(lengths)
+                self._outputs.append(out)
+        except BaseException:
+            self.close()
+            raise
 
     def batches(self, lengths: Iterator[int]) -> Iterator[tuple[Arrays, list[dict]]]:
         pending: deque[int] = deque()
@@ -86,8 +129,7 @@ class BatchWorkers:
             while True:
                 while len(pending) < LENGTHS_AHEAD and (length := next(lengths, None)) is not None:
                     pending.append(length)
-                    for channel in self._lengths:
-                        channel.put(length)
+                    self._send(length)
                 if not pending:
                     return
                 pending.popleft()
@@ -97,26 +139,43 @@ class BatchWorkers:
         finally:
             self.close()
 
+    def _send(self, length: int) -> None:
+        try:
+            for channel in self._lengths:
+                channel.send(length)
+        except BrokenPipeError:
+            raise CheBenchError("a batch worker process died") from None
+
     def _receive(self, index: int) -> tuple:
-        while True:
-            try:
-                part = self._outputs[index].get(timeout=LIVENESS_POLL_S)
-            except queue.Empty:
-                if not self._processes[index].is_alive():
-                    raise CheBenchError("a batch worker process died") from None
-                continue
-            if isinstance(part, str):
-                raise CheBenchError(f"a batch worker failed: {part}")
-            return part
+        out = self._outputs[index]
+        while not out.poll(LIVENESS_POLL_S):
+            if self._processes[index].poll() is not None:
+                raise CheBenchError("a batch worker process died")
+        try:
+            part = out.recv()
+        except EOFError:
+            raise CheBenchError("a batch worker process died") from None
+        if isinstance(part, str):
+            raise CheBenchError(f"a batch worker failed: {part}")
+        return part
 
     def close(self) -> None:
-        for channel, process in zip(self._lengths, self._processes):
-            if process.is_alive():
-                channel.put(None)
+        """Stop the workers: their pipes closed, a worker waiting for a length or blocked
+        sending a batch made ahead ends at once."""
+        for channel in self._lengths + self._outputs:
+            channel.close()
         for process in self._processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.terminate()
-                process.join()
-        self._processes = []
-        self._lengths, self._outputs = [], []
+            try:
+                process.wait(timeout=EXIT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._processes, self._lengths, self._outputs = [], [], []
+
+
+if __name__ == "__main__":
+    # Ctrl-C reaches the whole process group: the step loop handles it (finishing its step,
+    # saving checkpoints) and then stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]),
+                                                                    readable=False))

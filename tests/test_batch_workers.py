@@ -1,18 +1,24 @@
 """Host work per step. Batches made in worker processes: the same batches and generator
 states as in the step loop's process (so training and checkpoints are unchanged), errors and
-dead workers are one line, and closing stops the workers. Fewer operators: the micro-batch
-split in plain integers, the optimizer's gradients gathered by one ``cat``."""
+dead workers are one line, closing stops the workers, a killed owner's workers exit, and a
+script without a ``__main__`` guard can start them. Fewer operators: the micro-batch split in
+plain integers, the optimizer's gradients gathered by one ``cat``."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
+import select
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import che_bench
+from che_bench import batch_workers
 from che_bench.batch_workers import BatchWorkers, shares
 from che_bench.config import make_config
 from che_bench.errors import CheBenchError
@@ -39,7 +45,26 @@ def test_shares_cover_the_members_once():
         assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
-def test_worker_batches_equal_in_process_batches_and_closing_stops_the_workers():
+@pytest.fixture
+def started(monkeypatch):
+    """The worker processes started during the test."""
+    processes = []
+    start = batch_workers._start_worker
+
+    def start_and_record(*args):
+        process, *pipes = start(*args)
+        processes.append(process)
+        return process, *pipes
+
+    monkeypatch.setattr(batch_workers, "_start_worker", start_and_record)
+    return processes
+
+
+def all_exited(processes):
+    return bool(processes) and all(process.poll() is not None for process in processes)
+
+
+def test_worker_batches_equal_in_process_batches_and_closing_stops_the_workers(started):
     configs = pack_configs(batch_size=16)
     task = configs[0].build_task()
     alone, workers = iter(BatchStream(task, configs)), iter(BatchStream(task, configs, workers=2))
@@ -49,7 +74,7 @@ def test_worker_batches_equal_in_process_batches_and_closing_stops_the_workers()
         for name in ("inputs", "targets", "mask"):
             assert torch.equal(getattr(got, name), getattr(expected, name))
     workers.close()
-    assert multiprocessing.active_children() == []
+    assert len(started) == 2 and all_exited(started)
 
 
 def test_training_with_batch_workers_gives_the_same_losses():
@@ -65,7 +90,7 @@ def test_training_with_batch_workers_gives_the_same_losses():
     assert losses[0] == losses[1]
 
 
-def test_a_failing_or_dead_worker_is_a_one_line_error():
+def test_a_failing_or_dead_worker_is_a_one_line_error(started):
     configs = pack_configs(batch_size=4)
     task = configs[0].build_task()
     states = [np.random.default_rng(0).bit_generator.state] * 2
@@ -75,10 +100,10 @@ def test_a_failing_or_dead_worker_is_a_one_line_error():
     workers._processes[0].kill()
     with pytest.raises(CheBenchError, match="died"):
         list(workers.batches(iter([5])))
-    assert multiprocessing.active_children() == []
+    assert len(started) == 2 and all_exited(started)
 
 
-def test_ctrl_c_is_left_to_the_step_loop():
+def test_ctrl_c_is_left_to_the_step_loop(started):
     configs = pack_configs(batch_size=4)
     states = [np.random.default_rng(0).bit_generator.state] * 2
     workers = BatchWorkers(configs[0].build_task(), 4, states, 1)
@@ -86,7 +111,77 @@ def test_ctrl_c_is_left_to_the_step_loop():
     next(made)  # the worker is up and has its handler
     os.kill(workers._processes[0].pid, signal.SIGINT)
     assert len(list(made)) == 2
-    assert multiprocessing.active_children() == []
+    assert all_exited(started)
+
+
+#: Where the scripts below find che-bench (the checkout under test).
+CHECKOUT = str(Path(che_bench.__file__).resolve().parents[1])
+
+OWNER = """
+import sys
+import numpy as np
+from che_bench.batch_workers import BatchWorkers
+from che_bench.config import make_config
+
+task = make_config("solve_equation", "none", None, "smoke").build_task()
+workers = BatchWorkers(task, 4, [np.random.default_rng(0).bit_generator.state] * 2, 2)
+made = workers.batches(iter(lambda: 5, None))
+next(made)  # the workers are up, waiting for lengths
+print(*(process.pid for process in workers._processes), flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def wait_for_exit(pid_fd: int, bound_s: float) -> bool:
+    """Whether the process of ``pid_fd`` exits within ``bound_s`` (a pidfd becomes readable
+    when its process has ended, reaped or not)."""
+    readable, _, _ = select.select([pid_fd], [], [], bound_s)
+    return bool(readable)
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
+def test_workers_exit_when_their_owner_is_killed():
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": CHECKOUT})
+    pids = [int(pid) for pid in owner.stdout.readline().split()]
+    assert len(pids) == 2
+    pid_fds = [os.pidfd_open(pid) for pid in pids]  # (before the kill: no pid reuse)
+    try:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        assert all(wait_for_exit(fd, bound_s=120) for fd in pid_fds)  # the event, not a deadline
+    finally:
+        for fd in pid_fds:
+            os.close(fd)
+        owner.stdin.close(), owner.stdout.close()
+
+
+UNGUARDED_SCRIPT = """
+import torch
+from che_bench.config import make_config
+from che_bench.runner import build_pack_model
+from che_bench.training import train_pack
+
+with open("runs.txt", "a") as runs:  # a worker running this script again would add a line
+    runs.write("ran\\n")
+configs = [make_config("reverse_string", "none", None, "smoke", seed=seed, length_seed=0, steps=3)
+           for seed in range(2)]
+task = configs[0].build_task()
+train_pack(build_pack_model(task, configs), task, configs, torch.device("cpu"), progress=False,
+           batch_workers=2)
+print("trained")
+"""
+
+
+def test_a_script_without_a_main_guard_trains_with_batch_workers(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, check=False, env={**os.environ, "PYTHONPATH": CHECKOUT})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["trained"]
+    assert (tmp_path / "runs.txt").read_text() == "ran\n"
 
 
 def test_only_wide_packs_on_a_gpu_use_workers():
