@@ -23,7 +23,6 @@ from che_bench.errors import CheBenchError
 from che_bench.history import TrainingHistory
 
 if TYPE_CHECKING:  # (training imports this module)
-    from che_bench.model import Encoder
     from che_bench.training import BatchStream, PackOptimizer
 
 #: Checkpoint layout version. 3: the layout fingerprint leaves out the member axis.
@@ -63,7 +62,7 @@ def checkpoint_step(path: Path, config: RunConfig) -> int:
 def read_checkpoint(path: Path, config: RunConfig) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever torch.load raises: one line
         raise CheBenchError(f"unreadable checkpoint {path} ({exc}); delete it to start over") from None
     if state.get("format") not in (CHECKPOINT_FORMAT, WIDTH_BOUND_FORMAT):
         raise CheBenchError(
@@ -77,7 +76,6 @@ def read_checkpoint(path: Path, config: RunConfig) -> dict[str, Any]:
 def save_checkpoints(
     paths: Sequence[Path],
     configs: Sequence[RunConfig],
-    model: Encoder,
     optimizer: PackOptimizer,
     rng_states: dict[str, Any],
     step: int,
@@ -86,7 +84,8 @@ def save_checkpoints(
     device: torch.device,
 ) -> None:
     """One file per member, each written atomically (temp file + rename), so a kill never
-    leaves a torn checkpoint. The dropout RNG is the pack's: a member resumed in a pack of
+    leaves a torn checkpoint. ``rng_states``: the generators' after the last batch trained on
+    (``BatchStream.states``). The dropout RNG is the pack's: a member resumed in a pack of
     other members continues statistically, not bit for bit. On a GPU only the training
     device's RNG state is kept, so a machine with fewer GPUs can resume."""
     shared = {
@@ -97,13 +96,12 @@ def save_checkpoints(
         "torch_rng": torch.get_rng_state(),
         "device_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
     }
-    draw_states = model.draw_states()
     for member, (path, config) in enumerate(zip(paths, configs)):
         state = {
             **shared,
             "run_id": config.run_id(),
             "data_rng": rng_states["data"][member],
-            "draw_rng": draw_states[member],
+            "draw_rng": rng_states["draw"][member],
             "history": history.state(member),
             **optimizer.member_state(member),
         }
@@ -113,7 +111,6 @@ def save_checkpoints(
 def load_checkpoints(
     paths: Sequence[Path],
     configs: Sequence[RunConfig],
-    model: Encoder,
     optimizer: PackOptimizer,
     stream: BatchStream,
     history: TrainingHistory,
@@ -128,8 +125,8 @@ def load_checkpoints(
     for member, state in enumerate(states):
         optimizer.load_member_state(member, state)
         history.restore(member, state.get("history"))
-    model.set_draw_states([state["draw_rng"] for state in states])
-    stream.restore({"length": states[0]["length_rng"], "data": [s["data_rng"] for s in states]})
+    stream.restore({"length": states[0]["length_rng"], "data": [s["data_rng"] for s in states],
+                    "draw": [state["draw_rng"] for state in states]})
     torch.set_rng_state(states[0]["torch_rng"])
     # (Absent from checkpoints written before: those saved every visible GPU's state.)
     if device.type == "cuda" and states[0].get("device_rng") is not None:

@@ -251,15 +251,15 @@ def test_a_checkpoint_keeps_only_the_training_gpus_rng_state(two_gpus, monkeypat
     task = configs[0].build_task()
     paths = [tmp_path / "member.pt"]
     model = build_pack_model(task, configs)
-    checkpoints.save_checkpoints(paths, configs, model, training.PackOptimizer(
-        model, [1e-3], (0.9, 0.999), 1e-8, 1.0), BatchStream(task, configs).states(), 2, 0.0,
-        TrainingHistory([1e-3], 1, 2), torch.device("cuda", 1))
+    checkpoints.save_checkpoints(paths, configs, training.PackOptimizer(
+        model, [1e-3], (0.9, 0.999), 1e-8, 1.0), BatchStream(task, configs, model=model).states(),
+        2, 0.0, TrainingHistory([1e-3], 1, 2), torch.device("cuda", 1))
     saved = torch.load(paths[0], weights_only=True)
     assert torch.equal(saved["device_rng"], states[1]) and "cuda_rng" not in saved
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     model = build_pack_model(task, configs)
-    checkpoints.load_checkpoints(paths, configs, model, training.PackOptimizer(
-        model, [1e-3], (0.9, 0.999), 1e-8, 1.0), BatchStream(task, configs),
+    checkpoints.load_checkpoints(paths, configs, training.PackOptimizer(
+        model, [1e-3], (0.9, 0.999), 1e-8, 1.0), BatchStream(task, configs, model=model),
         TrainingHistory([1e-3], 1, 2), torch.device("cuda", 0))
     assert [(device.index, state[0].item()) for device, state in restored] == [(0, 1)]
 
