@@ -9,7 +9,8 @@ Parts (``--parts``, default all that fit the device):
   ratio (pack-of-N step) / (N x single step): below 1, packing gains.
 * ``end_to_end``: one paper-preset run (200k steps + every length 41..500 x 512 sequences),
   EXTRAPOLATED from ``--train-steps`` real training steps over the length schedule (timed
-  after ``--warmup-steps`` untimed ones: CUDA start-up, kernel choice, allocator) and the
+  after ``--warmup-steps`` untimed ones: CUDA start-up, kernel choice, allocator, batch
+  workers, none of it extrapolated) and the
   evaluation, under the run's own memory budget, of a few lengths (a + b*T + c*T^2 fitted
   and summed over 41..500), for a single run and for a pack of ``--end-to-end-pack`` runs;
   ``--measure`` runs the single paper run for real instead (hours on a CPU).
@@ -51,6 +52,7 @@ from che_bench.training import (
     PackOptimizer,
     micro_batches_for,
     projected_modules,
+    sync_every_for,
     train_pack,
     training_step,
 )
@@ -136,8 +138,8 @@ def run_end_to_end(args, device, report) -> None:
             continue
         task_obj = configs[0].build_task()
         short = [dataclasses.replace(c, steps=args.train_steps) for c in configs]
-        model, seconds = timed_training(task_obj, short, device, args.warmup_steps)
-        train_seconds = seconds / args.train_steps * PAPER_STEPS
+        model, seconds_per_step = timed_training(task_obj, short, device, args.warmup_steps)
+        train_seconds = seconds_per_step * PAPER_STEPS
         model.eval()
         use_evaluation_budget(model, device)
         length_accuracies(model, task_obj, configs[0], args.eval_lengths[0], device)  # warm-up
@@ -165,14 +167,23 @@ def run_end_to_end(args, device, report) -> None:
 
 
 def timed_training(task_obj, configs, device: torch.device, warmup_steps: int):
-    """The pack model of ``configs`` trained, and the seconds of its steps as ``train_pack``
-    times them, after ``warmup_steps`` untimed steps of a throwaway pack of the same shape."""
-    warmup = [dataclasses.replace(c, steps=warmup_steps) for c in configs]
-    train_pack(build_pack_model(task_obj, warmup).to(device), task_obj, warmup, device,
-               progress=False)
-    model = build_pack_model(task_obj, configs).to(device)
-    training = train_pack(model, task_obj, configs, device, progress=False)
-    return model, training.timings["train_s"]
+    """The pack model of ``configs`` trained for ``warmup_steps`` more than their steps, and
+    the seconds per step after the warm-up: from the first read of the device at or after it
+    to the last one (the loop of ``che-bench run``, reading every ``sync_every_for`` steps).
+    Start-up (CUDA, kernel choice, the allocator, batch workers) is neither timed nor
+    extrapolated."""
+    longer = [dataclasses.replace(c, steps=warmup_steps + c.steps) for c in configs]
+    model = build_pack_model(task_obj, longer).to(device)
+    reads: list[tuple[int, float]] = []
+    train_pack(model, task_obj, longer, device, progress=False,
+               sync_every=sync_every_for(device),
+               on_step=lambda step, losses: reads.append((step, time.perf_counter())))
+    (first_step, first_at), (last_step, last_at) = next(
+        read for read in reads if read[0] >= warmup_steps), reads[-1]
+    if last_step == first_step:
+        raise SystemExit(f"no device read after the warm-up: raise --train-steps above "
+                         f"{sync_every_for(device)}")
+    return model, (last_at - first_at) / (last_step - first_step)
 
 
 def run_eval_memory(args, device, report) -> None:

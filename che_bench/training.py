@@ -312,6 +312,12 @@ def batch_workers_for(members: int, device: torch.device) -> int:
     return max(1, min(MAX_BATCH_WORKERS, (os.cpu_count() or 2) - 1))
 
 
+def sync_every_for(device: torch.device) -> int:
+    """Steps between reads of the device: every step on a CPU (free there), ``GPU_SYNC_EVERY``
+    on a GPU."""
+    return 1 if device.type == "cpu" else GPU_SYNC_EVERY
+
+
 def micro_batches_for(members: int, device: torch.device) -> int:
     """Passes per training step: on a CPU one per member, so that each pass holds as many
     sequences as a single run's step (see ``training_step``); on a GPU one, the widest."""
@@ -595,7 +601,7 @@ def train_pack(
     """
     steps = configs[0].steps
     if sync_every is None:
-        sync_every = 1 if device.type == "cpu" or on_step is not None else GPU_SYNC_EVERY
+        sync_every = 1 if on_step is not None else sync_every_for(device)
     optimizer = PackOptimizer(model, [c.lr for c in configs], configs[0].adam_betas,
                               configs[0].adam_eps, configs[0].grad_clip_norm)
     if batch_workers is None:

@@ -18,8 +18,8 @@ from che_bench.model import build_model
 from che_bench.runner import execute_pack, execute_runs
 from che_bench.training import PackOptimizer
 
-TINY = dict(steps=6, dropout=0.0, test_lengths="41", eval_samples=4, eval_batch_size=4,
-            length_seed=0)
+TINY = {"steps": 6, "dropout": 0.0, "test_lengths": "41", "eval_samples": 4,
+        "eval_batch_size": 4, "length_seed": 0}
 
 
 def cell(members=4, pe="none", **changes):
