@@ -91,9 +91,13 @@ def _start_worker(task: Task, batch_size: int, states: list[dict]
         pass_fds=(lengths_read, out_write), env=environment,
     )
     os.close(lengths_read), os.close(out_write)
-    lengths = Connection(lengths_write, readable=False)
-    lengths.send((task, batch_size, states))
-    return process, lengths, Connection(out_read, writable=False)
+    lengths, out = Connection(lengths_write, readable=False), Connection(out_read, writable=False)
+    try:
+        lengths.send((task, batch_size, states))
+    except BrokenPipeError:  # it could not start (its error is on stderr)
+        lengths.close(), out.close(), process.wait()
+        raise CheBenchError("a batch worker process died") from None
+    return process, lengths, out
 
 
 def shares(members: int, workers: int) -> list[range]:

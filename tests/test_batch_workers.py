@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,6 +102,16 @@ def test_a_failing_or_dead_worker_is_a_one_line_error(started):
     with pytest.raises(CheBenchError, match="died"):
         list(workers.batches(iter([5])))
     assert len(started) == 2 and all_exited(started)
+
+
+def test_a_worker_that_cannot_start_is_a_one_line_error(monkeypatch):
+    """One that exits at once (a broken interpreter) while it is sent its work: more than a
+    pipe holds, 1000 members' states."""
+    task = pack_configs()[0].build_task()
+    monkeypatch.setattr(batch_workers.sys, "executable", shutil.which("true"))
+    with pytest.raises(CheBenchError, match="a batch worker process died"):
+        BatchWorkers(task, 4, [np.random.default_rng(seed).bit_generator.state
+                               for seed in range(1000)], 1)
 
 
 def test_ctrl_c_is_left_to_the_step_loop(started):
