@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import textwrap
-from importlib import metadata
+from importlib import metadata, resources
 from pathlib import Path
 
 import pytest
@@ -122,3 +122,8 @@ def test_unknown_names_suggest_close_ones():
         canonical_encoding_name("kerpel")
     with pytest.raises(CheBenchError, match="did you mean 'reverse_string'.*--plugin MODULE"):
         get_task("revers_string")
+
+
+def test_the_package_marks_itself_typed_for_plugin_type_checkers():
+    # PEP 561: without this marker, mypy and pyright ignore che-bench's annotations.
+    assert (resources.files("che_bench") / "py.typed").is_file()
