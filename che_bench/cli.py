@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="import MODULE first, so that the encodings and tasks it registers "
                              "can be used (repeatable; also after the command, or "
                              "CHE_BENCH_PLUGINS=mod1,mod2; installed plugins load by themselves)")
+    parser.add_argument("--no-plugins", action="store_true",
+                        help="load no plugin, not even installed ones (also after the command, "
+                             "or CHE_BENCH_NO_PLUGINS=1): when a broken plugin stops che-bench; "
+                             "stores holding plugin runs stay readable")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     for module_name in COMMAND_MODULES:
@@ -49,13 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def split_plugin_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(the ``--plugin MODULE`` / ``--plugin=MODULE`` modules, the other arguments), wherever
-    they stand: before or after the command."""
+def split_plugin_arguments(argv: list[str]) -> tuple[list[str], bool, list[str]]:
+    """(the ``--plugin MODULE`` / ``--plugin=MODULE`` modules, whether ``--no-plugins`` was
+    given, the other arguments), wherever they stand: before or after the command."""
     modules, rest = [], []
+    no_plugins = False
     arguments = iter(argv)
     for argument in arguments:
-        if argument == "--plugin":
+        if argument == "--no-plugins":
+            no_plugins = True
+        elif argument == "--plugin":
             module = next(arguments, None)
             if module is None:
                 sys.stderr.write("che-bench: error: argument --plugin: expected one argument\n")
@@ -65,16 +72,18 @@ def split_plugin_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
             modules.append(argument.split("=", 1)[1])
         else:
             rest.append(argument)
-    return modules, rest
+    return modules, no_plugins, rest
 
 
 def main(argv: list[str] | None = None) -> int:
     from che_bench import plugins
 
-    modules, argv = split_plugin_arguments(sys.argv[1:] if argv is None else list(argv))
+    modules, no_plugins, argv = split_plugin_arguments(sys.argv[1:] if argv is None else list(argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if no_plugins:
+            plugins.disable()
         plugins.add_modules(modules)  # also loads the installed and CHE_BENCH_PLUGINS ones
         return int(args.handler(args) or 0)
     except CheBenchError as exc:

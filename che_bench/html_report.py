@@ -37,6 +37,7 @@ from che_bench.reports import (
     stuck_runs,
 )
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
+from che_bench.unregistered import task_names
 
 #: Up to this many runs, the page lists one ``che-bench run`` command per run.
 MAX_RUN_COMMANDS = 10
@@ -103,9 +104,7 @@ def select_runs(
         runs = runs[runs["run_id"].isin(wanted)]
         title, missing = f"suite {loaded.name}", f"of suite {loaded.path} ({len(wanted)} runs)"
     elif tasks is not None:
-        from che_bench.tasks import get_task
-
-        names = sorted({get_task(name).name for name in tasks})
+        names = sorted(task_names(tasks, runs["task"]))
         runs = runs[runs["task"].isin(names)]
         title = missing = f"task{'s' if len(names) > 1 else ''} {', '.join(names)}"
     elif run_ids is not None:

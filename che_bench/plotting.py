@@ -19,6 +19,8 @@ import pandas as pd
 from che_bench.errors import CheBenchError
 from che_bench.reports import complete_runs, curves_frame, labelled_runs, with_metric
 from che_bench.store import ORIGINAL, ResultStore
+from che_bench.tasks import Task, get_task
+from che_bench.unregistered import task_known
 
 PANEL_SIZE = (6, 4)  # inches
 
@@ -105,33 +107,40 @@ def task_panel_png(runs: pd.DataFrame, curves: pd.DataFrame, label: str, *, dpi:
 
 def _draw_panel(ax, runs: pd.DataFrame, curves: pd.DataFrame, label: str) -> None:
     """Accuracy (%) against length for one task: one line per configuration (mean over seeds and
-    learning rates), the chance level, for recall tasks the ceiling of a model blind to positions
-    (``task.ceiling(n)``), and the training range shaded."""
-    from che_bench.tasks import get_task
-
+    learning rates), the training range shaded and the task's guides (``_draw_task_guides``)."""
     task_runs = runs[runs["task_label"] == label]
-    settings = task_runs["settings"].iloc[0]
-    task = get_task(settings["task"], **settings["task_params"])
-    train_max = max(s["train_max_length"] for s in task_runs["settings"])
     task_curves = curves[curves["task_label"] == label]
     for column, curve in task_curves.groupby("column", sort=False):
         mean = curve.groupby("length")["accuracy"].mean() * 100
         seeds = curve["run_id"].nunique()
         ax.plot(mean.index, mean.values, marker="." if len(mean) < 60 else None,
                 label=f"{column} (n={seeds})")
-    lengths = np.arange(task.min_length, int(task_curves["length"].max()) + 1)
-    ax.axvspan(task.min_length, train_max, color="0.9", zorder=0, label="training lengths")
+    settings = task_runs["settings"].iloc[0]
+    task = (get_task(settings["task"], **settings["task_params"])
+            if task_known(settings["task"]) else None)
+    train_max = max(s["train_max_length"] for s in task_runs["settings"])
+    # Without the task class (its plugin not loaded), the shortest length it trained on.
+    min_length = task.min_length if task else min(min(s["train_eval_lengths"]) for s in task_runs["settings"])
+    ax.axvspan(min_length, train_max, color="0.9", zorder=0, label="training lengths")
+    if task is not None:
+        _draw_task_guides(ax, task, int(task_curves["length"].max()))
+    ax.set_title(label)
+    ax.set_xlabel(task.length_label if task else "length")
+    ax.set_ylabel("exact match (%)" if curves.attrs.get("metric") == "exact" else "accuracy (%)")
+    ax.set_ylim(0, 101)
+    ax.legend(fontsize="small")
+
+
+def _draw_task_guides(ax, task: Task, max_length: int) -> None:
+    """The chance level and, for recall tasks, the ceiling of a model blind to positions
+    (``task.ceiling(n)``)."""
     ax.axhline(task.chance * 100, color="0.4", linestyle=":", label="chance")
     if task.level == "recall":
+        lengths = np.arange(task.min_length, max_length + 1)
         ceiling = [task.ceiling(int(n)) for n in lengths]
         if None not in ceiling:
             ax.plot(lengths, [100 * c for c in ceiling], color="0.2", linestyle="--",
                     label="ceiling without positions")
-    ax.set_title(label)
-    ax.set_xlabel(task.length_label)
-    ax.set_ylabel("exact match (%)" if curves.attrs.get("metric") == "exact" else "accuracy (%)")
-    ax.set_ylim(0, 101)
-    ax.legend(fontsize="small")
 
 
 def run_labels(curves: pd.DataFrame) -> dict[str, str]:

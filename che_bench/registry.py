@@ -59,8 +59,8 @@ class Registry(Generic[Registered]):
         suggestions = list(dict.fromkeys(self._aliases.get(match, match) for match in close))[:3]
         hint = f"; did you mean {' or '.join(map(repr, suggestions))}?" if suggestions else ""
         raise CheBenchError(
-            f"unknown {self.kind} {name!r}{hint} (valid: {', '.join(self._entries)}; a "
-            "plugin's names need the plugin installed, or --plugin MODULE)"
+            f"unknown {self.kind} {name!r}{hint} (valid: {', '.join(self._entries)}; "
+            f"{_plugin_hint()})"
         )
 
     def get(self, name: str) -> Registered:
@@ -74,6 +74,14 @@ class Registry(Generic[Registered]):
     def origin(self, name: str) -> str | None:
         """The plugin that registered ``name`` (None: che-bench itself)."""
         return self._origins[self.canonical(name)]
+
+
+def _plugin_hint() -> str:
+    from che_bench.plugins import DISABLE_VARIABLE, disabled
+
+    if disabled():
+        return f"plugins are switched off: --no-plugins or {DISABLE_VARIABLE}"
+    return "a plugin's names need the plugin installed, or --plugin MODULE"
 
 
 def _load_plugins() -> None:

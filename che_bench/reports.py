@@ -27,9 +27,10 @@ from typing import Any
 
 import pandas as pd
 
-from che_bench import protocol
+from che_bench import protocol, unregistered
 from che_bench.errors import CheBenchError
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
+from che_bench.unregistered import UNKNOWN_LEVEL, recorded_task_label
 
 LEVEL_LABELS = {"regular": "R", "dcf": "DCF", "cs": "CS", "recall": "recall"}
 #: Display names of the encodings in the published table (others keep their canonical name).
@@ -98,11 +99,18 @@ def run_encoding_label(config_json: str) -> str:
     return encoding_label(config["pe"], config["kernel"], config.get("causal", False))
 
 
-@cache
 def _task_facts(name: str, params_json: str) -> tuple[str, float, str]:
     """(level label, chance, table label) of a task with the given parameters (JSON): the
     chance of the task the run trained on, e.g. 1/7 for cycle_navigation(cycle_length=7). The
-    label names the parameters that differ from the task's defaults."""
+    label names the parameters that differ from the task's defaults. A task whose plugin is
+    not loaded has an unknown level and chance, and its label names every parameter."""
+    if not unregistered.task_known(name):
+        return UNKNOWN_LEVEL, math.nan, recorded_task_label(name, json.loads(params_json))
+    return _registered_task_facts(name, params_json)
+
+
+@cache
+def _registered_task_facts(name: str, params_json: str) -> tuple[str, float, str]:
     from che_bench.tasks import get_task
 
     task = get_task(name, **json.loads(params_json))
@@ -314,19 +322,13 @@ def complete_runs(store: ResultStore, tasks: Iterable[str] | None = None,
     runs = store.runs(run_ids, evaluation)
     runs = with_metric(runs[runs["status"] == "complete"], metric)
     if tasks is not None:
-        runs = runs[runs["task"].isin(_canonical_tasks(tasks))]
+        runs = runs[runs["task"].isin(unregistered.task_names(tasks, runs["task"]))]
     return runs.reset_index(drop=True)
 
 
 def _union(groups: pd.Series) -> tuple:
     """The distinct items of a column of tuples, in order of appearance."""
     return tuple(dict.fromkeys(item for group in groups for item in group))
-
-
-def _canonical_tasks(tasks: Iterable[str]) -> set[str]:
-    from che_bench.tasks import get_task
-
-    return {get_task(name).name for name in tasks}
 
 
 def paper_table_or_none() -> pd.DataFrame | None:
@@ -428,7 +430,8 @@ def _numeric_pivot(cells: pd.DataFrame, compare: str) -> pd.DataFrame:
 
 
 def _text_pivot(cells: pd.DataFrame, compare: str) -> pd.DataFrame:
-    cells = cells.assign(chance=[f"{c:.1f}" for c in cells["chance"]])
+    cells = cells.assign(chance=[UNKNOWN_LEVEL if math.isnan(c) else f"{c:.1f}"
+                                 for c in cells["chance"]])
     values = {"": [_cell_text(row) for _, row in cells.iterrows()]}
     if compare == "paper":
         values[" paper (diff)"] = [_paper_text(row) for _, row in cells.iterrows()]
@@ -469,6 +472,9 @@ def _notes(runs: pd.DataFrame, cells: pd.DataFrame, compare: str, evaluation: st
     if evaluation != ORIGINAL:
         summary = describe_protocol(json.loads(runs["protocol"].iloc[0]))
         notes.append(f"scores of evaluation {evaluation} ({summary}); runs without it are left out")
+    unknown = unregistered.note(runs)
+    if unknown:
+        notes.append(unknown)
     if compare == "paper":
         notes.append(
             f"{PAPER_NOTE}; in brackets: ours (max) minus paper where the runs followed the "
@@ -574,20 +580,24 @@ STUCK_MARGIN = 0.99
 
 def stuck_runs(store: ResultStore, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
     """Runs with a training history: ``run_id``, ``min_loss`` (lowest logged loss),
-    ``baseline_loss`` (``history.class_frequency_loss`` of its task and training lengths) and
-    ``stuck``: the loss never fell below ``STUCK_MARGIN`` x the baseline (it learned nothing)."""
-    from che_bench.history import class_frequency_loss
-
+    ``baseline_loss`` (``history.class_frequency_loss`` of its task and training lengths; NaN
+    when the task's plugin is not loaded) and ``stuck``: the loss never fell below
+    ``STUCK_MARGIN`` x the baseline (it learned nothing; never said without a baseline)."""
     lowest = store.lowest_losses(run_ids)
     configs = store.runs(list(lowest.index)).set_index("run_id")["config"]
-    baselines = []
-    for run_id in lowest.index:
-        config = json.loads(configs[run_id])
-        baselines.append(class_frequency_loss(
-            config["task"], json.dumps(config["task_params"], sort_keys=True),
-            config["train_max_length"]))
+    baselines = [_baseline_loss(json.loads(configs[run_id])) for run_id in lowest.index]
     frame = pd.DataFrame({"run_id": list(lowest.index), "min_loss": lowest.to_numpy(),
                           "baseline_loss": baselines})
     # A run whose every logged loss is NaN (diverged at once) also never learned.
-    frame["stuck"] = ~(frame["min_loss"] < STUCK_MARGIN * frame["baseline_loss"])
+    frame["stuck"] = (~(frame["min_loss"] < STUCK_MARGIN * frame["baseline_loss"])
+                      & frame["baseline_loss"].notna())
     return frame
+
+
+def _baseline_loss(config: dict[str, Any]) -> float:
+    from che_bench.history import class_frequency_loss
+
+    if not unregistered.task_known(config["task"]):
+        return math.nan  # the task class that samples its targets is not loaded
+    return class_frequency_loss(config["task"], json.dumps(config["task_params"], sort_keys=True),
+                                config["train_max_length"])

@@ -14,7 +14,8 @@ from che_bench.tasks import TASKS
 @pytest.fixture
 def scratch_registries(monkeypatch):
     """Encodings, tasks and plugins a test registers or loads disappear after it (and so do
-    the plugin modules it imported and the CHE_BENCH_PLUGINS it set)."""
+    the plugin modules it imported, the CHE_BENCH_PLUGINS and CHE_BENCH_NO_PLUGINS it set
+    and the folders it added to sys.path)."""
     for registry in (ENCODINGS, TASKS):
         for attribute in ("_entries", "_aliases", "_origins"):
             monkeypatch.setattr(registry, attribute, dict(getattr(registry, attribute)))
@@ -25,6 +26,9 @@ def scratch_registries(monkeypatch):
     # Set, then deleted: undoing both also deletes what add_modules writes there.
     monkeypatch.setenv(plugins.ENVIRONMENT_VARIABLE, "")
     monkeypatch.delenv(plugins.ENVIRONMENT_VARIABLE)
+    monkeypatch.setenv(plugins.DISABLE_VARIABLE, "")  # (--no-plugins sets it)
+    monkeypatch.delenv(plugins.DISABLE_VARIABLE)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # (plugins search the current folder)
     modules = set(sys.modules)
     yield
     for name in set(sys.modules) - modules:

@@ -4,6 +4,8 @@ CHE_BENCH_PLUGINS, and handled by run, table, export and report like built-ins."
 from __future__ import annotations
 
 import json
+import os
+import sys
 import textwrap
 from importlib import metadata, resources
 from pathlib import Path
@@ -111,7 +113,10 @@ def test_a_broken_plugin_is_a_one_line_error_naming_it(tmp_path, monkeypatch, ca
 
 def test_a_missing_plugin_and_a_missing_module_argument(capsys):
     assert main(["--plugin=no_such_plugin_module", "tasks"]) == 2
-    assert "plugin no_such_plugin_module failed to import: ModuleNotFoundError" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "che-bench: error: plugin no_such_plugin_module failed to import: no module "
+        "'no_such_plugin_module' in the current folder or on the Python path (a plugin must be "
+        "importable: install it, or add its folder to PYTHONPATH)\n")
     with pytest.raises(SystemExit) as exit_info:
         main(["tasks", "--plugin"])
     assert exit_info.value.code == 2
@@ -127,3 +132,78 @@ def test_unknown_names_suggest_close_ones():
 def test_the_package_marks_itself_typed_for_plugin_type_checkers():
     # PEP 561: without this marker, mypy and pyright ignore che-bench's annotations.
     assert (resources.files("che_bench") / "py.typed").is_file()
+
+
+def broken_installed_plugin(tmp_path, monkeypatch) -> None:
+    """An installed plugin (entry point) that raises on import, not yet scanned for."""
+    write_module(tmp_path, "plugin_broken", "raise RuntimeError('needs a GPU')")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    point = metadata.EntryPoint("broken", "plugin_broken", plugins.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(metadata, "entry_points",
+                        lambda group: [point] if group == plugins.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(plugins, "_configured", False)
+
+
+def test_a_broken_installed_plugin_names_the_switch_that_skips_it(tmp_path, monkeypatch, capsys):
+    broken_installed_plugin(tmp_path, monkeypatch)
+    assert main(["tasks"]) == 2
+    assert capsys.readouterr().err == (
+        "che-bench: error: plugin plugin_broken failed to import: RuntimeError: needs a GPU "
+        "(--no-plugins or CHE_BENCH_NO_PLUGINS=1 starts che-bench without plugins)\n")
+    broken_installed_plugin(tmp_path, monkeypatch)
+    monkeypatch.setattr(plugins, "_loaded_modules", set())
+    assert main(["tasks", "--no-plugins"]) == 0
+    assert "parity_check" in capsys.readouterr().out
+    # Child processes (a sweep's workers) inherit the switch.
+    assert plugins.disabled() and os.environ[plugins.DISABLE_VARIABLE] == "1"
+    with pytest.raises(CheBenchError, match="plugins are switched off: --no-plugins"):
+        get_task("majority")
+
+
+def test_the_environment_switch_skips_installed_plugins(tmp_path, monkeypatch, capsys):
+    broken_installed_plugin(tmp_path, monkeypatch)
+    monkeypatch.setenv(plugins.DISABLE_VARIABLE, "1")
+    assert main(["encodings"]) == 0
+    assert main(["--no-plugins", "--plugin", "plugin_broken", "tasks"]) == 2
+    assert "contradict each other" in capsys.readouterr().err
+
+
+def test_a_plugin_in_the_current_folder_loads_as_with_python_m(tmp_path, monkeypatch, capsys):
+    write_module(tmp_path, "plugin_here", """
+        from che_bench.tasks import TASKS
+        TASKS_SEEN = len(TASKS.names())
+    """)
+    monkeypatch.chdir(tmp_path)
+    # As the che-bench script runs: its own folder first, the current folder not searched.
+    monkeypatch.setattr(sys, "path", [entry for entry in sys.path if entry not in ("", ".")])
+    assert main(["--plugin", "plugin_here", "tasks"]) == 0
+    assert "plugin_here" in plugins.loaded()
+
+
+def forget_example_plugin() -> None:
+    """As if the example plugin were not installed: its names unregistered again."""
+    for registry, name in ((TASKS, "majority"), (ENCODINGS, "log_length_nope")):
+        aliases = [alias for alias, target in registry._aliases.items() if target == name]
+        for key in aliases:
+            del registry._aliases[key]
+        del registry._entries[name], registry._origins[name]
+
+
+def test_a_store_of_plugin_runs_is_readable_without_the_plugin(example_on_path, tmp_path, capsys):
+    store = ["--store", str(tmp_path / "s.sqlite")]
+    assert main(["--plugin", "che_bench_loglength", "run", "--task", "majority", "--pe",
+                 "loglength", "--preset", "smoke", "--test-lengths", "41", "--no-progress",
+                 *store]) == 0
+    forget_example_plugin()
+    capsys.readouterr()
+    assert main(["table", "--task", "majority", *store]) == 0
+    table = capsys.readouterr().out
+    [row] = [line.split() for line in table.splitlines() if " majority " in line]
+    assert row[:3] == ["?", "majority", "?"]  # level and chance unknown, the score shown
+    note = ("not registered here (plugin che_bench_loglength not loaded): task majority, "
+            "encoding log_length_nope; shown as the store recorded them; level ? and chance "
+            "unknown (the task class is needed)")
+    assert note in table
+    assert main(["report", *store, "--out", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert note in page and "<img" in page  # the table, its note and the task's panel

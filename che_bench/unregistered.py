@@ -1,0 +1,67 @@
+"""Stored runs of tasks and encodings that this process does not know (the plugin that
+registered them is not loaded: not installed here, or ``--no-plugins``).
+
+Tables and reports never refuse such a store: they show these runs from what the store
+recorded (names, parameters, scores, the plugin's name in the run's versions), with a note
+saying what could not be looked up (a task's level and chance).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+#: The level shown for a task whose class is not loaded (the store does not record it).
+UNKNOWN_LEVEL = "?"
+
+
+def task_known(name: str) -> bool:
+    from che_bench.tasks import TASKS
+
+    return name in TASKS.names()
+
+
+def encoding_known(name: str) -> bool:
+    from che_bench.encodings.base import ENCODINGS
+
+    return name in ENCODINGS.names()
+
+
+def recorded_task_label(name: str, params: dict[str, Any]) -> str:
+    """A table label from the recorded parameters alone (every one is named: without the
+    task class, which of them are its defaults is unknown)."""
+    if not params:
+        return name
+    return f"{name}({', '.join(f'{key}={value}' for key, value in sorted(params.items()))})"
+
+
+def task_names(wanted: Iterable[str], stored: Iterable[str]) -> set[str]:
+    """The registered names of ``wanted`` tasks (aliases resolved); a name that only the store
+    knows is kept as it is, and any other unknown one is the registry's CheBenchError."""
+    from che_bench.registry import normalise_name
+    from che_bench.tasks import get_task
+
+    stored = set(stored)
+    return {normalise_name(name) if normalise_name(name) in stored else get_task(name).name
+            for name in wanted}
+
+
+def note(runs: pd.DataFrame) -> str | None:
+    """The table note naming the runs' tasks and encodings that are not registered here and
+    the plugins the runs recorded using; None when every one is known."""
+    tasks = sorted(name for name in set(runs["task"]) if not task_known(name))
+    encodings = sorted(name for name in set(runs["pe"]) if not encoding_known(name))
+    if not tasks and not encodings:
+        return None
+    unknown = runs[runs["task"].isin(tasks) | runs["pe"].isin(encodings)]
+    plugins = sorted({key.removeprefix("plugin ") for text in unknown["versions"]
+                      for key in json.loads(text or "{}") if key.startswith("plugin ")})
+    names = [f"task {name}" for name in tasks] + [f"encoding {name}" for name in encodings]
+    source = f"plugin {', '.join(plugins)}" if plugins else "a plugin"
+    level = (f"; level {UNKNOWN_LEVEL} and chance unknown (the task class is needed)"
+             if tasks else "")
+    return (f"not registered here ({source} not loaded): {', '.join(names)}; shown as the "
+            f"store recorded them{level}")
