@@ -1,7 +1,9 @@
 """Conformance checks of an encoding or a task: what che-bench relies on, for any registered one.
 
 ``che-bench check-encoding NAME`` / ``check-task NAME`` run them (plugins included), and the
-project's tests run the same functions over every built-in. Each check returns its failures,
+project's tests run the same functions over every built-in (the checks of the attention hooks
+alone, bias shape and translation invariance, are in ``che_bench.conformance_hooks``). Each
+check returns its failures,
 one line each (what, where, expected vs got); an empty list is a pass. Models are tiny, so a
 whole encoding or task checks in well under a minute on a laptop CPU.
 """
@@ -18,7 +20,8 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from che_bench.errors import CheBenchError
+from che_bench.conformance_hooks import check_bias_shape, check_translation_invariance, differ
+from che_bench.errors import CheBenchError, one_line
 from che_bench.model import Encoder, build_model, member_state_dict, stack_members
 from che_bench.tasks import Task, get_task
 
@@ -32,7 +35,6 @@ LONG_TASK, SHORT_TASK = "duplicate_string", "reverse_string"
 KERNELS = (None, 1, 3)
 #: The evaluation memory budget checked at n = 500: far below one [B, H, T, T] score map.
 SMALL_BUDGET_BYTES = 4 << 20
-TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 
 Check = Callable[..., list[str]]
 
@@ -48,15 +50,6 @@ def _model(pe: str, kernel: int | None, options: dict[str, Any], seed: int = 0,
 
 def _inputs(task: str, n: int, batch: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(get_task(task).sample(n, batch, np.random.default_rng(seed)).inputs)
-
-
-def _differ(got: torch.Tensor, expected: torch.Tensor) -> str | None:
-    """None when equal to float rounding, else the largest difference."""
-    if got.shape != expected.shape:
-        return f"shape {list(got.shape)} instead of {list(expected.shape)}"
-    if torch.allclose(got, expected, **TOLERANCE, equal_nan=False):
-        return None
-    return f"max |difference| {(got - expected).abs().max().item():.3g}"
 
 
 def check_shapes_and_finite(pe: str, options: dict[str, Any]) -> list[str]:
@@ -98,7 +91,7 @@ def check_pack_equals_members(pe: str, options: dict[str, Any],
                 packed = pack(inputs)
                 for m, member in enumerate(members):
                     member.seed_draws([10 + m])
-                    difference = _differ(packed[m], member(member_inputs[m])[0])
+                    difference = differ(packed[m], member(member_inputs[m])[0])
                     if difference:
                         failures.append(f"pack of 3 equals its members alone (kernel {kernel}, "
                                         f"{label}, member {m}): expected equal logits, got {difference}")
@@ -122,7 +115,7 @@ def check_chunked_equals_unchunked(pe: str, options: dict[str, Any]) -> list[str
             for budget in (3 * 51 * 4 * 6 * 5, 2000):  # a few rows per chunk; below one row
                 _set_budget(model, budget)
                 model.seed_draws([7])
-                difference = _differ(model(inputs), whole)
+                difference = differ(model(inputs), whole)
                 if difference:
                     failures.append(f"row-chunked evaluation equals unchunked (kernel {kernel}, "
                                     f"budget {budget} bytes): expected equal logits, got {difference}")
@@ -141,13 +134,13 @@ def check_state_dict_round_trip(pe: str, options: dict[str, Any]) -> list[str]:
         restored.load_state_dict(torch.load(buffer, weights_only=True))
     except Exception as exc:  # noqa: BLE001 - any failure to load is the finding
         return [f"state_dict round trip: expected the saved weights to load, got "
-                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"]
+                f"{type(exc).__name__}: {one_line(exc)}"]
     inputs = _inputs(SHORT_TASK, 30, 2)
     with torch.no_grad():
         model.seed_draws([5])
         expected = model(inputs)
         restored.seed_draws([5])
-        difference = _differ(restored(inputs), expected)
+        difference = differ(restored(inputs), expected)
     return [f"state_dict round trip: expected the same logits after loading, got {difference}"] if difference else []
 
 
@@ -223,12 +216,12 @@ def check_draws_reproducible(pe: str, options: dict[str, Any]) -> list[str]:
             for seed in (21, 21, 22):
                 model.seed_draws([seed])
                 runs.append(model(inputs, evaluating=evaluating))
-        difference = _differ(runs[1], runs[0])
+        difference = differ(runs[1], runs[0])
         if difference:
             failures.append(f"draws reproducible per seed ({mode}): expected equal logits for "
                             f"seed 21 twice, got {difference}")
         active = model.encoding.draws_active(evaluating)
-        if randomized and active and _differ(runs[2], runs[0]) is None:
+        if randomized and active and differ(runs[2], runs[0]) is None:
             failures.append(f"draws reproducible per seed ({mode}): expected other logits for "
                             "another seed (a randomized encoding draws positions), got the same")
     return failures
@@ -236,6 +229,8 @@ def check_draws_reproducible(pe: str, options: dict[str, Any]) -> list[str]:
 
 ENCODING_CHECKS: dict[str, Check] = {
     "shapes": check_shapes_and_finite,
+    "bias": check_bias_shape,
+    "translation": check_translation_invariance,
     "pack": check_pack_equals_members,
     "chunks": check_chunked_equals_unchunked,
     "state_dict": check_state_dict_round_trip,
@@ -406,7 +401,6 @@ def _guarded(check: str, run: Callable[[], list[str]]) -> list[str]:
         with torch.random.fork_rng(devices=[]):
             return run()
     except Exception as exc:  # noqa: BLE001 - a crashing check is a failed check
-        message = str(exc).splitlines()[0] if str(exc) else ""
-        return [f"{check}: expected to run, got {type(exc).__name__}: {message}"]
+        return [f"{check}: expected to run, got {type(exc).__name__}: {one_line(exc)}"]
     finally:
         torch.set_num_threads(threads)

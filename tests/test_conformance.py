@@ -61,7 +61,7 @@ def test_a_broken_encoding_fails_with_one_line_per_fault(scratch_registries, cap
 
 def test_a_correct_encoding_passes(capsys):
     assert main(["check-encoding", "alibi", "--pe-option", "alibi_mode=symmetric"]) == 0
-    assert "encoding alibi: all 8 checks passed" in capsys.readouterr().out
+    assert "encoding alibi: all 10 checks passed" in capsys.readouterr().out
 
 
 def test_a_task_whose_oracle_disagrees_is_named_with_its_length(scratch_registries, capsys):
@@ -104,3 +104,89 @@ def test_a_check_that_crashes_is_one_failure_line():
     task = get_task("parity_check")
     task.sample = lambda n, batch_size, rng: (_ for _ in ()).throw(RuntimeError("boom\nmore"))
     assert conformance.run_task_check("seed", task) == ["seed: expected to run, got RuntimeError: boom"]
+
+
+class PositionSumHook(AttentionHook):
+    """Broken on purpose: its bias depends on i + j, an absolute position, not on j - i."""
+
+    def bias(self, rows, length, ctx):
+        positions = torch.arange(length, dtype=torch.float32)
+        total = positions[rows][:, None] + positions[None, :]
+        return (-0.1 * total)[None, None, None].expand(1, 1, 4, -1, -1)
+
+
+class HeadsRowsKeysHook(AttentionHook):
+    """Broken on purpose: its bias ``[H, R, T]`` broadcasts in plain attention but lacks the
+    member and batch axes that packs and DAPE need."""
+
+    def bias(self, rows, length, ctx):
+        offsets = torch.arange(length)[rows][:, None] - torch.arange(length)[None, :]
+        return -offsets.abs().float().expand(4, -1, -1)
+
+
+def bias_encoding(name, hook_class, carries_bias=True, kind="relative"):
+    """Register a relative encoding whose every layer uses ``hook_class``."""
+
+    class Encoding(PositionalEncoding):
+        description = "broken on purpose"
+
+        def __init__(self, *, dim, heads, layers, train_max_tokens, members=1):
+            super().__init__(dim=dim, heads=heads, layers=layers,
+                             train_max_tokens=train_max_tokens, members=members)
+            self.hooks = torch.nn.ModuleList(hook_class() for _ in range(layers))
+
+    Encoding.name, Encoding.kind, Encoding.carries_bias = name, kind, carries_bias
+    register(Encoding)
+
+
+def test_a_relative_bias_of_absolute_positions_fails_translation_invariance(scratch_registries):
+    bias_encoding("test_position_sum", PositionSumHook)
+    assert conformance.run_encoding_check("bias", "test_position_sum") == []
+    [first, *_] = conformance.run_encoding_check("translation", "test_position_sum")
+    assert first == ("translation invariance (layer 0): expected the logits of query i and key j "
+                     "to depend on j - i only (kind 'relative'), got max |difference| 1.6 between "
+                     "(i, j) and (i + 8, j + 8)")
+
+
+def test_absolute_embeddings_in_a_relative_encoding_fail_translation_invariance(scratch_registries):
+    from che_bench.encodings.sin_cos import SinCosEncoding
+
+    class Mislabelled(SinCosEncoding):
+        name, kind = "test_mislabelled", "relative"
+
+    register(Mislabelled)
+    [failure] = conformance.run_encoding_check("translation", "test_mislabelled")
+    assert failure.startswith("translation invariance (embeddings): expected no position in the "
+                              "embeddings of a relative encoding, got max |difference|")
+
+
+def test_a_bias_of_the_wrong_shape_fails_with_the_expected_shape(scratch_registries, capsys):
+    bias_encoding("test_heads_rows_keys", HeadsRowsKeysHook)
+    assert conformance.run_encoding_check("shapes", "test_heads_rows_keys") == []  # it broadcasts
+    failures = conformance.run_encoding_check("bias", "test_heads_rows_keys")
+    assert failures[:2] == [
+        "bias shape (layer 0, rows 0:24 of 24 keys, 3 members): expected [3 or 1, 1, 4, 24, 24], "
+        "got [4, 24, 24]",
+        "bias shape (layer 0, rows 5:9 of 24 keys, 3 members): expected [3 or 1, 1, 4, 4, 24], "
+        "got [4, 4, 24]",
+    ]
+
+
+def test_a_bias_needs_carries_bias_on_the_encoding_class(scratch_registries):
+    class FlaggedHook(HeadsRowsKeysHook):
+        carries_bias = True  # on the hook only: che-bench reads the encoding class's
+
+    bias_encoding("test_hook_flag_only", FlaggedHook, carries_bias=False)
+    [first, *_] = conformance.run_encoding_check("bias", "test_hook_flag_only")
+    assert first == ("bias shape (layer 0, rows 0:24 of 24 keys, 3 members): expected None (the "
+                     "encoding class does not set carries_bias, so DAPE would not take the bias), "
+                     "got a bias [4, 24, 24]")
+
+
+def test_a_crash_keeps_the_line_that_says_what_went_wrong():
+    task = get_task("parity_check")
+    message = "Error(s) in loading state_dict for Encoder:\n\tsize mismatch for e.left: [1, 4]"
+    task.sample = lambda n, batch_size, rng: (_ for _ in ()).throw(RuntimeError(message))
+    assert conformance.run_task_check("seed", task) == [
+        "seed: expected to run, got RuntimeError: Error(s) in loading state_dict for Encoder: "
+        "size mismatch for e.left: [1, 4]"]

@@ -15,6 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     encoding = subparsers.add_parser(
         "check-encoding", help="check that an encoding works as che-bench needs (exit 1 if not)",
         description="Shapes and finite outputs at training lengths and test lengths up to 500, "
+        "the bias shape [M or 1, 1, H, R, T] (and None without carries_bias), translation "
+        "invariance of a relative encoding's logits and embeddings, "
         "a pack of 3 equals its members alone, row-chunked evaluation equals unchunked, "
         "state_dict round trip, options recorded, a training step alone and with DAPE kernels 1 "
         "and 3, the memory "
