@@ -12,9 +12,9 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from che_bench.errors import CheBenchError
+from che_bench.errors import CheBenchError, one_line
 
 Registered = TypeVar("Registered")
 
@@ -70,6 +70,17 @@ class Registry(Generic[Registered]):
         """Registered names, in registration order (built-ins first)."""
         _load_plugins()
         return list(self._entries)
+
+    def instantiate(self, cls: type, **arguments: Any) -> Any:
+        """``cls(**arguments)`` of a registered class. A plain ValueError it raises (how a
+        plugin may refuse an option or parameter) is a one-line CheBenchError naming it, like
+        the CheBenchError that che-bench's own classes raise."""
+        try:
+            return cls(**arguments)
+        except CheBenchError:
+            raise
+        except ValueError as exc:
+            raise CheBenchError(f"{self.kind} {cls.name!r}: {one_line(exc)}") from None
 
     def origin(self, name: str) -> str | None:
         """The plugin that registered ``name`` (None: che-bench itself)."""

@@ -207,3 +207,37 @@ def test_a_store_of_plugin_runs_is_readable_without_the_plugin(example_on_path, 
     assert main(["report", *store, "--out", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()
     assert note in page and "<img" in page  # the table, its note and the task's panel
+
+
+def test_options_a_plugin_refuses_with_a_value_error_are_one_line_errors(tmp_path, monkeypatch, capsys):
+    write_module(tmp_path, "plugin_picky", """
+        from che_bench.encodings import PositionalEncoding, register
+        from che_bench.tasks import Task, register_task
+
+        @register
+        class Picky(PositionalEncoding):
+            name, kind, description = "test_picky", "none", "takes scale 1 only"
+
+            def __init__(self, *, dim, heads, layers, train_max_tokens, members=1, scale=1):
+                super().__init__(dim=dim, heads=heads, layers=layers,
+                                 train_max_tokens=train_max_tokens, members=members)
+                if scale != 1:
+                    raise ValueError(f"scale must be 1, got {scale!r}\\nmore detail")
+
+        @register_task
+        class PickyTask(Task):
+            name, level, output_length_formula = "test_picky_task", "regular", "1"
+
+            def __init__(self, size=2):
+                if size != 2:
+                    raise ValueError(f"size must be 2, got {size!r}")
+
+            output_length = _sample = _solve = None  # never sampled here
+    """)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["check-encoding", "test_picky", "--pe-option", "scale=2.5",
+                 "--plugin", "plugin_picky"]) == 2
+    assert capsys.readouterr().err == (
+        "che-bench: error: positional encoding 'test_picky': scale must be 1, got 2.5\n")
+    assert main(["check-task", "test_picky_task", "--param", "size=3"]) == 2
+    assert capsys.readouterr().err == "che-bench: error: task 'test_picky_task': size must be 2, got 3\n"

@@ -47,8 +47,6 @@ class ALiBiHook(AttentionHook):
     The bias then differs per member: ``[M, 1, H, R, T]`` instead of ``[1, 1, H, R, T]``.
     """
 
-    carries_bias = True
-
     def __init__(self, heads: int, mode: str) -> None:
         super().__init__()
         slopes = torch.tensor(alibi_slopes(heads))

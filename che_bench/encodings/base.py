@@ -74,8 +74,6 @@ class Draws:
 class AttentionHook(nn.Module):
     """Per-layer part of an encoding. The default is plain scaled dot-product scores."""
 
-    #: True when ``bias`` returns a data-independent additive map (DAPE then sees 2H channels).
-    carries_bias: ClassVar[bool] = False
     #: Estimated peak number of float ``[B, H, R, T]`` maps alive inside ``scores`` (for
     #: sizing row chunks from a memory budget; int64 index maps count twice).
     score_maps: ClassVar[int] = 1
@@ -92,8 +90,11 @@ class AttentionHook(nn.Module):
         return torch.matmul(q[..., rows, :], k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
 
     def bias(self, rows: slice, length: int, ctx: Any) -> torch.Tensor | None:
-        """Additive bias ``[M or 1, 1, H, R, T]`` for query ``rows`` (None when there is
-        none); a member axis of 1 when the bias is the same for every member."""
+        """Additive bias ``[M or 1, 1, H, R, T]`` for query ``rows``: a member axis of M when
+        it has learned parameters (each ``[M, ...]``), of 1 when every member has the same
+        bias. None unless the encoding class sets ``carries_bias`` (che-bench reads that
+        attribute of the encoding, before building the model, to give DAPE the extra
+        channels; ``check-encoding`` checks that the two agree)."""
         return None
 
 
@@ -110,6 +111,8 @@ class PositionalEncoding(nn.Module):
     description: ClassVar[str]
     kind: ClassVar[str]
     randomized: ClassVar[bool] = False
+    #: True when the hooks' ``bias`` returns a data-independent additive map (DAPE then sees
+    #: 2H channels); the hooks themselves have no such attribute.
     carries_bias: ClassVar[bool] = False
     #: Absolute encodings add to the embeddings, which are then dropped out (reference).
     adds_to_embedding: ClassVar[bool] = False
@@ -204,7 +207,8 @@ def build_encoding(
     members: int = 1,
     **options: Any,
 ) -> PositionalEncoding:
-    """Build encoding ``name``; an option it does not take is a ``CheBenchError``."""
+    """Build encoding ``name``; an option it does not take, or refuses (with a CheBenchError
+    or a ValueError), is a ``CheBenchError``."""
     cls = get_encoding_class(name)
     unknown = sorted(set(options) - set(cls.option_names()))
     if unknown:
@@ -215,7 +219,7 @@ def build_encoding(
         )
     if dim % heads:
         raise CheBenchError(f"model width {dim} is not divisible by {heads} heads")
-    return cls(
-        dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members,
-        **options,
+    return ENCODINGS.instantiate(
+        cls, dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens,
+        members=members, **options,
     )

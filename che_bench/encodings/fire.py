@@ -27,8 +27,6 @@ class FireHook(AttentionHook):
     current length.
     """
 
-    carries_bias = True
-
     def __init__(self, heads: int, width: int, l0: float, members: int) -> None:
         super().__init__()
         self.mlp = nn.Sequential(

@@ -28,8 +28,6 @@ class KerpleHook(AttentionHook):
     reparameterization.
     """
 
-    carries_bias = True
-
     def __init__(self, heads: int, kernel: str, bidirectional: str, members: int) -> None:
         super().__init__()
         self.kernel, self.bidirectional = kernel, bidirectional

@@ -35,8 +35,6 @@ class T5Hook(AttentionHook):
     """``Bias[h, i, j] = scale * table[bucket(j - i), h]`` (a ``[buckets, H]`` table per
     member), added to the scaled scores."""
 
-    carries_bias = True
-
     def __init__(
         self,
         heads: int,

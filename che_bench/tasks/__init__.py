@@ -58,7 +58,8 @@ def list_tasks() -> list[str]:
 
 
 def get_task(name: str, **params: object) -> Task:
-    """A task instance; ``params`` override its reference parameters (CheBenchError if unknown)."""
+    """A task instance; ``params`` override its reference parameters (CheBenchError if unknown,
+    or refused with a CheBenchError or a ValueError)."""
     cls = TASKS.get(name)
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     accepted = [
@@ -69,4 +70,4 @@ def get_task(name: str, **params: object) -> Task:
     if unknown:
         valid = ", ".join(accepted) or "none"
         raise CheBenchError(f"task {cls.name!r} has no parameter {', '.join(unknown)} (valid: {valid})")
-    return cls(**params)
+    return TASKS.instantiate(cls, **params)
