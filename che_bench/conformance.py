@@ -133,8 +133,8 @@ def check_state_dict_round_trip(pe: str, options: dict[str, Any]) -> list[str]:
     try:
         restored.load_state_dict(torch.load(buffer, weights_only=True))
     except Exception as exc:  # noqa: BLE001 - any failure to load is the finding
-        return [f"state_dict round trip: expected the saved weights to load, got "
-                f"{type(exc).__name__}: {one_line(exc)}"]
+        return [f"state_dict round trip: expected the saved weights to load, got {type(exc).__name__}: "
+                + one_line(exc)]
     inputs = _inputs(SHORT_TASK, 30, 2)
     with torch.no_grad():
         model.seed_draws([5])

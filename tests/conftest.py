@@ -32,5 +32,5 @@ def scratch_registries(monkeypatch):
     modules = set(sys.modules)
     yield
     for name in set(sys.modules) - modules:
-        if name.startswith(("che_bench_loglength", "plugin_")):
+        if name.startswith(("che_bench_loglength", "plugin_", "my_plugin")):
             del sys.modules[name]

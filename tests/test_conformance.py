@@ -165,10 +165,10 @@ def test_a_bias_of_the_wrong_shape_fails_with_the_expected_shape(scratch_registr
     assert conformance.run_encoding_check("shapes", "test_heads_rows_keys") == []  # it broadcasts
     failures = conformance.run_encoding_check("bias", "test_heads_rows_keys")
     assert failures[:2] == [
-        "bias shape (layer 0, rows 0:24 of 24 keys, 3 members): expected [3 or 1, 1, 4, 24, 24], "
-        "got [4, 24, 24]",
-        "bias shape (layer 0, rows 5:9 of 24 keys, 3 members): expected [3 or 1, 1, 4, 4, 24], "
-        "got [4, 4, 24]",
+        ("bias shape (layer 0, rows 0:24 of 24 keys, 3 members): expected [3 or 1, 1, 4, 24, 24], "
+         "got [4, 24, 24]"),
+        ("bias shape (layer 0, rows 5:9 of 24 keys, 3 members): expected [3 or 1, 1, 4, 4, 24], "
+         "got [4, 4, 24]"),
     ]
 
 
@@ -188,5 +188,5 @@ def test_a_crash_keeps_the_line_that_says_what_went_wrong():
     message = "Error(s) in loading state_dict for Encoder:\n\tsize mismatch for e.left: [1, 4]"
     task.sample = lambda n, batch_size, rng: (_ for _ in ()).throw(RuntimeError(message))
     assert conformance.run_task_check("seed", task) == [
-        "seed: expected to run, got RuntimeError: Error(s) in loading state_dict for Encoder: "
-        "size mismatch for e.left: [1, 4]"]
+        ("seed: expected to run, got RuntimeError: Error(s) in loading state_dict for Encoder: "
+         "size mismatch for e.left: [1, 4]")]

@@ -20,7 +20,8 @@ from che_bench.errors import CheBenchError
 from che_bench.store import ResultStore
 from che_bench.tasks import TASKS, get_task, list_tasks
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "che-bench-loglength"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLE = EXAMPLES / "che-bench-loglength"
 
 pytestmark = pytest.mark.usefixtures("scratch_registries")
 
@@ -241,3 +242,15 @@ def test_options_a_plugin_refuses_with_a_value_error_are_one_line_errors(tmp_pat
         "che-bench: error: positional encoding 'test_picky': scale must be 1, got 2.5\n")
     assert main(["check-task", "test_picky_task", "--param", "size=3"]) == 2
     assert capsys.readouterr().err == "che-bench: error: task 'test_picky_task': size must be 2, got 3\n"
+
+
+def test_the_documented_one_module_plugin_passes_every_check(monkeypatch, capsys):
+    monkeypatch.chdir(EXAMPLES)  # "from this folder", as its docstring says
+    assert main(["--plugin", "my_plugin", "check-encoding", "my_pe", "--pe-option", "power=0.5"]) == 0
+    assert main(["check-task", "every_other", "--param", "vocab_size=3"]) == 0
+    out = capsys.readouterr().out
+    assert "encoding my_pe: all 10 checks passed" in out and "task every_other: all 5 checks passed" in out
+    assert main(["check-encoding", "my_alias", "--pe-option", "power=true"]) == 2
+    assert capsys.readouterr().err == (
+        "che-bench: error: encoding 'my_pe': power must be in (0, 2], got True\n")
+    assert get_task("every_other").output_length(5) == 3
