@@ -43,7 +43,8 @@ ARCHITECTURES = {
 COMMON_DEFAULTS: dict[str, Any] = {
     "hidden_size": 256,  # CHE experiments/example.py _ARCHITECTURE_PARAMS: hidden_size 256
     "memory_budget_bytes": 1 << 30,  # che-bench's evaluation budget (model.MODEL_DEFAULTS)
-    "fused": True,  # one-member rnn/lstm: torch's fused kernel (same outputs)
+    # A one-member lstm evaluates with torch's fused kernel (same outputs, faster; see rnn.py).
+    "fused": True,
 }
 #: Options of each memory, with their defaults.
 MEMORY_DEFAULTS: dict[str | None, dict[str, Any]] = {
@@ -122,7 +123,8 @@ def build_recurrent(name: str, task: Task, *, members: int = 1, **options: Any) 
         sizes["mlp_layers_size"] = list(sizes["mlp_layers_size"])
     return RecurrentModel(
         task, cell, memory, architecture=name, members=members,
-        memory_budget_bytes=settings["memory_budget_bytes"], fused=bool(settings["fused"]),
+        memory_budget_bytes=settings["memory_budget_bytes"],
+        fused=bool(settings["fused"]) and name == "lstm",
         sizes=sizes, build_options=dict(options),
     )
 

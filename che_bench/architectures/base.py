@@ -81,7 +81,8 @@ class RecurrentModel(nn.Module):
     ``forward(inputs)`` returns the logits ``[M, B, output_length(n), output_size]`` (at the
     appended empty positions, or at the inputs for an in-place task), as ``Encoder`` does.
 
-    ``fused``: a one-member model whose cell has a fused torch kernel (rnn, lstm) runs it.
+    ``fused``: a one-member model runs its cell's ``fused_unroll`` (torch's kernel) when not
+    computing gradients (the builder sets it for the lstm only).
     """
 
     def __init__(
@@ -156,7 +157,8 @@ class RecurrentModel(nn.Module):
         if not torch.is_grad_enabled():
             row_bytes = self.query_row_bytes(input_tokens)
             sub_batch = max(1, min(batch, self.memory_budget_bytes // row_bytes))
-        parts = [self._hidden_outputs(part, input_tokens, read) for part in tokens.split(sub_batch, 1)]
+        parts = [self._hidden_outputs(part, input_tokens, read)
+                 for part in tokens.split(sub_batch, 1)]
         hidden = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         return self.head(torch.relu(hidden))
 
@@ -170,14 +172,15 @@ class RecurrentModel(nn.Module):
             )
         # Host tensors only: on a GPU the check would wait for the device (batches are
         # checked where they are made, ``training.check_token_ids``).
-        if inputs.shape[-1] and not inputs.is_cuda:
-            if int(inputs.min()) < 0 or int(inputs.max()) >= self.task.input_size:
-                raise CheBenchError(f"input ids must lie in 0..{self.task.input_size - 1}")
+        if inputs.shape[-1] and not inputs.is_cuda and (
+            int(inputs.min()) < 0 or int(inputs.max()) >= self.task.input_size
+        ):
+            raise CheBenchError(f"input ids must lie in 0..{self.task.input_size - 1}")
         return inputs
 
     def _hidden_outputs(self, tokens: torch.Tensor, input_tokens: int, read: int) -> torch.Tensor:
-        if self.fused and self.members == 1 and self.memory is None:
-            outputs = self.cell.fused_unroll(tokens[0], self.training)
+        if self.fused and self.members == 1 and not torch.is_grad_enabled():
+            outputs = self.cell.fused_unroll(tokens[0])
             return outputs[None, :, outputs.shape[1] - read :]
         return unroll(self.cell, self.memory, tokens, input_tokens, read)
 

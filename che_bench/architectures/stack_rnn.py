@@ -23,7 +23,9 @@ PUSH, POP, NO_OP = range(3)
 ACTIONS = 3
 
 
-def update_stack(stack: torch.Tensor, actions: torch.Tensor, push_value: torch.Tensor) -> torch.Tensor:
+def update_stack(
+    stack: torch.Tensor, actions: torch.Tensor, push_value: torch.Tensor
+) -> torch.Tensor:
     """The blended stack ``[..., size, cell]`` after ``actions [..., 3]`` (probabilities of
     push, pop, no-op) with ``push_value [..., cell]``; index 0 is the top."""
     pushed = torch.cat([push_value.unsqueeze(-2), stack[..., :-1, :]], dim=-2)

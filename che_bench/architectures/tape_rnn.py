@@ -17,6 +17,7 @@ the appended empty positions). The tape starts as zeros.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -57,7 +58,7 @@ class TapeMemory(nn.Module):
         # hk.Linear(num_actions), both of h.
         sizes = [hidden_size, *mlp_layers, cell_size]
         self.write_mlp = nn.ModuleList(
-            MemberLinear(members, fan_in, fan_out) for fan_in, fan_out in zip(sizes, sizes[1:])
+            MemberLinear(members, fan_in, fan_out) for fan_in, fan_out in pairwise(sizes)
         )
         self.actions = MemberLinear(members, hidden_size, ACTIONS)
 
