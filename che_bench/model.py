@@ -33,7 +33,12 @@ from che_bench.dape import DapeProcessor, check_kernel, check_variant
 from che_bench.encodings import AttentionHook, PositionalEncoding, build_encoding
 from che_bench.encodings.base import Draws
 from che_bench.errors import CheBenchError
-from che_bench.members import MemberEmbedding, MemberLayerNorm, MemberLinear, load_member_states
+from che_bench.members import (
+    MemberEmbedding,
+    MemberLayerNorm,
+    MemberLinear,
+    load_member_states,
+)
 from che_bench.settings import BY_NAME, DAPE, MODEL, settings_where
 from che_bench.tasks.base import Task
 
