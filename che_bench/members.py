@@ -13,7 +13,7 @@ built one at a time, each from its own seed (``che_bench.model.stack_members``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,14 @@ def init_members_(parameter: torch.Tensor, init: Callable[[torch.Tensor], object
     with torch.no_grad():
         for member in parameter:
             init(member)
+
+
+def load_member_states(pack: nn.Module, models: Sequence[nn.Module]) -> nn.Module:
+    """``pack`` (built alike for all their members) with the weights of ``models`` side by
+    side, in order."""
+    states = [model.state_dict() for model in models]
+    pack.load_state_dict({name: torch.cat([state[name] for state in states]) for name in states[0]})
+    return pack
 
 
 def per_member(parameter: torch.Tensor, ndim: int) -> torch.Tensor:

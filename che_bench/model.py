@@ -33,7 +33,12 @@ from che_bench.dape import DapeProcessor, check_kernel, check_variant
 from che_bench.encodings import AttentionHook, PositionalEncoding, build_encoding
 from che_bench.encodings.base import Draws
 from che_bench.errors import CheBenchError
-from che_bench.members import MemberEmbedding, MemberLayerNorm, MemberLinear
+from che_bench.members import (
+    MemberEmbedding,
+    MemberLayerNorm,
+    MemberLinear,
+    load_member_states,
+)
 from che_bench.settings import BY_NAME, DAPE, MODEL, settings_where
 from che_bench.tasks.base import Task
 
@@ -481,9 +486,7 @@ def stack_members(models: Sequence[Encoder]) -> Encoder:
     with torch.random.fork_rng(devices=[]):  # the pack's own initialisation is overwritten
         pack = build_model(first.task, first.encoding.name, first.kernel,
                            members=sum(model.members for model in models), **first.build_options)
-    states = [model.state_dict() for model in models]
-    pack.load_state_dict({name: torch.cat([state[name] for state in states]) for name in states[0]})
-    return pack.to(first.embedding.weight.device)
+    return load_member_states(pack, models).to(first.embedding.weight.device)
 
 
 def member_state_dict(model: Encoder, member: int) -> dict[str, torch.Tensor]:

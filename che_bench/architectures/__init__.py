@@ -1,0 +1,144 @@
+"""CHE's recurrent baselines (CHE experiments/constants.py MODEL_BUILDERS): ``rnn``, ``lstm``,
+``stack_rnn``, ``stack_lstm`` and ``tape_rnn``, with che-bench's member axis.
+
+``build_recurrent(name, task, members=..., **options)`` builds one (initialised from torch's
+global RNG); ``stack_recurrent_members`` packs several, each built from its own seed;
+``che_bench.model.member_state_dict`` takes one member back out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from che_bench.architectures.base import RecurrentModel, positive_int
+from che_bench.architectures.rnn import CELLS
+from che_bench.architectures.stack_rnn import StackMemory
+from che_bench.architectures.tape_rnn import TapeMemory
+from che_bench.errors import CheBenchError
+from che_bench.members import load_member_states
+from che_bench.tasks.base import Task
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A cell (``rnn``: hk.VanillaRNN, ``lstm``: hk.LSTM) and its memory (None, "stack", "tape")."""
+
+    cell: str
+    memory: str | None
+
+
+ARCHITECTURES = {
+    "rnn": Architecture("rnn", None),
+    "lstm": Architecture("lstm", None),
+    "stack_rnn": Architecture("rnn", "stack"),
+    "stack_lstm": Architecture("lstm", "stack"),
+    "tape_rnn": Architecture("rnn", "tape"),
+}
+
+#: Options every architecture takes, with their defaults.
+COMMON_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 256,  # CHE experiments/example.py _ARCHITECTURE_PARAMS: hidden_size 256
+    "memory_budget_bytes": 1 << 30,  # che-bench's evaluation budget (model.MODEL_DEFAULTS)
+    # A one-member lstm evaluates with torch's fused kernel (same outputs, faster; see rnn.py).
+    "fused": True,
+}
+#: Options of each memory, with their defaults.
+MEMORY_DEFAULTS: dict[str | None, dict[str, Any]] = {
+    None: {},
+    "stack": {
+        # CHE's StackRNNCore takes stack_cell_size without a default; 8 is the issue's (and
+        # CHE paper's) value. CHE models/stack_rnn.py: stack_size=30.
+        "stack_cell_size": 8,
+        "stack_size": 30,
+    },
+    "tape": {
+        # CHE experiments/example.py _ARCHITECTURE_PARAMS: memory_cell_size 8, memory_size 40.
+        "memory_cell_size": 8,
+        "memory_size": 40,
+        # CHE models/tape_rnn.py TapeRNNCore: mlp_layers_size=(64, 64).
+        "mlp_layers_size": (64, 64),
+    },
+}
+
+
+def recurrent_defaults(name: str) -> dict[str, Any]:
+    """Every option of architecture ``name`` with its default."""
+    return {**COMMON_DEFAULTS, **MEMORY_DEFAULTS[_architecture(name).memory]}
+
+
+def _architecture(name: str) -> Architecture:
+    if name not in ARCHITECTURES:
+        raise CheBenchError(
+            f"unknown architecture {name!r}; choose from {', '.join(ARCHITECTURES)}"
+        )
+    return ARCHITECTURES[name]
+
+
+def _settings(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` over the defaults of ``name``, checked."""
+    defaults = recurrent_defaults(name)
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise CheBenchError(
+            f"{name} takes no option {', '.join(unknown)} (options: {', '.join(defaults)})"
+        )
+    settings = {**defaults, **options}
+    for key, value in settings.items():
+        if key == "mlp_layers_size":
+            settings[key] = tuple(positive_int(key, size) for size in value)
+        elif key != "fused":
+            positive_int(key, value)
+    return settings
+
+
+def _memory(kind: str | None, members: int, settings: dict[str, Any]):
+    hidden = settings["hidden_size"]
+    if kind == "stack":
+        return StackMemory(members, hidden, settings["stack_cell_size"], settings["stack_size"])
+    if kind == "tape":
+        return TapeMemory(members, hidden, settings["memory_cell_size"], settings["memory_size"],
+                          settings["mlp_layers_size"])
+    return None
+
+
+def build_recurrent(name: str, task: Task, *, members: int = 1, **options: Any) -> RecurrentModel:
+    """CHE's recurrent baseline ``name`` for ``task``: one-hot inputs (``input_size`` classes
+    plus the empty token), ``members`` models side by side, each initialised in turn from
+    torch's global RNG (memory, then cell, then read-out). ``options``: see
+    ``recurrent_defaults(name)``; anything else raises CheBenchError."""
+    architecture = _architecture(name)
+    settings = _settings(name, options)
+    memory = _memory(architecture.memory, members, settings)
+    extra = 0 if memory is None else memory.width
+    # CHE experiments/utils.py make_model_with_empty_targets: one-hot of input_size + 1
+    # classes, the empty output positions being class input_size.
+    cell = CELLS[architecture.cell](members, task.input_size + 1, extra, settings["hidden_size"])
+    sizes = {key: value for key, value in settings.items()
+             if key not in ("memory_budget_bytes", "fused")}
+    if "mlp_layers_size" in sizes:
+        sizes["mlp_layers_size"] = list(sizes["mlp_layers_size"])
+    return RecurrentModel(
+        task, cell, memory, architecture=name, members=members,
+        memory_budget_bytes=settings["memory_budget_bytes"],
+        fused=bool(settings["fused"]) and name == "lstm",
+        sizes=sizes, build_options=dict(options),
+    )
+
+
+def stack_recurrent_members(models: Sequence[RecurrentModel]) -> RecurrentModel:
+    """One model holding the members of ``models`` (built alike, each from its own seed) side
+    by side, in order; its parameters are copies."""
+    first = models[0]
+    if any((model.architecture, model.build_options, model.task.name, model.task.params())
+           != (first.architecture, first.build_options, first.task.name, first.task.params())
+           for model in models):
+        raise CheBenchError("only models built with the same architecture, task and options stack")
+    with torch.random.fork_rng(devices=[]):  # the pack's own initialisation is overwritten
+        pack = build_recurrent(first.architecture, first.task,
+                               members=sum(model.members for model in models),
+                               **first.build_options)
+    return load_member_states(pack, models).to(first.head.weight.device)
