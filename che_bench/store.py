@@ -13,8 +13,10 @@ Table ``accuracies`` holds the per-length curve of each evaluation (split ``test
 
 A file is recognised by SQLite's ``application_id`` header field plus a ``meta`` table; anything
 else is refused and never modified. A store of an older schema version (1: one curve per run;
-2: no exact match, no training history) is upgraded in place, in one transaction. Every write
-is one transaction, and a busy timeout lets several processes write.
+2: no exact match, no training history) is upgraded in place, in one transaction, when it is
+opened for writing; opened ``read_only``, it is read as it is and nothing of it is written
+(``che_bench.store_access``). Every write is one transaction, and a busy timeout lets several
+processes write.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +39,7 @@ import pandas as pd
 from che_bench.errors import CheBenchError
 from che_bench.history import HISTORY_FIELDS
 from che_bench.protocol import EVAL_SEED, format_lengths
+from che_bench.store_access import ReadOnlyAccess, store_error
 
 if TYPE_CHECKING:
     from che_bench.config import RunConfig, RunResult
@@ -164,16 +168,18 @@ def describe_protocol(protocol: dict[str, Any]) -> str:
 
 class ResultStore:
     """Runs, their evaluations and per-length accuracies in one SQLite file (see the module
-    docstring)."""
+    docstring). ``read_only``: an existing store, only read (its writing methods fail)."""
 
-    def __init__(self, path: str | os.PathLike | None = None) -> None:
+    def __init__(self, path: str | os.PathLike | None = None, *, read_only: bool = False) -> None:
         self.path = Path(path) if path is not None else default_store_path()
         if self.path.is_dir():
             raise CheBenchError(f"result store {self.path} is a directory, not a file")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CheBenchError(f"cannot create the directory of store {self.path}: {exc.strerror}") from None
+        self._reading = ReadOnlyAccess(self.path, BUSY_TIMEOUT_S) if read_only else None
+        if not read_only:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CheBenchError(f"cannot create the directory of store {self.path}: {exc.strerror}") from None
         self._open_or_create()
 
     # -- connection handling -----------------------------------------------------------------
@@ -181,19 +187,22 @@ class ResultStore:
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
         try:
-            connection = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            connection = (self._reading.connect() if self._reading is not None else
+                          sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None))
         except sqlite3.Error as exc:
-            raise CheBenchError(f"cannot open result store {self.path}: {exc}") from None
+            raise store_error(self.path, exc, f"cannot open result store {self.path}: {exc}") from None
         try:
             yield connection
         except sqlite3.DatabaseError as exc:
-            raise CheBenchError(f"result store {self.path}: {exc}") from None
+            raise store_error(self.path, exc, f"result store {self.path}: {exc}") from None
         finally:
             connection.close()
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         """One write transaction: all of it lands, or none of it."""
+        if self._reading is not None:
+            raise CheBenchError(f"result store {self.path} was opened read-only")
         with self._connect() as connection:
             connection.execute("BEGIN IMMEDIATE")
             try:
@@ -204,8 +213,8 @@ class ResultStore:
             connection.execute("COMMIT")
 
     def _open_or_create(self) -> None:
-        """Check the file is a che-bench store (creating it when new or empty, upgrading it
-        from version 1); never write to anything else."""
+        """Check the file is a che-bench store (for writing: creating it when new or empty,
+        upgrading it from an older version); never write to anything else."""
         with self._connect() as connection:
             try:
                 # One read transaction: a store that another process is creating right now is
@@ -215,33 +224,41 @@ class ResultStore:
                 application_id = connection.execute("PRAGMA application_id").fetchone()[0]
                 tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
                 connection.execute("COMMIT")
-            except sqlite3.DatabaseError:
-                raise CheBenchError(
-                    f"{self.path} is not a che-bench result store (not an SQLite database); "
-                    "refusing to touch it"
+            except sqlite3.DatabaseError as exc:
+                raise store_error(
+                    self.path, exc, f"{self.path} is not a che-bench result store (not an SQLite "
+                    "database); refusing to touch it"
                 ) from None
             if application_id == 0 and not tables:
+                if self._reading is not None:
+                    raise CheBenchError(f"{self.path} is empty: not a che-bench result store yet")
                 self._create(connection)
             elif application_id != APPLICATION_ID or "meta" not in tables:
                 raise CheBenchError(
                     f"{self.path} is an SQLite file of another application, not a che-bench "
                     "result store; refusing to touch it"
                 )
-            version = _schema_version(connection)
-            if version in _MIGRATIONS:
-                self._upgrade(connection, version)
-            elif version != SCHEMA_VERSION:
-                raise CheBenchError(
-                    f"result store {self.path} has schema version {version}, "
-                    f"this che-bench reads versions 1 to {SCHEMA_VERSION}"
-                )
+            self._adopt_schema(connection, _schema_version(connection))
+
+    def _adopt_schema(self, connection: sqlite3.Connection, version: int | None) -> None:
+        """Make an older schema ``version`` readable: upgrade the store (for writing) or an
+        in-memory copy of it (for reading); refuse an unknown one."""
+        if version in _MIGRATIONS and self._reading is not None:
+            self._reading.read_from_upgraded_copy(partial(_migrate, from_version=version))
+        elif version in _MIGRATIONS:
+            self._upgrade(connection, version)
+        elif version != SCHEMA_VERSION:
+            raise CheBenchError(
+                f"result store {self.path} has schema version {version}, "
+                f"this che-bench reads versions 1 to {SCHEMA_VERSION}"
+            )
 
     def _create(self, connection: sqlite3.Connection) -> None:
         self._enable_wal(connection)
         try:
             connection.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
-            raise CheBenchError(f"cannot write result store {self.path}: {exc}") from None
+            raise store_error(self.path, exc, f"cannot write result store {self.path}: {exc}") from None
         # Re-check inside the lock: another process may have created the store meanwhile.
         if connection.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
             connection.execute("COMMIT")
@@ -266,7 +283,7 @@ class ResultStore:
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise CheBenchError(f"cannot write result store {self.path}: {exc}") from None
+                    raise store_error(self.path, exc, f"cannot write result store {self.path}: {exc}") from None
             time.sleep(0.01)
 
     def _upgrade(self, connection: sqlite3.Connection, version: int) -> None:
@@ -276,26 +293,21 @@ class ResultStore:
         try:
             connection.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
-            raise CheBenchError(
-                f"result store {self.path} has schema version {version} and cannot be upgraded "
-                f"to {SCHEMA_VERSION}: {exc}"
+            raise store_error(
+                self.path, exc, f"result store {self.path} has schema version {version} and "
+                f"cannot be upgraded to {SCHEMA_VERSION}: {exc}"
             ) from None
         try:
             # Re-check inside the lock: another process may have upgraded the store meanwhile.
             current = _schema_version(connection)
             if current != SCHEMA_VERSION:
-                for step in range(current, SCHEMA_VERSION):
-                    _MIGRATIONS[step](connection)
-                connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
-                                   (str(SCHEMA_VERSION),))
-                connection.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                                   (f"upgraded_from_{current}_at", _now()))
+                _migrate(connection, current)
         except BaseException as exc:
             connection.execute("ROLLBACK")
             if isinstance(exc, (ValueError, sqlite3.DatabaseError)):  # CheBenchError included
-                raise CheBenchError(
-                    f"cannot upgrade result store {self.path} from schema version {version} "
-                    f"(left unchanged): {exc}"
+                raise store_error(
+                    self.path, exc, f"cannot upgrade result store {self.path} from schema "
+                    f"version {version} (left unchanged): {exc}"
                 ) from None
             raise
         connection.execute("COMMIT")
@@ -596,6 +608,16 @@ def _migrate_2_to_3(connection: sqlite3.Connection) -> None:
 
 #: The migration from each older schema version to the next one.
 _MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
+
+
+def _migrate(connection: sqlite3.Connection, from_version: int) -> None:
+    """Schema version ``from_version`` -> ``SCHEMA_VERSION`` inside the caller's transaction."""
+    for step in range(from_version, SCHEMA_VERSION):
+        _MIGRATIONS[step](connection)
+    connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                       (str(SCHEMA_VERSION),))
+    connection.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                       (f"upgraded_from_{from_version}_at", _now()))
 
 
 def _protocol_fields() -> tuple[str, ...]:

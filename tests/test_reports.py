@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import io
 import math
+import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_store import reevaluation, synthetic_result
+from test_store import reevaluation, store_files, synthetic_result, v1_results, v1_store
 
 from che_bench import reports
 from che_bench.cli import main
@@ -250,3 +251,29 @@ def test_cli_evaluation_flag_export_to_stdout_and_listings(store, tmp_path, monk
     rows = [line for line in lines if "smoke" in line]
     assert [("kept" in line) for line in rows] == [run_id == result.run_id for run_id in
                                                    store.runs()["run_id"]]
+
+
+READER_COMMANDS = [["runs"], ["evaluations"], ["table"], ["table", "--compare", "paper"],
+                   ["export"], ["export", "--per-length"], ["export", "--curves"],
+                   ["plot", "--out", "{out}/a.png"], ["report", "--out", "{out}/r.html"],
+                   ["curves", "{run}", "--out", "{out}/c.png"]]
+
+
+@pytest.mark.parametrize("schema", [1, 2, 3])
+def test_readers_change_no_byte_of_a_store_of_any_schema(schema, store, tmp_path, capsys):
+    if schema == 1:
+        path = v1_store(tmp_path / "old.sqlite", v1_results())
+    elif schema == 2:  # the committed laptop store is of version 2
+        path = tmp_path / "laptop.sqlite"
+        shutil.copyfile(REPOSITORY / "results" / "laptop" / "laptop.sqlite", path)
+    else:
+        path = store.path
+    before = store_files(path)
+    run_id = ResultStore(path, read_only=True).runs()["run_id"].iloc[0]
+    out = tmp_path / "out"
+    for command in READER_COMMANDS:
+        arguments = [argument.format(out=out, run=run_id) for argument in command]
+        status = main([*arguments, "--store", str(path)])
+        # (the stores here have no training history to draw)
+        assert status == (2 if command[0] == "curves" else 0), (command, capsys.readouterr().err)
+        assert store_files(path) == before, command

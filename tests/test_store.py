@@ -10,11 +10,16 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 import sqlite3
+import tempfile
+from contextlib import closing, contextmanager
+from pathlib import Path
 
 import pytest
 
 from che_bench import store as store_module
+from che_bench.cli import main
 from che_bench.errors import CheBenchError
 from che_bench.config import RunResult, make_config, protocol_id
 from che_bench.store import APPLICATION_ID, SCHEMA_VERSION, ResultStore
@@ -290,7 +295,7 @@ CREATE TABLE accuracies (
 def v1_store(path, results: list[RunResult]):
     """A version-1 store written with plain sqlite3, as che-bench 0.1 wrote it, each complete
     result's curves in ``accuracies``."""
-    with sqlite3.connect(path, isolation_level=None) as connection:
+    with closing(sqlite3.connect(path, isolation_level=None)) as connection:
         connection.execute("PRAGMA journal_mode=WAL")
         connection.executescript(V1_SCHEMA)
         connection.executemany("INSERT INTO meta VALUES (?, ?)", [
@@ -420,3 +425,111 @@ def test_several_processes_opening_a_version_1_store_upgrade_it_once(tmp_path):
         opener.join(60)
         assert opener.exitcode == 0
     assert len(ResultStore(path).evaluations()) == 2
+
+
+def store_files(path) -> dict[str, bytes]:
+    """The bytes of the store at ``path`` and of its side files (``-wal``, ``-shm``)."""
+    return {file.name: file.read_bytes() for file in path.parent.glob(path.name + "*")}
+
+
+def test_a_reader_writes_nothing_and_reads_older_schemas_as_they_are(tmp_path):
+    results = v1_results()
+    path = v1_store(tmp_path / "v1.sqlite", results)
+    before = store_files(path)
+    assert list(before) == ["v1.sqlite"]
+    store = ResultStore(path, read_only=True)
+    assert list(store.runs()["run_id"]) == [result.run_id for result in results]
+    assert len(store.per_length()) == sum(len(r.per_length) + len(r.train_per_length)
+                                          for r in results[:2])
+    assert store.evaluations()["original"].all() and store.history().empty
+    with pytest.raises(CheBenchError, match="read-only"):
+        store.record(synthetic_result(seed=7))
+    assert store_files(path) == before  # still version 1, no side file left behind
+
+    current = tmp_path / "v3.sqlite"
+    ResultStore(current).record(results[0])
+    before = store_files(current)
+    assert len(ResultStore(current, read_only=True).per_length()) > 0
+    assert store_files(current) == before
+
+
+def test_a_reader_sees_a_running_writer_s_results_and_leaves_its_side_files(tmp_path):
+    path = tmp_path / "s.sqlite"
+    ResultStore(path)
+    with closing(sqlite3.connect(path)) as writer_at_work:  # keeps the WAL from checkpointing
+        writer_at_work.execute("SELECT count(*) FROM runs").fetchone()
+        ResultStore(path).record(synthetic_result())
+        before = store_files(path)
+        assert "s.sqlite-wal" in before
+        assert len(ResultStore(path, read_only=True).runs()) == 1
+        after = store_files(path)
+        # (-shm is SQLite's shared memory, where readers mark what they read)
+        assert {name: after[name] for name in ("s.sqlite", "s.sqlite-wal")} == \
+            {name: before[name] for name in ("s.sqlite", "s.sqlite-wal")}
+
+
+def test_an_empty_file_is_no_store_for_a_reader(tmp_path):
+    path = tmp_path / "empty.sqlite"
+    path.write_bytes(b"")
+    with pytest.raises(CheBenchError, match="empty"):
+        ResultStore(path, read_only=True)
+    assert path.read_bytes() == b""
+
+
+NOBODY = 65534
+
+
+@contextmanager
+def unprivileged():
+    """Run the body as a user who cannot write an ``unwritable_directory``: as root (whom
+    permissions do not stop), with effective user and group nobody, root again afterwards.
+    (Python's standard library is under /root, closed to nobody: modules the body needs are
+    imported before, by running the same commands as root.)"""
+    if os.geteuid() != 0:
+        yield
+        return
+    os.setegid(NOBODY)
+    os.seteuid(NOBODY)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+
+
+@pytest.fixture
+def unwritable_directory():
+    """A world-readable directory that ``unprivileged`` code cannot write once
+    ``make_unwritable`` (owned by root, or read-only)."""
+    directory = Path(tempfile.mkdtemp(prefix="che-bench-unwritable-"))
+    yield directory
+    directory.chmod(0o755)
+    shutil.rmtree(directory)
+
+
+def make_unwritable(directory: Path) -> None:
+    directory.chmod(0o755 if os.geteuid() == 0 else 0o555)
+
+
+def test_a_store_in_a_directory_the_user_cannot_write_is_read_and_refused_for_writing(
+        unwritable_directory, capsys):
+    current = unwritable_directory / "v3.sqlite"
+    ResultStore(current).record(synthetic_result(score=0.75))
+    old = v1_store(unwritable_directory / "v1.sqlite", v1_results())
+    commands = [["table", "--store", str(current)], ["runs", "--store", str(old)],
+                ["evaluate", "no_such_run", "--device", "cpu", "--store", str(current)]]
+    as_root = [main(command) for command in commands]  # (imports what they need)
+    assert as_root == [0, 0, 2]
+    capsys.readouterr()
+    make_unwritable(unwritable_directory)
+    before = {path: store_files(path) for path in (current, old)}
+
+    with unprivileged():
+        with pytest.raises(OSError):
+            (unwritable_directory / "probe").write_text("")
+        assert [main(command) for command in commands] == as_root
+    out, err = capsys.readouterr()
+    assert "75.00" in out and "2 complete, 1 failed" in out
+    # the writer (evaluate) cannot open the store: one line, read-only, not "corrupt"
+    assert err.count("\n") == 1 and "is read-only" in err and "SQLite database" not in err
+    assert {path: store_files(path) for path in (current, old)} == before

@@ -74,7 +74,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
-    store = existing_store(args.store)
+    store = existing_store(args.store, for_writing=True)
     run_ids = list(dict.fromkeys(args.run_ids))
     runs = store.runs(run_ids).set_index("run_id")
     unknown = [run_id for run_id in run_ids if run_id not in runs.index]

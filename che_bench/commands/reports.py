@@ -100,14 +100,15 @@ def _add_metric_argument(parser: argparse.ArgumentParser) -> None:
                              "exact match, the share of sequences with every scored token right")
 
 
-def existing_store(path: str | None):
-    """Open a store for reading; a missing file is an error rather than a new empty store."""
+def existing_store(path: str | None, *, for_writing: bool = False):
+    """Open an existing store, read-only unless ``for_writing`` (reading never modifies it);
+    a missing file is an error rather than a new empty store."""
     from che_bench.store import ResultStore, default_store_path
 
     resolved = Path(path) if path else default_store_path()
     if not resolved.exists():
         raise CheBenchError(f"no result store at {resolved} (run `che-bench run` first or pass --store)")
-    return ResultStore(resolved)
+    return ResultStore(resolved, read_only=not for_writing)
 
 
 def _write_text(text: str, out: str | None) -> None:

@@ -75,7 +75,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     configs = suite.configs()  # validates the whole grid before anything runs
     if args.dry_run:
         store_path = args.store or default_store_path()
-        store = ResultStore(store_path) if Path(store_path).is_file() else None
+        store = ResultStore(store_path, read_only=True) if Path(store_path).is_file() else None
         _print_grid(console, suite, configs, store)
         return 0
 
