@@ -3,6 +3,7 @@ only exercise the aggregation; not results of any model)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import shutil
@@ -18,6 +19,7 @@ from che_bench.errors import CheBenchError
 from che_bench.kept_models import model_path, models_dir_for
 from che_bench.plotting import plot_accuracy
 from che_bench.reports import encoding_label, export_frame, format_table, summarize
+from che_bench.run_prefixes import resolve_run_ids
 from che_bench.store import ResultStore
 from che_bench.tasks import get_task, list_tasks
 
@@ -277,3 +279,60 @@ def test_readers_change_no_byte_of_a_store_of_any_schema(schema, store, tmp_path
         # (the stores here have no training history to draw)
         assert status == (2 if command[0] == "curves" else 0), (command, capsys.readouterr().err)
         assert store_files(path) == before, command
+
+
+def _store_with_run_ids(path, run_ids: list[str], histories: list[list[float]]) -> ResultStore:
+    """SYNTHETIC runs recorded under the given ids (to have ids that share prefixes), each with
+    a training history of the given losses (none when empty)."""
+    store = ResultStore(path)
+    for seed, (run_id, losses) in enumerate(zip(run_ids, histories)):
+        result = dataclasses.replace(synthetic_result("parity_check", "kerple", seed=seed),
+                                     run_id=run_id)
+        result.history = [{"step": 10 * (i + 1), "loss": loss, "accuracy": 0.5, "grad_norm": 1.0,
+                           "lr": 1e-3, "elapsed_s": float(i)} for i, loss in enumerate(losses)]
+        store.record(result)
+    return store
+
+
+def test_listings_show_whole_ids_whether_runs_learned_and_count_in_the_singular(
+        tmp_path, monkeypatch, capsys):
+    ids = ["aaaa0000learned", "aaaa1111stuck", "bbbb2222nohistory"]
+    store = _store_with_run_ids(tmp_path / "s.sqlite", ids, [[0.7, 0.1], [0.7, 0.69], []])
+    monkeypatch.setenv("COLUMNS", "100")  # a narrow terminal
+    assert main(["runs", "--store", str(store.path)]) == 0
+    rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("│")}
+    assert sorted(rows) == sorted(ids)  # whole ids, not cut short
+    monkeypatch.setenv("COLUMNS", "240")  # wide enough for every column
+    assert main(["runs", "--store", str(store.path)]) == 0
+    cells = {line.split()[1]: [cell.strip() for cell in line.split("│")]
+             for line in capsys.readouterr().out.splitlines() if line.startswith("│")}
+    learned_column = 11
+    assert [cells[run_id][learned_column] for run_id in ids] == ["yes", "stuck", "-"]
+
+    assert main(["evaluations", "--store", str(store.path), "--run", "bbbb"]) == 0
+    listing = capsys.readouterr().out
+    assert "bbbb2222nohistory" in listing
+    assert "1 evaluation of 1 run: 0 re-evaluations under 0 protocols" in listing
+
+
+def test_run_ids_are_taken_as_unique_prefixes_everywhere(tmp_path, capsys):
+    ids = ["aaaa0000", "aaaa1111", "bbbb2222"]
+    store = _store_with_run_ids(tmp_path / "s.sqlite", ids, [[0.7, 0.1]] * 3)
+    path = str(store.path)
+    assert resolve_run_ids(store, ["bb", "aaaa1", "bbbb2222", "b"]) == ["bbbb2222", "aaaa1111"]
+    assert main(["evaluations", "--store", path, "--run", "aaaa0", "bb"]) == 0
+    assert main(["curves", "aaaa1", "bb", "--store", path, "--out", str(tmp_path / "c.png")]) == 0
+    assert main(["report", "--store", path, "--run", "aaaa0", "--out", str(tmp_path / "r.html")]) == 0
+    assert "--run aaaa0000 " in (tmp_path / "r.html").read_text()  # the whole id
+    capsys.readouterr()
+    for command in (["evaluations", "--run", "aaaa"], ["curves", "aaaa"],
+                    ["report", "--run", "a", "--out", str(tmp_path / "x.html")],
+                    ["evaluate", "aa", "--device", "cpu"], ["attention", "aaa", "--length", "41",
+                                                            "--out", str(tmp_path / "a.png")]):
+        assert main([*command, "--store", path]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 5 and all("ambiguous" in line and "aaaa0000, aaaa1111" in line
+                                 for line in err)
+    assert main(["curves", "cc", "--store", path]) == 2
+    assert "no run cc in" in capsys.readouterr().err

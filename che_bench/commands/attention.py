@@ -32,13 +32,10 @@ def attention_command(args: argparse.Namespace) -> int:
     from che_bench.attention_maps import attention_maps, plot_attention
     from che_bench.kept_models import load_model, models_dir_for
     from che_bench.reports import encoding_label
+    from che_bench.run_prefixes import resolve_run_ids
 
     store = existing_store(args.store)
-    known = set(store.runs()["run_id"])
-    run_ids = [args.run_id] + ([args.compare] if args.compare else [])
-    for run_id in run_ids:
-        if run_id not in known:
-            raise CheBenchError(f"no run {run_id} in {store.path} (see `che-bench runs`)")
+    run_ids = resolve_run_ids(store, [args.run_id] + ([args.compare] if args.compare else []))
     loaded = [load_model(models_dir_for(store.path), run_id) for run_id in run_ids]
     if len({(config.task, str(config.task_params), config.eval_seed) for config, _ in loaded}) > 1:
         raise CheBenchError("--compare needs a run of the same task and evaluation seed "

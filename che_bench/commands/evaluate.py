@@ -34,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--evaluation ID`). Unchanged settings keep the run's own; with none changed, the "
         "run's original evaluation is repeated and compared with the stored curve.",
     )
-    parser.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    parser.add_argument("run_ids", nargs="+", metavar="RUN_ID",
+                        help="run ids, or any prefixes that name one run each")
     parser.add_argument("--test-lengths", help="e.g. 41:1000, 41:2000:10 or 600,800,1000")
     parser.add_argument("--eval-samples", type=int, help="test sequences per length")
     parser.add_argument("--eval-batch-size", type=int, help="sequences per accuracy sub-batch")
@@ -61,6 +62,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from che_bench.config import RunConfig
     from che_bench.kept_models import load_model, models_dir_for
     from che_bench.reevaluation import reevaluate, reevaluation_config
+    from che_bench.run_prefixes import resolve_run_ids
     from che_bench.runner import (
         configure_numerics,
         describe_device,
@@ -75,11 +77,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
         raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     store = existing_store(args.store, for_writing=True)
-    run_ids = list(dict.fromkeys(args.run_ids))
+    run_ids = resolve_run_ids(store, args.run_ids)
     runs = store.runs(run_ids).set_index("run_id")
-    unknown = [run_id for run_id in run_ids if run_id not in runs.index]
-    if unknown:
-        raise CheBenchError(f"no run {', '.join(unknown)} in {store.path} (see `che-bench runs`)")
     incomplete = [run_id for run_id in run_ids if runs.at[run_id, "status"] != "complete"]
     if incomplete:
         raise CheBenchError(f"run {', '.join(incomplete)} is not complete: nothing to evaluate")

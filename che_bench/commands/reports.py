@@ -4,11 +4,13 @@ result store."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from che_bench.errors import CheBenchError
 from che_bench.reports import FORMATS, METRICS
+from che_bench.run_prefixes import resolve_run_ids
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,8 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     selection.add_argument("--suite", help="the runs of this suite file (or name in tasks/)")
     selection.add_argument("--task", action="append", dest="tasks", metavar="TASK",
                            help="the runs of this task (repeatable)")
-    selection.add_argument("--run", action="append", dest="run_ids", metavar="RUN_ID",
-                           help="this run (repeatable; default: every run in the store)")
+    selection.add_argument("--run", action="extend", nargs="+", dest="run_ids", metavar="RUN_ID",
+                           help="these runs (ids or unique id prefixes; default: every run in "
+                                "the store)")
     report.add_argument("--out", required=True, help="HTML file, e.g. report.html")
     _add_evaluation_argument(report)
     _add_metric_argument(report)
@@ -65,7 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     curves = subparsers.add_parser(
         "curves", help="training loss and accuracy against step, several runs overlaid")
     curves.add_argument("run_ids", nargs="+", metavar="RUN_ID",
-                        help="runs to overlay (e.g. the seeds of one table cell)")
+                        help="runs to overlay (e.g. the seeds of one table cell); ids or "
+                             "unique id prefixes")
     curves.add_argument("--out", default="curves.png", help="image file (default curves.png)")
     add_store_argument(curves)
     curves.set_defaults(handler=curves_command)
@@ -77,8 +81,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     evaluations = subparsers.add_parser(
         "evaluations", help="list the store's evaluations (original and re-evaluations) and their ids"
     )
-    evaluations.add_argument("--run", action="append", dest="run_ids", metavar="RUN_ID",
-                             help="only this run's evaluations (repeatable)")
+    evaluations.add_argument("--run", action="extend", nargs="+", dest="run_ids",
+                             metavar="RUN_ID", help="only these runs' evaluations (ids or "
+                                                    "unique id prefixes)")
     add_store_argument(evaluations)
     evaluations.set_defaults(handler=evaluations_command)
 
@@ -160,7 +165,8 @@ def plot_command(args: argparse.Namespace) -> int:
 def curves_command(args: argparse.Namespace) -> int:
     from che_bench.plotting import plot_curves
 
-    path = plot_curves(existing_store(args.store), args.run_ids, args.out)
+    store = existing_store(args.store)
+    path = plot_curves(store, resolve_run_ids(store, args.run_ids), args.out)
     print(f"wrote {path}")
     return 0
 
@@ -169,7 +175,8 @@ def report_command(args: argparse.Namespace) -> int:
     from che_bench.html_report import write_report
 
     store = existing_store(args.store)
-    path = write_report(store, args.out, suite=args.suite, tasks=args.tasks, run_ids=args.run_ids,
+    run_ids = None if args.run_ids is None else resolve_run_ids(store, args.run_ids)
+    path = write_report(store, args.out, suite=args.suite, tasks=args.tasks, run_ids=run_ids,
                         evaluation=args.evaluation, metric=args.metric)
     print(f"wrote {path}")
     return 0
@@ -184,13 +191,15 @@ def runs_command(args: argparse.Namespace) -> int:
 
     store = existing_store(args.store)
     runs = store.runs()
-    stuck = set(stuck_runs(store).query("stuck")["run_id"])
+    learning = stuck_runs(store).set_index("run_id")["stuck"]
+    stuck = set(learning[learning].index)
     models_dir = models_dir_for(store.path)
     table = Table(title=f"runs in {store.path}")
     numeric = {"seed", "lr", "steps", "score %", "in-dist. %"}
     for column in ("run id", "task", "encoding", "seed", "lr", "steps", "preset", "status",
                    "score %", "in-dist. %", "learned", "model", "finished / error"):
-        table.add_column(column, justify="right" if column in numeric else "left", no_wrap=True)
+        table.add_column(column, justify="right" if column in numeric else "left", no_wrap=True,
+                         min_width=_id_width(runs["run_id"]) if column == "run id" else None)
     styles = {"complete": "green", "failed": "red", "started": "yellow"}
     for run in runs.itertuples(index=False):
         status = "started (incomplete)" if run.status == "started" else run.status
@@ -199,7 +208,7 @@ def runs_command(args: argparse.Namespace) -> int:
             str(run.seed), f"{run.lr:g}", str(run.steps), escape(run.preset),
             f"[{styles[run.status]}]{status}[/]",
             _percent(run.score), _percent(run.train_accuracy),
-            "[red]stuck[/]" if run.run_id in stuck else "",
+            _learned(learning.get(run.run_id)),
             "kept" if model_path(models_dir, run.run_id).is_file() else "-",
             escape(_text(run.error if run.status == "failed" else run.finished_at)),
         )
@@ -221,15 +230,15 @@ def evaluations_command(args: argparse.Namespace) -> int:
 
     store = existing_store(args.store)
     runs = store.runs().set_index("run_id")
-    unknown = sorted(set(args.run_ids or ()) - set(runs.index))
-    if unknown:
-        raise CheBenchError(f"no run {', '.join(unknown)} in {store.path}")
-    evaluations = store.evaluations(args.run_ids)
+    run_ids = None if args.run_ids is None else resolve_run_ids(store, args.run_ids)
+    evaluations = store.evaluations(run_ids)
     table = Table(title=f"evaluations in {store.path}")
+    whole = {"evaluation": _id_width(evaluations["evaluation"]),
+             "run id": _id_width(evaluations["run_id"])}
     for column in ("evaluation", "run id", "task", "encoding", "seed", "kind", "protocol",
                    "score %", "in-dist. %", "device", "evaluated"):
         table.add_column(column, justify="right" if column.endswith("%") or column == "seed"
-                         else "left", no_wrap=column != "protocol")
+                         else "left", no_wrap=column != "protocol", min_width=whole.get(column))
     for evaluation in evaluations.itertuples(index=False):
         run = runs.loc[evaluation.run_id]
         table.add_row(
@@ -243,17 +252,37 @@ def evaluations_command(args: argparse.Namespace) -> int:
     console.print(table)
     reevaluated = evaluations[~evaluations["original"]]
     console.print(
-        f"{len(evaluations)} evaluations of {evaluations['run_id'].nunique()} runs: "
-        f"{len(reevaluated)} re-evaluations under {reevaluated['evaluation'].nunique()} protocol(s)"
-        " (select one with --evaluation ID)"
+        f"{_counted(len(evaluations), 'evaluation')} of "
+        f"{_counted(evaluations['run_id'].nunique(), 'run')}: "
+        f"{_counted(len(reevaluated), 're-evaluation')} under "
+        f"{_counted(reevaluated['evaluation'].nunique(), 'protocol')} "
+        "(select one with --evaluation ID)"
     )
     return 0
 
 
 def _console():
+    """A console as wide as the terminal (or $COLUMNS); 240 columns into a pipe or file."""
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 240)
+    return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 240)
+
+
+def _id_width(ids) -> int:
+    """The width that shows every id of ``ids`` whole, however narrow the terminal."""
+    return max((len(text) for text in ids), default=0)
+
+
+def _learned(stuck: bool | None) -> str:
+    """The ``learned`` cell of a run: whether its loss fell below the class-frequency
+    baseline; "-" where no training history was kept."""
+    if stuck is None:
+        return "-"
+    return "[red]stuck[/]" if stuck else "yes"
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _text(value: str | float | None) -> str:
