@@ -129,9 +129,10 @@ def render_report(
     run_ids: Iterable[str] | None = None,
     evaluation: str = ORIGINAL,
     metric: str = "token",
+    out: str | Path = "report.html",
 ) -> str:
-    """The report page (HTML text) of a selection (see ``select_runs``) under ``evaluation``,
-    scores in ``metric`` (``reports.METRICS``)."""
+    """The report page (HTML text), for file ``out``, of a selection (see ``select_runs``)
+    under ``evaluation``, scores in ``metric`` (``reports.METRICS``)."""
     from che_bench.plotting import plot_data, task_labels, task_panel_png
 
     runs, title = select_runs(store, suite=suite, tasks=tasks, run_ids=run_ids)
@@ -168,7 +169,7 @@ def render_report(
         "<h2>What ran</h2>",
         _what_ran_html(store, runs, evaluation),
         "<h2>Reproduce</h2>",
-        _reproduce_html(store, runs, suite, tasks, run_ids, evaluation, shown),
+        _reproduce_html(store, runs, suite, shown, _page_command(store, suite, tasks, run_ids, evaluation, metric, out)),
     ]
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -181,7 +182,7 @@ def render_report(
 def write_report(store: ResultStore, out: str | Path, **selection: Any) -> Path:
     """Render the report (``render_report`` keywords) into file ``out``; returns its path."""
     out = Path(out)
-    page = render_report(store, **selection)
+    page = render_report(store, **selection, out=out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(page, encoding="utf-8")
@@ -376,10 +377,10 @@ def _what_ran_html(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> s
     )
 
 
-def _reproduce_html(store: ResultStore, runs: pd.DataFrame, suite: str | None,
-                    tasks: Iterable[str] | None, run_ids: Iterable[str] | None,
-                    evaluation: str, shown: str) -> str:
-    """The commands that rerun the selection and rebuild this page."""
+def _reproduce_html(store: ResultStore, runs: pd.DataFrame, suite: str | None, shown: str,
+                    page_command: list[str]) -> str:
+    """The commands that rerun the selection, and ``page_command``, which rebuilds this page
+    (its scores are those of ``shown``)."""
     store_args = ["--store", str(store.path)]
     parts = []
     if suite is not None:
@@ -405,19 +406,29 @@ def _reproduce_html(store: ResultStore, runs: pd.DataFrame, suite: str | None,
                      "command each. Their full configurations are in the store; a suite file "
                      "(see <code>tasks/</code>) with <code>che-bench sweep</code> reruns such "
                      "a grid.</p>")
-    if evaluation != ORIGINAL:
+    if "--evaluation" in page_command:
         parts.append(f"<p>The scores are those of {_e(shown)}: re-evaluate the kept models under "
                      "that protocol before rebuilding this page.</p>")
+    parts.append("<p>This page:</p>" + _pre([shlex.join(page_command)]))
+    return "\n".join(part for part in parts if part)
+
+
+def _page_command(store: ResultStore, suite: str | None, tasks: Iterable[str] | None,
+                  run_ids: Iterable[str] | None, evaluation: str, metric: str,
+                  out: str | Path) -> list[str]:
+    """The ``che-bench report`` command line that rebuilds this page into ``out``."""
     report = ["che-bench", "report"]
     if suite is not None:
         report += ["--suite", str(suite)]
-    for flag, values in (("--task", tasks), ("--run", run_ids)):
-        for value in values or ():
-            report += [flag, str(value)]
+    for task in tasks or ():
+        report += ["--task", str(task)]
+    if run_ids is not None:
+        report += ["--run", *map(str, run_ids)]
     if evaluation != ORIGINAL:
         report += ["--evaluation", evaluation]
-    parts.append("<p>This page:</p>" + _pre([shlex.join([*report, *store_args, "--out", "report.html"])]))
-    return "\n".join(part for part in parts if part)
+    if metric != "token":
+        report += ["--metric", metric]
+    return [*report, "--store", str(store.path), "--out", str(out)]
 
 
 def _pre(lines: list[str]) -> str:

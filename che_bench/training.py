@@ -611,10 +611,7 @@ def train_pack(
     micro_batches = micro_batches_for(len(configs), device)
     history = TrainingHistory([c.lr for c in configs], log_every, steps, on_history)
     masks_loss = task.output_layout == "in_place"  # unscored positions have no answer to learn
-    step, seconds_before = 0, 0.0
-    if checkpoints is not None and any(path.exists() for path in checkpoints):
-        step, seconds_before = load_checkpoints(checkpoints, configs, optimizer, stream, history,
-                                                device)
+    step, seconds_before = _resume(checkpoints, configs, optimizer, stream, history, device)
     resumed_from = step
     readings = _Readings(len(configs), step + 1, history)
     last_states = stream.states()
@@ -688,6 +685,20 @@ def _check_in(readings: _Readings, step: int, configs: Sequence[RunConfig],
     if bar is not None:
         bar.update(bar.task_ids[0], completed=step,
                    loss=float(np.nanmean(readings.running_losses)), acc=readings.running_accuracy)
+
+
+def _resume(checkpoints: Sequence[Path] | None, configs: Sequence[RunConfig],
+            optimizer: PackOptimizer, stream: BatchStream, history: TrainingHistory,
+            device: torch.device) -> tuple[int, float]:
+    """The step and training seconds to go on from: those of the members' checkpoints (loaded
+    into ``optimizer``, ``stream`` and ``history``, and said on stderr), or none."""
+    if checkpoints is None or not any(path.exists() for path in checkpoints):
+        return 0, 0.0
+    step, seconds = load_checkpoints(checkpoints, configs, optimizer, stream, history, device)
+    runs = ", ".join(config.run_id() for config in configs)
+    sys.stderr.write(f"che-bench: run{'s' if len(configs) > 1 else ''} {runs}: resuming from step "
+                     f"{step}/{configs[0].steps} (checkpoint in {checkpoints[0].parent})\n")
+    return step, seconds
 
 
 def _report_interrupt(checkpoints: Sequence[Path] | None, between_steps: bool, step: int,

@@ -136,6 +136,18 @@ def test_suite_task_and_run_selections(store, tmp_path):
     assert len(_images(by_run)) == 1 and f"--run {run_id}" in by_run
 
 
+def test_several_runs_after_one_flag_and_the_page_names_its_own_file(store, tmp_path, capsys):
+    first, second = store.runs().query("status == 'complete'")["run_id"][:2]
+    out = tmp_path / "pages" / "mine.html"
+    assert main(["report", "--store", str(store.path), "--run", first, second[:6],
+                 "--metric", "exact", "--out", str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote {out}\n"
+    page = out.read_text(encoding="utf-8")
+    assert "che-bench report: runs" in page
+    assert (f"che-bench report --run {first} {second} --metric exact --store {store.path} "
+            f"--out {out}") in page
+
+
 def test_a_reevaluation_report_shows_its_scores(tmp_path):
     store = ResultStore(tmp_path / "s.sqlite")
     kept, other = synthetic_result(seed=0, score=0.6), synthetic_result("parity_check", score=0.7)

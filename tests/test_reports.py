@@ -230,6 +230,9 @@ def test_cli_evaluation_flag_export_to_stdout_and_listings(store, tmp_path, monk
     exported = pd.read_csv(io.StringIO(capsys.readouterr().out))
     assert exported["evaluation"].tolist() == [evaluation]
     assert not (tmp_path / "-").exists()
+    assert main(["export", "--store", path, "--out", "runs.csv"]) == 0
+    assert capsys.readouterr().out == f"wrote runs.csv ({len(store.runs())} rows)\n"
+    assert len(pd.read_csv(tmp_path / "runs.csv")) == len(store.runs())
 
     assert main(["table", "--store", path, "--evaluation", evaluation]) == 0
     assert f"scores of evaluation {evaluation}" in capsys.readouterr().out

@@ -117,6 +117,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypat
     monkeypatch.setattr(runner, "execute_pack", lambda *a, **k: real_execute_pack(
         *a, **k, on_step=lambda step, pack_losses: losses.append(pack_losses[0])))
     assert run_cli(store) == 0
+    assert f"{config.run_id()}: resuming from step 5/8" in capsys.readouterr().err
     assert losses == reference_losses  # steps 6..8 continue exactly
     runs = ResultStore(store).runs()
     assert runs["status"].tolist() == ["complete"]

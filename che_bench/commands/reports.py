@@ -116,15 +116,17 @@ def existing_store(path: str | None, *, for_writing: bool = False):
     return ResultStore(resolved, read_only=not for_writing)
 
 
-def _write_text(text: str, out: str | None) -> None:
-    """``text`` to file ``out``, or to standard output when ``out`` is None or "-"."""
+def _write_text(text: str, out: str | None) -> Path | None:
+    """``text`` to file ``out`` (returned), or to standard output when ``out`` is None or
+    "-" (None returned)."""
     if out is None or out == "-":
         sys.stdout.write(text)
-        return
+        return None
     try:
         Path(out).write_text(text)
     except OSError as exc:
         raise CheBenchError(f"cannot write {out}: {exc.strerror or exc}") from None
+    return Path(out)
 
 
 def table_command(args: argparse.Namespace) -> int:
@@ -148,7 +150,9 @@ def export_command(args: argparse.Namespace) -> int:
     else:
         frame = export_frame(store, per_length=args.per_length, evaluation=args.evaluation,
                              metric=args.metric)
-    _write_text(frame.to_csv(index=False), args.out)
+    written = _write_text(frame.to_csv(index=False), args.out)
+    if written is not None:
+        print(f"wrote {written} ({len(frame)} rows)")
     return 0
 
 
