@@ -1,7 +1,7 @@
-"""Cost of CHE's recurrent baselines (``che_bench.architectures``) on this CPU.
+"""Cost of CHE's recurrent baselines (``che_bench.model.recurrent``) on this CPU.
 
 For each architecture: the median time of one training step (forward + backward + clipped
-Adam, ``che_bench.training.training_step``) at batch 128 and n = 40, and of one evaluation
+Adam, ``che_bench.train.loop.training_step``) at batch 128 and n = 40, and of one evaluation
 forward (no gradients, eval mode) at batch 64 and n = 500. One thread by default. A
 one-member rnn/lstm runs torch's fused kernel unless ``--unfused``.
 
@@ -21,9 +21,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from che_bench.architectures import ARCHITECTURES, build_recurrent
+from che_bench.model.recurrent import ARCHITECTURES, build_recurrent
 from che_bench.tasks import get_task
-from che_bench.training import PackOptimizer, projected_modules, training_step
+from che_bench.train.loop import PackOptimizer, projected_modules, training_step
 
 
 def median_seconds(run: Callable[[], object], repeats: int) -> float:

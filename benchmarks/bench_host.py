@@ -28,8 +28,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from che_bench.config import make_config
-from che_bench.runner import build_pack_model
-from che_bench.training import (
+from che_bench.run.runner import build_pack_model
+from che_bench.train.loop import (
     BatchStream,
     PackOptimizer,
     masked_counts,

@@ -31,9 +31,9 @@ import time
 import numpy as np
 import torch
 
-from che_bench.model import MODEL_DEFAULTS, build_model
+from che_bench.model.encoder import MODEL_DEFAULTS, build_model
 from che_bench.tasks import get_task
-from che_bench.training import PackOptimizer, projected_modules, training_step
+from che_bench.train.loop import PackOptimizer, projected_modules, training_step
 
 
 def kernel_label(kernel: int | None) -> str:

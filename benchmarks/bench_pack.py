@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from che_bench.config import make_config
-from che_bench.evaluation import length_accuracies, use_evaluation_budget
-from che_bench.runner import (
+from che_bench.eval.evaluation import length_accuracies, use_evaluation_budget
+from che_bench.run.runner import (
     build_pack_model,
     configure_numerics,
     describe_device,
@@ -47,8 +47,8 @@ from che_bench.runner import (
     resolve_device,
     software_versions,
 )
-from che_bench.selftest import peak_memory_bytes, synchronize
-from che_bench.training import (
+from che_bench.checks.selftest import peak_memory_bytes, synchronize
+from che_bench.train.loop import (
     PackOptimizer,
     micro_batches_for,
     projected_modules,

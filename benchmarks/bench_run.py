@@ -19,10 +19,10 @@ import time
 import numpy as np
 import torch
 
-from che_bench.evaluation import length_accuracies
+from che_bench.eval.evaluation import length_accuracies
 from che_bench.config import make_config
-from che_bench.model import build_model
-from che_bench.runner import execute_run
+from che_bench.model.encoder import build_model
+from che_bench.run.runner import execute_run
 
 
 def time_quick_run(task: str, pe: str, kernel: int | None) -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from che_bench.store import ResultStore
-from che_bench.suites import load_suite
-from che_bench.sweep import LocalBackend, available_cpus, run_sweep
+from che_bench.store.result_store import ResultStore
+from che_bench.run.suites import load_suite
+from che_bench.run.sweep import LocalBackend, available_cpus, run_sweep
 
 
 def measure(name: str, configs, make_backend) -> None:
@@ -47,7 +47,7 @@ def main() -> None:
         return
     import ray
 
-    from che_bench.ray_backend import RayBackend
+    from che_bench.run.ray_backend import RayBackend
 
     ray.init(num_cpus=available_cpus(), include_dashboard=False)
     try:

@@ -1,7 +1,7 @@
 """The configuration of a run and its result: what defines a run, and what it produced.
 
 ``make_config`` resolves a preset plus overrides into a validated ``RunConfig``; ``RunResult`` is
-what executing one returns (see ``che_bench.runner``) and what the store records. This module
+what executing one returns (see ``che_bench.run.runner``) and what the store records. This module
 imports nothing that trains or evaluates, so configuration flows one way: config -> training,
 evaluation -> runner.
 """
@@ -159,7 +159,7 @@ class RunResult:
     train_exact_accuracy: float | None = None
     exact_per_length: dict[int, float] = field(default_factory=dict)
     train_exact_per_length: dict[int, float] = field(default_factory=dict)
-    #: Training history rows (``che_bench.history``), also of failed runs.
+    #: Training history rows (``che_bench.train.history``), also of failed runs.
     history: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -201,7 +201,7 @@ def make_config(
     score_from_42, length_seed, causal: the run settings of ``che_bench.settings``. Raises
     CheBenchError for anything invalid.
     """
-    from che_bench.dape import check_kernel
+    from che_bench.model.dape import check_kernel
     from che_bench.encodings import canonical_encoding_name
     from che_bench.tasks import get_task
 
@@ -334,7 +334,7 @@ def _check_model_builds(config: RunConfig) -> int | None:
 
 @functools.lru_cache(maxsize=1024)
 def _build_model_once(arguments_json: str) -> int | None:
-    from che_bench.model import build_model
+    from che_bench.model.encoder import build_model
     from che_bench.tasks import get_task
 
     task, task_params, pe, kernel, kwargs = json.loads(arguments_json)

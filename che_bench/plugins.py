@@ -9,7 +9,7 @@ workers and Ray workers load them too: ``--plugin`` modules are added to
 ``CHE_BENCH_PLUGINS``, which child processes inherit). ``--no-plugins`` (or
 ``CHE_BENCH_NO_PLUGINS=1``, which child processes inherit as well) loads none, so that a
 broken installed plugin cannot block che-bench; stores holding plugin runs stay readable
-(``che_bench.unregistered``). Importing a plugin module runs its ``@register`` /
+(``che_bench.reports.unregistered``). Importing a plugin module runs its ``@register`` /
 ``@register_task`` decorators; a module that fails to import, or registers a name already
 taken, is a one-line CheBenchError naming the plugin.
 """

@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 import torch
 
-from che_bench.architectures import (
+from che_bench.model.recurrent import (
     ARCHITECTURES,
     build_recurrent,
     recurrent_defaults,
     stack_recurrent_members,
 )
-from che_bench.architectures.stack_rnn import update_stack
-from che_bench.architectures.tape_rnn import jump_indices, update_tape
+from che_bench.model.recurrent.stack_rnn import update_stack
+from che_bench.model.recurrent.tape_rnn import jump_indices, update_tape
 from che_bench.errors import CheBenchError
-from che_bench.model import member_state_dict
+from che_bench.model.encoder import member_state_dict
 from che_bench.tasks import get_task
-from che_bench.training import PackOptimizer, training_step
+from che_bench.train.loop import PackOptimizer, training_step
 
 TINY = {"hidden_size": 8}
 TINY_MEMORY = {

@@ -19,13 +19,13 @@ import pytest
 import torch
 
 import che_bench
-from che_bench import batch_workers
-from che_bench.batch_workers import BatchWorkers, shares
+from che_bench.train import batch_workers
+from che_bench.train.batch_workers import BatchWorkers, shares
 from che_bench.config import make_config
 from che_bench.errors import CheBenchError
-from che_bench.runner import build_pack_model
-from che_bench.model import build_model
-from che_bench.training import (
+from che_bench.run.runner import build_pack_model
+from che_bench.model.encoder import build_model
+from che_bench.train.loop import (
     BatchStream,
     PackOptimizer,
     batch_workers_for,
@@ -131,7 +131,7 @@ CHECKOUT = str(Path(che_bench.__file__).resolve().parents[1])
 OWNER = """
 import sys
 import numpy as np
-from che_bench.batch_workers import BatchWorkers
+from che_bench.train.batch_workers import BatchWorkers
 from che_bench.config import make_config
 
 task = make_config("solve_equation", "none", None, "smoke").build_task()
@@ -171,8 +171,8 @@ def test_workers_exit_when_their_owner_is_killed():
 UNGUARDED_SCRIPT = """
 import torch
 from che_bench.config import make_config
-from che_bench.runner import build_pack_model
-from che_bench.training import train_pack
+from che_bench.run.runner import build_pack_model
+from che_bench.train.loop import train_pack
 
 with open("runs.txt", "a") as runs:  # a worker running this script again would add a line
     runs.write("ran\\n")

@@ -47,8 +47,8 @@ def test_training_is_timed_between_device_reads_after_its_warm_up(monkeypatch):
 
 
 def test_evaluation_uses_the_runs_budget_on_a_gpu(monkeypatch):
-    from che_bench import evaluation
-    from che_bench.model import build_model
+    from che_bench.eval import evaluation
+    from che_bench.model.encoder import build_model
 
     bench = load_bench_pack()
     monkeypatch.setattr(evaluation, "evaluation_budget", lambda device: 123 << 20)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from che_bench import conformance
+from che_bench.checks import conformance
 from che_bench.cli import main
 from che_bench.encodings import AttentionHook, PositionalEncoding, list_encodings, register
 from che_bench.encodings.base import ENCODINGS

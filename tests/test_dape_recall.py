@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from che_bench.dape import DapeProcessor
+from che_bench.model.dape import DapeProcessor
 from che_bench.tasks import get_task
 
 ALPHA, GAMMA, SHIFT_GAIN, PLACEHOLDER_PENALTY = 10.0, 10.0, 4.0, 100.0

@@ -12,7 +12,7 @@ import torch
 
 from che_bench.cli import main
 from che_bench.config import make_config
-from che_bench.runner import configure_numerics, execute_run
+from che_bench.run.runner import configure_numerics, execute_run
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Properties of the positional encodings (hooks called as che_bench.model calls them)."""
+"""Properties of the positional encodings (hooks called as che_bench.model.encoder calls them)."""
 
 from __future__ import annotations
 

@@ -13,14 +13,14 @@ import pandas as pd
 import pytest
 from test_store import reevaluation, store_files, synthetic_result, v1_results, v1_store
 
-from che_bench import reports
+from che_bench.reports import tables as reports
 from che_bench.cli import main
 from che_bench.errors import CheBenchError
-from che_bench.kept_models import model_path, models_dir_for
-from che_bench.plotting import plot_accuracy
-from che_bench.reports import encoding_label, export_frame, format_table, summarize
-from che_bench.run_prefixes import resolve_run_ids
-from che_bench.store import ResultStore
+from che_bench.run.kept_models import model_path, models_dir_for
+from che_bench.reports.plots import plot_accuracy
+from che_bench.reports.tables import encoding_label, export_frame, format_table, summarize
+from che_bench.store.run_prefixes import resolve_run_ids
+from che_bench.store.result_store import ResultStore
 from che_bench.tasks import get_task, list_tasks
 
 REPOSITORY = Path(__file__).resolve().parent.parent

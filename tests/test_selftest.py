@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from che_bench import selftest
+from che_bench.checks import selftest
 from che_bench.cli import main
 from che_bench.encodings import get_encoding_class
 

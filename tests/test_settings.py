@@ -11,11 +11,11 @@ from che_bench.cli import build_parser
 from che_bench.commands.run import cell_configs, overrides_from_args
 from che_bench.config import RunConfig, make_config
 from che_bench.errors import CheBenchError
-from che_bench.model import build_model
+from che_bench.model.encoder import build_model
 from che_bench.protocol import PRESETS
-from che_bench.reports import summarize
-from che_bench.store import ResultStore
-from che_bench.suites import parse_suite
+from che_bench.reports.tables import summarize
+from che_bench.store.result_store import ResultStore
+from che_bench.run.suites import parse_suite
 from test_store import synthetic_result
 
 #: RunConfig fields that are not run settings: the grid point itself, the resolved option

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from che_bench import store as store_module
+from che_bench.store import result_store as store_module
 from che_bench.cli import main
 from che_bench.errors import CheBenchError
 from che_bench.config import RunResult, make_config, protocol_id
-from che_bench.store import APPLICATION_ID, SCHEMA_VERSION, ResultStore
+from che_bench.store.result_store import APPLICATION_ID, SCHEMA_VERSION, ResultStore
 
 
 def synthetic_result(

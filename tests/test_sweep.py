@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-import che_bench.sweep
+import che_bench.run.sweep
 from che_bench.cli import main
 from che_bench.errors import CheBenchError
-from che_bench.store import ResultStore
-from che_bench.suites import load_suite
-from che_bench.sweep import LocalBackend, run_sweep
+from che_bench.store.result_store import ResultStore
+from che_bench.run.suites import load_suite
+from che_bench.run.sweep import LocalBackend, run_sweep
 
 TINY = """
     preset = "smoke"
@@ -138,7 +138,7 @@ def test_failed_runs_are_recorded_and_the_others_complete(tmp_path, monkeypatch,
     suite = write_suite(tmp_path)
     configs = load_suite(suite).configs()
     FlakyBackend.raise_for, FlakyBackend.die_for = configs[0].run_id(), configs[1].run_id()
-    monkeypatch.setattr(che_bench.sweep, "LocalBackend", FlakyBackend)
+    monkeypatch.setattr(che_bench.run.sweep, "LocalBackend", FlakyBackend)
     store_path = tmp_path / "store.sqlite"
     # One worker: the dying worker takes only its own run down; the pool is rebuilt after it.
     code = main(["sweep", str(suite), "--workers", "1", "--store", str(store_path), "--no-progress"])
@@ -152,7 +152,7 @@ def test_failed_runs_are_recorded_and_the_others_complete(tmp_path, monkeypatch,
     assert "2 failed" in capsys.readouterr().out
 
     # A plain re-run retries the failed runs only.
-    monkeypatch.setattr(che_bench.sweep, "LocalBackend", LocalBackend)
+    monkeypatch.setattr(che_bench.run.sweep, "LocalBackend", LocalBackend)
     assert main(["sweep", str(suite), "--store", str(store_path), "--no-progress"]) == 0
     runs = ResultStore(store_path).runs().set_index("run_id")
     assert set(runs["status"]) == {"complete"}
@@ -182,7 +182,7 @@ def test_ray_only_flags_are_refused_with_the_local_backend(tmp_path, capsys):
 
 
 def test_missing_ray_is_a_clear_error(monkeypatch):
-    from che_bench.ray_backend import import_ray
+    from che_bench.run.ray_backend import import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` fail
     with pytest.raises(CheBenchError, match=r"pip install \"che-bench\[ray\]\""):

@@ -13,8 +13,8 @@ import pytest
 
 from che_bench.cli import main
 from che_bench.config import make_config
-from che_bench.runner import execute_run
-from che_bench.trackers import TrackerOptions
+from che_bench.run.runner import execute_run
+from che_bench.run.trackers import TrackerOptions
 
 TINY = ["--task", "even_pairs", "--pe", "none", "--preset", "smoke", "--steps", "6",
         "--test-lengths", "41,50", "--eval-samples", "4", "--eval-batch-size", "4",
@@ -47,7 +47,7 @@ def test_tensorboard_event_files_hold_the_history_and_the_evaluation(tmp_path):
     assert {"train/loss", "train/accuracy", "train/grad_norm", "train/lr", "eval/score",
             "eval/exact_score", "eval/accuracy_by_length"} <= set(tags)
 
-    from che_bench.store import ResultStore
+    from che_bench.store.result_store import ResultStore
 
     store = ResultStore(tmp_path / "s.sqlite")
     history = store.history([run_id])
@@ -98,7 +98,7 @@ def test_wandb_runs_get_the_history_and_the_evaluation_and_honour_offline_mode(m
     monkeypatch.setitem(sys.modules, "wandb", wandb)
     monkeypatch.setenv("WANDB_MODE", "offline")
     configs = [tiny_config(0), tiny_config(1)]
-    from che_bench.runner import execute_runs
+    from che_bench.run.runner import execute_runs
 
     results = execute_runs([c for c in configs], device="cpu", progress=False, log_every=3,
                            trackers=TrackerOptions(wandb="che-test"))

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from che_bench.config import make_config
-from che_bench.runner import build_pack_model
-from che_bench.training import (
+from che_bench.run.runner import build_pack_model
+from che_bench.train.loop import (
     BatchStream,
     PackOptimizer,
     draw_seed,

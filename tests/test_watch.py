@@ -17,14 +17,14 @@ import pandas as pd
 import pytest
 import torch
 
-import che_bench.runner as runner
+import che_bench.run.runner as runner
 from che_bench.cli import main
 from che_bench.config import RunResult, make_config
 from che_bench.errors import CheBenchError
-from che_bench.history import TrainingHistory, class_frequency_loss
-from che_bench.runner import build_pack_model, execute_run
-from che_bench.store import SCHEMA_VERSION, ResultStore
-from che_bench.training import exact_counts, train_pack
+from che_bench.train.history import TrainingHistory, class_frequency_loss
+from che_bench.run.runner import build_pack_model, execute_run
+from che_bench.store.result_store import SCHEMA_VERSION, ResultStore
+from che_bench.train.loop import exact_counts, train_pack
 
 V2_STORE = Path(__file__).parent / "data" / "store_v2.sqlite"
 TINY = dict(steps=8, test_lengths="41,50", eval_samples=8, eval_batch_size=8)
@@ -178,7 +178,7 @@ def synthetic_history(losses: list[float]) -> list[dict]:
 
 
 def test_stuck_runs_are_flagged_in_runs_and_the_report(tmp_path, capsys):
-    from che_bench.html_report import render_report
+    from che_bench.reports.html import render_report
 
     store = ResultStore(tmp_path / "s.sqlite")
     baseline = class_frequency_loss("parity_check", "{}", 40)
@@ -267,7 +267,7 @@ def test_a_version_2_store_made_by_che_bench_is_upgraded_in_place(tmp_path):
 
 
 def test_a_failing_upgrade_leaves_the_version_2_store_intact(tmp_path, monkeypatch):
-    from che_bench import store as store_module
+    from che_bench.store import result_store as store_module
 
     path = shutil.copy(V2_STORE, tmp_path / "v2.sqlite")
     with sqlite3.connect(path) as connection:

@@ -30,9 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def attention_command(args: argparse.Namespace) -> int:
     from che_bench.attention_maps import attention_maps, plot_attention
-    from che_bench.kept_models import load_model, models_dir_for
-    from che_bench.reports import encoding_label
-    from che_bench.run_prefixes import resolve_run_ids
+    from che_bench.run.kept_models import load_model, models_dir_for
+    from che_bench.reports.tables import encoding_label
+    from che_bench.store.run_prefixes import resolve_run_ids
 
     store = existing_store(args.store)
     run_ids = resolve_run_ids(store, [args.run_id] + ([args.compare] if args.compare else []))

@@ -1,5 +1,5 @@
 """``che-bench check-encoding NAME`` and ``che-bench check-task NAME``: the conformance checks
-of ``che_bench.conformance`` for any registered encoding or task (plugins included)."""
+of ``che_bench.checks.conformance`` for any registered encoding or task (plugins included)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def check_encoding_command(args: argparse.Namespace) -> int:
-    from che_bench import conformance
+    from che_bench.checks import conformance
     from che_bench.encodings import build_encoding, canonical_encoding_name
 
     name = canonical_encoding_name(args.name)
@@ -52,7 +52,7 @@ def check_encoding_command(args: argparse.Namespace) -> int:
 
 
 def check_task_command(args: argparse.Namespace) -> int:
-    from che_bench import conformance
+    from che_bench.checks import conformance
     from che_bench.tasks import get_task
 
     task = get_task(args.name, **parse_key_values(args.param, "--param"))

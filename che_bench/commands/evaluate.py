@@ -60,16 +60,16 @@ def evaluate_command(args: argparse.Namespace) -> int:
     import torch
 
     from che_bench.config import RunConfig
-    from che_bench.kept_models import load_model, models_dir_for
-    from che_bench.reevaluation import reevaluate, reevaluation_config
-    from che_bench.run_prefixes import resolve_run_ids
-    from che_bench.runner import (
+    from che_bench.run.kept_models import load_model, models_dir_for
+    from che_bench.eval.reevaluation import reevaluate, reevaluation_config
+    from che_bench.store.run_prefixes import resolve_run_ids
+    from che_bench.run.runner import (
         configure_numerics,
         describe_device,
         resolve_device,
         software_versions,
     )
-    from che_bench.store import describe_protocol
+    from che_bench.store.result_store import describe_protocol
 
     device = resolve_device(args.device)
     check_samples_arguments(args)
@@ -113,7 +113,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
               f"{result.train_accuracy:.2%}, exact match {result.exact_score:.2%}; "
               f"{result.seconds:.0f} s")
     if args.samples is not None:
-        from che_bench.samples import write_samples
+        from che_bench.eval.predictions import write_samples
 
         written = write_samples(args.samples, run_ids, models, configs, device,
                                 args.samples_per_length)
@@ -133,7 +133,7 @@ def _recorded_tf32(details: dict[str, dict]) -> bool:
 def _state_cost(originals, configs, runs, confirmed: bool) -> None:
     """Say what an evaluation far costlier than the run's own will take, and refuse one far
     beyond it without --yes."""
-    from che_bench.reevaluation import evaluation_cost
+    from che_bench.eval.reevaluation import evaluation_cost
 
     ratio = max(evaluation_cost(new) / evaluation_cost(old) for old, new in zip(originals, configs))
     if ratio <= STATE_COST_ABOVE:

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from che_bench.errors import CheBenchError
-from che_bench.reports import FORMATS, METRICS
-from che_bench.run_prefixes import resolve_run_ids
+from che_bench.reports.tables import FORMATS, METRICS
+from che_bench.store.run_prefixes import resolve_run_ids
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -108,7 +108,7 @@ def _add_metric_argument(parser: argparse.ArgumentParser) -> None:
 def existing_store(path: str | None, *, for_writing: bool = False):
     """Open an existing store, read-only unless ``for_writing`` (reading never modifies it);
     a missing file is an error rather than a new empty store."""
-    from che_bench.store import ResultStore, default_store_path
+    from che_bench.store.result_store import ResultStore, default_store_path
 
     resolved = Path(path) if path else default_store_path()
     if not resolved.exists():
@@ -130,7 +130,7 @@ def _write_text(text: str, out: str | None) -> Path | None:
 
 
 def table_command(args: argparse.Namespace) -> int:
-    from che_bench.reports import format_table
+    from che_bench.reports.tables import format_table
 
     store = existing_store(args.store)
     sys.stdout.write(format_table(store, tasks=args.tasks, compare=args.compare, fmt=args.fmt,
@@ -139,7 +139,7 @@ def table_command(args: argparse.Namespace) -> int:
 
 
 def export_command(args: argparse.Namespace) -> int:
-    from che_bench.reports import curves_frame, export_frame
+    from che_bench.reports.tables import curves_frame, export_frame
 
     if args.curves and (args.metric != "token" or args.evaluation != "original"):
         raise CheBenchError("--curves exports training histories: --metric and --evaluation "
@@ -157,7 +157,7 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def plot_command(args: argparse.Namespace) -> int:
-    from che_bench.plotting import plot_accuracy
+    from che_bench.reports.plots import plot_accuracy
 
     store = existing_store(args.store)
     path = plot_accuracy(store, args.out, tasks=args.tasks, evaluation=args.evaluation,
@@ -167,7 +167,7 @@ def plot_command(args: argparse.Namespace) -> int:
 
 
 def curves_command(args: argparse.Namespace) -> int:
-    from che_bench.plotting import plot_curves
+    from che_bench.reports.plots import plot_curves
 
     store = existing_store(args.store)
     path = plot_curves(store, resolve_run_ids(store, args.run_ids), args.out)
@@ -176,7 +176,7 @@ def curves_command(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from che_bench.html_report import write_report
+    from che_bench.reports.html import write_report
 
     store = existing_store(args.store)
     run_ids = None if args.run_ids is None else resolve_run_ids(store, args.run_ids)
@@ -190,8 +190,8 @@ def runs_command(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from che_bench.kept_models import model_path, models_dir_for
-    from che_bench.reports import run_encoding_label, stuck_runs
+    from che_bench.run.kept_models import model_path, models_dir_for
+    from che_bench.reports.tables import run_encoding_label, stuck_runs
 
     store = existing_store(args.store)
     runs = store.runs()
@@ -230,7 +230,7 @@ def evaluations_command(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from che_bench.reports import run_encoding_label
+    from che_bench.reports.tables import run_encoding_label
 
     store = existing_store(args.store)
     runs = store.runs().set_index("run_id")

@@ -65,7 +65,7 @@ def add_override_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_samples_arguments(parser: argparse.ArgumentParser, help: str) -> None:
-    """``--samples FILE`` (``che_bench.samples``) and how many sequences per length."""
+    """``--samples FILE`` (``che_bench.eval.predictions``) and how many sequences per length."""
     parser.add_argument("--samples", metavar="FILE.jsonl", help=help)
     parser.add_argument("--samples-per-length", type=int, default=8, metavar="N",
                         help="sequences per length with --samples (default 8)")
@@ -74,7 +74,7 @@ def add_samples_arguments(parser: argparse.ArgumentParser, help: str) -> None:
 def check_samples_arguments(args: argparse.Namespace) -> None:
     """A bad ``--samples-per-length`` is refused before anything runs."""
     if args.samples is not None:
-        from che_bench.samples import check_samples_per_length
+        from che_bench.eval.predictions import check_samples_per_length
 
         check_samples_per_length(args.samples_per_length)
 
@@ -122,8 +122,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def runtime_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """``execute_runs`` keywords from the runtime flags, checked: the tracker flags become one
     ``TrackerOptions`` (a missing tracker extra is a one-line error before anything runs)."""
-    from che_bench.history import check_log_every
-    from che_bench.trackers import TrackerOptions
+    from che_bench.train.history import check_log_every
+    from che_bench.run.trackers import TrackerOptions
 
     options = {setting.name: getattr(args, setting.name)
                for setting in settings.settings_where(settings.RUNTIME)}
@@ -206,11 +206,11 @@ def parse_learning_rates(text: str) -> list[float]:
 def run_command(args: argparse.Namespace) -> int:
     import torch
 
-    from che_bench import runner
-    from che_bench.kept_models import models_dir_for
-    from che_bench.packing import parse_pack_width
-    from che_bench.reports import encoding_label, format_table, paper_table_or_none
-    from che_bench.store import ResultStore
+    from che_bench.run import runner
+    from che_bench.run.kept_models import models_dir_for
+    from che_bench.run.packing import parse_pack_width
+    from che_bench.reports.tables import encoding_label, format_table, paper_table_or_none
+    from che_bench.store.result_store import ResultStore
 
     configs = cell_configs(args)
     width = parse_pack_width(args.pack)
@@ -274,9 +274,9 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _write_run_samples(args: argparse.Namespace, store, run_ids: list[str]) -> None:
     """``--samples``: the predictions of the cell's completed runs, from their kept models."""
-    from che_bench.kept_models import load_model, models_dir_for
-    from che_bench.runner import resolve_device
-    from che_bench.samples import write_samples
+    from che_bench.run.kept_models import load_model, models_dir_for
+    from che_bench.run.runner import resolve_device
+    from che_bench.eval.predictions import write_samples
 
     complete = store.completed_run_ids()
     done = [run_id for run_id in run_ids if run_id in complete]

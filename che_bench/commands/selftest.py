@@ -33,8 +33,8 @@ def selftest_command(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
 
-    from che_bench.runner import resolve_device
-    from che_bench.selftest import run_selftest
+    from che_bench.run.runner import resolve_device
+    from che_bench.checks.selftest import run_selftest
 
     device = resolve_device(args.device)
     if args.threads < 1:

@@ -62,11 +62,11 @@ def register(subparsers) -> None:
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
-    from che_bench.kept_models import models_dir_for
-    from che_bench.packing import parse_pack_width, unpackable
-    from che_bench.store import ResultStore, default_store_path
-    from che_bench.suites import load_suite
-    from che_bench.sweep import checkpoint_dir_for, run_sweep
+    from che_bench.run.kept_models import models_dir_for
+    from che_bench.run.packing import parse_pack_width, unpackable
+    from che_bench.store.result_store import ResultStore, default_store_path
+    from che_bench.run.suites import load_suite
+    from che_bench.run.sweep import checkpoint_dir_for, run_sweep
 
     _check_backend_flags(args)
     pack = parse_pack_width(args.pack)
@@ -103,7 +103,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         f"{complete} completed now, {len(outcome.failed)} failed"
         + (f", {outcome.not_started} not started (--max-runs)" if outcome.not_started else "")
     )
-    from che_bench.reports import format_table
+    from che_bench.reports.tables import format_table
 
     console.print(format_table(store, run_ids=outcome.run_ids), markup=False, soft_wrap=True)
     for result in outcome.failed:
@@ -120,7 +120,7 @@ def _check_backend_flags(args: argparse.Namespace) -> None:
 
 
 def _local_backend(args: argparse.Namespace, run_options: dict):
-    from che_bench.sweep import LocalBackend
+    from che_bench.run.sweep import LocalBackend
 
     # A bad or unavailable device fails here, not in every worker.
     return LocalBackend(args.workers or 1, device=args.device, threads=args.threads,
@@ -128,7 +128,7 @@ def _local_backend(args: argparse.Namespace, run_options: dict):
 
 
 def _ray_backend(args: argparse.Namespace, suite, run_options: dict, packed: bool):
-    from che_bench.ray_backend import RayBackend
+    from che_bench.run.ray_backend import RayBackend
 
     num_cpus = args.num_cpus if args.num_cpus is not None else suite.resources.num_cpus
     # A suite's GPU share is per run; a pack sizes itself to a whole GPU unless told otherwise.
@@ -140,7 +140,7 @@ def _ray_backend(args: argparse.Namespace, suite, run_options: dict, packed: boo
 
 
 def _print_grid(console: Console, suite, configs, store) -> None:
-    from che_bench.sweep import describe_run
+    from che_bench.run.sweep import describe_run
 
     run_ids = [config.run_id() for config in configs]
     statuses = {}

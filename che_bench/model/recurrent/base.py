@@ -6,7 +6,7 @@ A model is a *cell* (the inner ``hk.VanillaRNN`` or ``hk.LSTM``, over members), 
 read-out of ``relu(h)``. Every parameter has a leading member axis ``[M, ...]``
 (``che_bench.members``) and every step is one batched product over ``[M, B, .]``.
 
-The cell's contract (``che_bench.architectures.rnn``): ``weights()`` gives ``(table, recurrent)``,
+The cell's contract (``che_bench.model.recurrent.rnn``): ``weights()`` gives ``(table, recurrent)``,
 the per-token rows of its input projection ``[M, V, G]`` (biases folded in) and the weight of
 what it is fed back ``[M, E + H, G]`` (E: the memory's read width); ``initial_state``,
 ``hidden(state)`` and ``update(pre_activation, state) -> (h, state)`` do the rest.

@@ -5,7 +5,7 @@ batches, in order, at the lengths the step loop sends it (drawn there from the p
 generator); it returns the arrays and its generators' states after each batch. The batches
 are therefore exactly those made in one process, whatever the number of workers.
 
-A worker is ``python -m che_bench.batch_workers`` talking over two pipes, not a
+A worker is ``python -m che_bench.train.batch_workers`` talking over two pipes, not a
 multiprocessing child: spawn would run the user's main module again in every worker (a
 script without a ``__main__`` guard would then start training there), while this imports
 che-bench and the module of the pickled task only (numpy, no torch). A worker stops when its
@@ -87,7 +87,7 @@ def _start_worker(task: Task, batch_size: int, states: list[dict]
     # The worker finds che-bench and the plugins where this process does.
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
     process = subprocess.Popen(
-        [sys.executable, "-m", "che_bench.batch_workers", str(lengths_read), str(out_write)],
+        [sys.executable, "-m", "che_bench.train.batch_workers", str(lengths_read), str(out_write)],
         pass_fds=(lengths_read, out_write), env=environment,
     )
     os.close(lengths_read), os.close(out_write)

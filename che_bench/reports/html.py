@@ -27,7 +27,7 @@ import pandas as pd
 
 from che_bench import settings
 from che_bench.errors import CheBenchError
-from che_bench.reports import (
+from che_bench.reports.tables import (
     METRIC_NOTES,
     curves_frame,
     display_table,
@@ -36,8 +36,8 @@ from che_bench.reports import (
     run_encoding_label,
     stuck_runs,
 )
-from che_bench.store import ORIGINAL, ResultStore, describe_protocol
-from che_bench.unregistered import task_names
+from che_bench.store.result_store import ORIGINAL, ResultStore, describe_protocol
+from che_bench.reports.unregistered import task_names
 
 #: Up to this many runs, the page lists one ``che-bench run`` command per run.
 MAX_RUN_COMMANDS = 10
@@ -97,7 +97,7 @@ def select_runs(
         raise CheBenchError("select runs by one of --suite, --task or --run")
     runs = store.runs()
     if suite is not None:
-        from che_bench.suites import load_suite
+        from che_bench.run.suites import load_suite
 
         loaded = load_suite(suite)
         wanted = [config.run_id() for config in loaded.configs()]
@@ -133,7 +133,7 @@ def render_report(
 ) -> str:
     """The report page (HTML text), for file ``out``, of a selection (see ``select_runs``)
     under ``evaluation``, scores in ``metric`` (``reports.METRICS``)."""
-    from che_bench.plotting import plot_data, task_labels, task_panel_png
+    from che_bench.reports.plots import plot_data, task_labels, task_panel_png
 
     runs, title = select_runs(store, suite=suite, tasks=tasks, run_ids=run_ids)
     ids = list(runs["run_id"])
@@ -264,7 +264,7 @@ def _stuck_html(store: ResultStore, runs: pd.DataFrame) -> str:
 def _curves_html(store: ResultStore, runs: pd.DataFrame) -> str:
     """One figure per table cell (the first ``MAX_CURVE_FIGURES`` with a history): its runs'
     training loss and accuracy against step."""
-    from che_bench.plotting import curves_png
+    from che_bench.reports.plots import curves_png
 
     with_history = set(store.lowest_losses(runs["run_id"]).index)
     if not with_history:
@@ -384,7 +384,7 @@ def _reproduce_html(store: ResultStore, runs: pd.DataFrame, suite: str | None, s
     store_args = ["--store", str(store.path)]
     parts = []
     if suite is not None:
-        from che_bench.suites import resolve_suite_path
+        from che_bench.run.suites import resolve_suite_path
 
         parts.append(_pre([shlex.join(["che-bench", "sweep", str(resolve_suite_path(suite)), *store_args])]))
     elif len(runs) <= MAX_RUN_COMMANDS:

@@ -20,10 +20,10 @@ import torch
 from che_bench.atomic import save_atomically
 from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
-from che_bench.history import TrainingHistory
+from che_bench.train.history import TrainingHistory
 
 if TYPE_CHECKING:  # (training imports this module)
-    from che_bench.training import BatchStream, PackOptimizer
+    from che_bench.train.loop import BatchStream, PackOptimizer
 
 #: Checkpoint layout version. 3: the layout fingerprint leaves out the member axis.
 CHECKPOINT_FORMAT = 3

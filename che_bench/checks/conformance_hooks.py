@@ -1,4 +1,4 @@
-"""Conformance checks of what an encoding's attention hooks promise (``che_bench.conformance``
+"""Conformance checks of what an encoding's attention hooks promise (``che_bench.checks.conformance``
 runs them with the others): the bias has the shape the attention and DAPE take, and a
 ``relative`` encoding's logits depend on offsets, not on absolute positions.
 

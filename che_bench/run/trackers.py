@@ -3,7 +3,7 @@
 Each run gets its own tracker run, named by its run id: TensorBoard writes to ``DIR/<run id>/``,
 W&B logs to project ``PROJECT`` (W&B's own settings apply: ``WANDB_MODE=offline`` keeps
 everything on disk, and is passed on as the run's mode). During training they log the
-history rows (``che_bench.history``: ``train/loss``, ``train/accuracy``, ``train/grad_norm``,
+history rows (``che_bench.train.history``: ``train/loss``, ``train/accuracy``, ``train/grad_norm``,
 ``train/lr``, ``train/elapsed_s`` at each row's step); at the end of a completed run, the
 scores and the per-length accuracy curve (token and exact match). A resumed run logs only its
 new rows, under the same name. A missing extra is a one-line error naming the pip command.

@@ -2,7 +2,7 @@
 
 ``che-bench check-encoding NAME`` / ``check-task NAME`` run them (plugins included), and the
 project's tests run the same functions over every built-in (the checks of the attention hooks
-alone, bias shape and translation invariance, are in ``che_bench.conformance_hooks``). Each
+alone, bias shape and translation invariance, are in ``che_bench.checks.conformance_hooks``). Each
 check returns its failures,
 one line each (what, where, expected vs got); an empty list is a pass. Models are tiny, so a
 whole encoding or task checks in well under a minute on a laptop CPU.
@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from che_bench.conformance_hooks import check_bias_shape, check_translation_invariance, differ
+from che_bench.checks.conformance_hooks import check_bias_shape, check_translation_invariance, differ
 from che_bench.errors import CheBenchError, one_line
-from che_bench.model import Encoder, build_model, member_state_dict, stack_members
+from che_bench.model.encoder import Encoder, build_model, member_state_dict, stack_members
 from che_bench.tasks import Task, get_task
 
 #: A tiny encoder: the checks are about the encoding, not the model's size.

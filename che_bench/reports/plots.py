@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 
 from che_bench.errors import CheBenchError
-from che_bench.reports import complete_runs, curves_frame, labelled_runs, with_metric
-from che_bench.store import ORIGINAL, ResultStore
+from che_bench.reports.tables import complete_runs, curves_frame, labelled_runs, with_metric
+from che_bench.store.result_store import ORIGINAL, ResultStore
 from che_bench.tasks import Task, get_task
-from che_bench.unregistered import task_known
+from che_bench.reports.unregistered import task_known
 
 PANEL_SIZE = (6, 4)  # inches
 

@@ -16,11 +16,11 @@ encodings from per-member generators of their own.
 
 Nothing in the step loop waits for the device: losses, accuracy counts and gradient norms
 accumulate on it and are read every ``sync_every`` steps (finiteness, progress, the training
-history of ``che_bench.history``), batches are made ahead on a background thread and copied
+history of ``che_bench.train.history``), batches are made ahead on a background thread and copied
 from pinned memory when training on a GPU, and a wide pack's batches are made in worker
-processes (``che_bench.batch_workers``).
+processes (``che_bench.train.batch_workers``).
 
-A member's checkpoint (``che_bench.checkpoints``) holds its weights, Adam state, every RNG
+A member's checkpoint (``che_bench.train.checkpoints``) holds its weights, Adam state, every RNG
 state and the step, so resuming gives exactly the result of an uninterrupted run; a pack of
 another width resumes it too. Ctrl-C is deferred to the end of
 the current step, checkpoints are written, then KeyboardInterrupt is re-raised.
@@ -55,7 +55,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from che_bench.checkpoints import (
+from che_bench.train.checkpoints import (
     layout_matches,
     load_checkpoints,
     member_layout,
@@ -64,8 +64,8 @@ from che_bench.checkpoints import (
 from che_bench.config import RunConfig
 from che_bench.encodings.base import Draws
 from che_bench.errors import CheBenchError
-from che_bench.history import DEFAULT_LOG_EVERY, TrainingHistory
-from che_bench.model import Encoder
+from che_bench.train.history import DEFAULT_LOG_EVERY, TrainingHistory
+from che_bench.model.encoder import Encoder
 from che_bench.tasks.base import Task
 
 #: Batches made ahead of the step loop on a GPU.
@@ -185,7 +185,7 @@ class PackOptimizer:
         #: Each member's gradient norm before clipping at the last step (on the device).
         self.grad_norms = torch.zeros_like(self.lrs[:, 0])
         #: The shapes of one member's parameters: its row of the flat buffers is portable to
-        #: a pack of any width (``che_bench.checkpoints``).
+        #: a pack of any width (``che_bench.train.checkpoints``).
         self.member_shapes = [p.shape[1:] for p in self.parameters]
 
     def zero_grad(self) -> None:
@@ -350,7 +350,7 @@ class BatchStream:
     member's data generator. Its RNG states can be saved and restored with the batches.
 
     ``workers`` > 0 (a pack with a length seed): the members' batches are made in that many
-    worker processes (``che_bench.batch_workers``), the same batches as in this process.
+    worker processes (``che_bench.train.batch_workers``), the same batches as in this process.
 
     With ``model``, each batch also carries the randomized encoding's sample, drawn from the
     model's draw generators (seeded here with ``draw_seed``) by whoever makes the batches --
@@ -423,7 +423,7 @@ class BatchStream:
             yield self._batch(length, arrays, self.states())  # (its "draw" replaced)
 
     def _from_workers(self) -> Iterator[PackBatch]:
-        from che_bench.batch_workers import BatchWorkers
+        from che_bench.train.batch_workers import BatchWorkers
 
         workers = BatchWorkers(self.task, self.batch_size, self.states()["data"], self.workers)
         drawn: deque[tuple[int, dict]] = deque()  # lengths sent ahead, with the state after
@@ -521,7 +521,7 @@ class PackTraining:
     #: Step at which each member's loss first was not finite (None: it never diverged).
     diverged_at: list[int | None]
     timings: dict[str, float] = field(default_factory=dict)
-    #: Each member's training history rows (``che_bench.history``), resumed steps included.
+    #: Each member's training history rows (``che_bench.train.history``), resumed steps included.
     history: list[list[dict[str, Any]]] = field(default_factory=list)
 
 

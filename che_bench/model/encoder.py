@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from che_bench.dape import DapeProcessor, check_kernel, check_variant
+from che_bench.model.dape import DapeProcessor, check_kernel, check_variant
 from che_bench.encodings import AttentionHook, PositionalEncoding, build_encoding
 from che_bench.encodings.base import Draws
 from che_bench.errors import CheBenchError

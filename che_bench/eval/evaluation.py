@@ -31,9 +31,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from che_bench.config import RunConfig
 from che_bench.device_memory import free_gpu_memory, release_memory
-from che_bench.model import Encoder
+from che_bench.model.encoder import Encoder
 from che_bench.tasks.base import Task
-from che_bench.training import check_token_ids, exact_counts, host_to_device, masked_counts
+from che_bench.train.loop import check_token_ids, exact_counts, host_to_device, masked_counts
 
 #: Share of the free GPU memory an evaluation's row chunks may fill (the rest: weights,
 #: activations outside attention, the allocator's slack, other processes on the GPU).

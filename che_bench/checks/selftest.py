@@ -34,10 +34,10 @@ import torch
 
 from che_bench.config import RunConfig, make_config
 from che_bench.encodings import list_encodings
-from che_bench.model import Encoder, build_model, stack_members
-from che_bench.packing import AUTO, resolve_width
-from che_bench.runner import build_pack_model, configure_numerics, software_versions
-from che_bench.training import (
+from che_bench.model.encoder import Encoder, build_model, stack_members
+from che_bench.run.packing import AUTO, resolve_width
+from che_bench.run.runner import build_pack_model, configure_numerics, software_versions
+from che_bench.train.loop import (
     PackOptimizer,
     micro_batches_for,
     projected_modules,
@@ -341,7 +341,7 @@ CHECKS: tuple[tuple[str, str, Callable[[torch.device, bool], list[Case]]], ...] 
 def run_selftest(device: torch.device, quick: bool,
                  on_check: Callable[[str], None] | None = None) -> SelftestReport:
     """Every check on ``device`` (TF32 off); ``on_check(title)`` is called as each starts."""
-    from che_bench.runner import describe_device
+    from che_bench.run.runner import describe_device
 
     started = time.perf_counter()
     configure_numerics(tf32=False)

@@ -16,9 +16,9 @@ import torch
 
 from che_bench import protocol
 from che_bench.config import RunConfig, check_evaluation
-from che_bench.evaluation import Evaluation, evaluate
-from che_bench.model import Encoder, stack_members
-from che_bench.packing import group_into_packs
+from che_bench.eval.evaluation import Evaluation, evaluate
+from che_bench.model.encoder import Encoder, stack_members
+from che_bench.run.packing import group_into_packs
 
 
 def reevaluation_config(config: RunConfig, **changes: Any) -> RunConfig:

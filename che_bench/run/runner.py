@@ -3,7 +3,7 @@
 ``execute_pack`` trains and evaluates runs that differ only in seeds and learning rate side by
 side, ``execute_run`` one run (a pack of one); neither touches the result store, so they can
 run in any worker process; the caller records the returned ``RunResult``s (see
-``che_bench.store``).
+``che_bench.store.result_store``).
 """
 
 from __future__ import annotations
@@ -23,18 +23,18 @@ import torch
 
 import che_bench
 from che_bench import plugins
-from che_bench.checkpoints import checkpoint_step
+from che_bench.train.checkpoints import checkpoint_step
 from che_bench.config import RunConfig, RunResult
 from che_bench.device_memory import release_memory
 from che_bench.errors import CheBenchError
-from che_bench.evaluation import Evaluation, evaluate
-from che_bench.history import DEFAULT_LOG_EVERY
-from che_bench.kept_models import save_model
-from che_bench.model import Encoder, build_model, member_state_dict, stack_members
-from che_bench.packing import group_into_packs, resolve_width
+from che_bench.eval.evaluation import Evaluation, evaluate
+from che_bench.train.history import DEFAULT_LOG_EVERY
+from che_bench.run.kept_models import save_model
+from che_bench.model.encoder import Encoder, build_model, member_state_dict, stack_members
+from che_bench.run.packing import group_into_packs, resolve_width
 from che_bench.tasks.base import Task
-from che_bench.trackers import TrackerOptions, Trackers
-from che_bench.training import Diverged, PackTraining, train_pack
+from che_bench.run.trackers import TrackerOptions, Trackers
+from che_bench.train.loop import Diverged, PackTraining, train_pack
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -166,11 +166,11 @@ def execute_pack(
     (exactly the result of an uninterrupted run for an unchanged pack); members whose
     checkpoints are at different steps train as separate packs. A checkpoint is removed once
     its run has finished. With ``models_dir``, every completed run's final weights are kept
-    there (``che_bench.kept_models``). ``tf32`` lets a GPU use TF32, ``deterministic`` selects
+    there (``che_bench.run.kept_models``). ``tf32`` lets a GPU use TF32, ``deterministic`` selects
     deterministic algorithms (``configure_numerics``); both are recorded with the runs.
     ``on_step(step, losses)`` is called after every optimizer step with each member's loss
     (progress hooks, tests). Each result carries its training history, a row every
-    ``log_every`` steps (``che_bench.history``); ``trackers`` also log it, and each completed
+    ``log_every`` steps (``che_bench.train.history``); ``trackers`` also log it, and each completed
     run's evaluation, to TensorBoard / W&B. A diverged member or a crashed pack gives
     ``status="failed"`` results; a pack that runs out of GPU memory is split in two;
     KeyboardInterrupt propagates after the checkpoints are saved.
@@ -344,7 +344,7 @@ def execute_runs(
     **options: Any,
 ) -> list[RunResult]:
     """Train and evaluate ``configs`` in packs of at most ``pack`` members (``"auto"``: as wide
-    as the device allows, see ``che_bench.packing``), one pack after another; ``options`` go
+    as the device allows, see ``che_bench.run.packing``), one pack after another; ``options`` go
     to ``execute_pack``. Results come back in the order of ``configs``."""
     torch_device = resolve_device(device)
     results: dict[str, RunResult] = {}

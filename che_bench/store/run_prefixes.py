@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from che_bench.errors import CheBenchError
 
 if TYPE_CHECKING:
-    from che_bench.store import ResultStore
+    from che_bench.store.result_store import ResultStore
 
 #: How many of an ambiguous prefix's runs the error names.
 SHOWN_MATCHES = 5

@@ -1,12 +1,12 @@
 """Run a grid of RunConfigs in parallel, resumably, with one writer of the result store.
 
 The scheduler (``run_sweep``) skips runs the store already has complete, groups the rest
-into packs (runs of one table cell trained side by side, ``che_bench.packing``), keeps a
+into packs (runs of one table cell trained side by side, ``che_bench.run.packing``), keeps a
 backend busy with the packs, and records every result as it arrives: the parent process is
 the only writer of the store, each result is one atomic write, so a sweep killed at any
 point (even with SIGKILL) and started again finishes the grid without losing or repeating
 a completed run. Backends execute ``execute_runs`` elsewhere: ``LocalBackend`` in a pool of
-worker processes, ``che_bench.ray_backend.RayBackend`` as Ray tasks. Interrupted runs resume
+worker processes, ``che_bench.run.ray_backend.RayBackend`` as Ray tasks. Interrupted runs resume
 from their checkpoints (``checkpoint_dir_for(store)``); the grouping is deterministic, so a
 restarted sweep forms the same packs, which resume together.
 """
@@ -30,8 +30,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from che_bench.config import RunConfig, RunResult
-from che_bench.packing import AUTO, CPU_AUTO_WIDTH, group_into_packs
-from che_bench.runner import execute_runs, software_versions
+from che_bench.run.packing import AUTO, CPU_AUTO_WIDTH, group_into_packs
+from che_bench.run.runner import execute_runs, software_versions
 
 #: How often an idle-or-busy worker checks that the sweep process is still alive.
 ORPHAN_POLL_S = 1.0
@@ -257,7 +257,7 @@ class LocalBackend:
 
     def __init__(self, workers: int, *, device: str = "auto", threads: int | None = None,
                  **run_options: Any) -> None:
-        from che_bench.runner import resolve_device
+        from che_bench.run.runner import resolve_device
 
         self.workers = workers
         self.device = device

@@ -17,8 +17,8 @@ import torch
 
 from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
-from che_bench.evaluation import seed_for_length
-from che_bench.model import Encoder
+from che_bench.eval.evaluation import seed_for_length
+from che_bench.model.encoder import Encoder
 
 MAP_TITLES = {"scores": "scores (q.k + bias)", "logits": "DAPE logits", "probabilities": "softmax"}
 

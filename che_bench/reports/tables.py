@@ -10,7 +10,7 @@ columns, labelled with the settings that differ.
 Scores are token accuracies (the default, as in the paper) or, with ``metric="exact"``, exact
 match: the share of sequences whose every scored position is right (runs evaluated before
 exact match was recorded are left out). Scores come from one evaluation of each run: its
-original one (the default) or a re-evaluation under another protocol, chosen by protocol id (see ``che_bench.store``). Published values are
+original one (the default) or a re-evaluation under another protocol, chosen by protocol id (see ``che_bench.store.result_store``). Published values are
 set beside a cell always, but subtracted only where its runs followed the published protocol
 (``paper_protocol_differences``).
 """
@@ -27,10 +27,12 @@ from typing import Any
 
 import pandas as pd
 
-from che_bench import protocol, unregistered
+from che_bench import protocol
+
+from che_bench.reports import unregistered
 from che_bench.errors import CheBenchError
-from che_bench.store import ORIGINAL, ResultStore, describe_protocol
-from che_bench.unregistered import UNKNOWN_LEVEL, recorded_task_label
+from che_bench.store.result_store import ORIGINAL, ResultStore, describe_protocol
+from che_bench.reports.unregistered import UNKNOWN_LEVEL, recorded_task_label
 
 LEVEL_LABELS = {"regular": "R", "dcf": "DCF", "cs": "CS", "recall": "recall"}
 #: Display names of the encodings in the published table (others keep their canonical name).
@@ -595,7 +597,7 @@ def stuck_runs(store: ResultStore, run_ids: Iterable[str] | None = None) -> pd.D
 
 
 def _baseline_loss(config: dict[str, Any]) -> float:
-    from che_bench.history import class_frequency_loss
+    from che_bench.train.history import class_frequency_loss
 
     if not unregistered.task_known(config["task"]):
         return math.nan  # the task class that samples its targets is not loaded

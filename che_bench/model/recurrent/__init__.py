@@ -3,7 +3,7 @@
 
 ``build_recurrent(name, task, members=..., **options)`` builds one (initialised from torch's
 global RNG); ``stack_recurrent_members`` packs several, each built from its own seed;
-``che_bench.model.member_state_dict`` takes one member back out.
+``che_bench.model.encoder.member_state_dict`` takes one member back out.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from che_bench.architectures.base import RecurrentModel, positive_int
-from che_bench.architectures.rnn import CELLS
-from che_bench.architectures.stack_rnn import StackMemory
-from che_bench.architectures.tape_rnn import TapeMemory
+from che_bench.model.recurrent.base import RecurrentModel, positive_int
+from che_bench.model.recurrent.rnn import CELLS
+from che_bench.model.recurrent.stack_rnn import StackMemory
+from che_bench.model.recurrent.tape_rnn import TapeMemory
 from che_bench.errors import CheBenchError
 from che_bench.members import load_member_states
 from che_bench.tasks.base import Task

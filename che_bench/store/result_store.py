@@ -8,14 +8,14 @@ another protocol. An evaluation is identified by its run and its protocol id
 Table ``accuracies`` holds the per-length curve of each evaluation (split ``test`` or
 ``train``, accuracies as fractions: token-level, and exact match where it was recorded).
 ``runs.score`` and ``runs.train_accuracy`` repeat the original evaluation's values. Table
-``history`` holds each run's training history (``che_bench.history``: a row every
+``history`` holds each run's training history (``che_bench.train.history``: a row every
 ``log_every`` steps).
 
 A file is recognised by SQLite's ``application_id`` header field plus a ``meta`` table; anything
 else is refused and never modified. A store of an older schema version (1: one curve per run;
 2: no exact match, no training history) is upgraded in place, in one transaction, when it is
 opened for writing; opened ``read_only``, it is read as it is and nothing of it is written
-(``che_bench.store_access``). Every write is one transaction, and a busy timeout lets several
+(``che_bench.store.access``). Every write is one transaction, and a busy timeout lets several
 processes write.
 """
 
@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from che_bench.errors import CheBenchError
-from che_bench.history import HISTORY_FIELDS
+from che_bench.train.history import HISTORY_FIELDS
 from che_bench.protocol import EVAL_SEED, format_lengths
-from che_bench.store_access import ReadOnlyAccess, store_error
+from che_bench.store.access import ReadOnlyAccess, store_error
 
 if TYPE_CHECKING:
     from che_bench.config import RunConfig, RunResult
@@ -486,7 +486,7 @@ class ResultStore:
         return _selected(frame, run_ids)
 
     def history(self, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
-        """Training history rows (``che_bench.history.HISTORY_FIELDS``) with their ``run_id``,
+        """Training history rows (``che_bench.train.history.HISTORY_FIELDS``) with their ``run_id``,
         of every run or of ``run_ids``, by run (oldest first) and step; non-finite values read
         back as NaN."""
         where, params = _run_filter("h", run_ids)

@@ -15,7 +15,7 @@ import torch
 from che_bench.atomic import save_atomically
 from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
-from che_bench.model import Encoder, build_model
+from che_bench.model.encoder import Encoder, build_model
 
 FORMAT = "che-bench-model"
 VERSION = 1

@@ -1,0 +1,1 @@
+"""Conformance checks of plugins and the device self-test."""

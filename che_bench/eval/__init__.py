@@ -1,0 +1,1 @@
+"""Evaluating trained models: range evaluation, re-evaluation, predictions, maps."""

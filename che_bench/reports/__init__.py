@@ -1,0 +1,1 @@
+"""Reading the store for people: tables, exports, plots and the HTML report."""

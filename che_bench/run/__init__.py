@@ -1,0 +1,1 @@
+"""Executing runs: the runner, packs, sweeps and their backends, kept models."""

@@ -1,0 +1,1 @@
+"""The result store: one SQLite file shared by every command and worker."""

@@ -1,0 +1,74 @@
+"""The package's layers: a module never imports one from a higher layer (lazy imports included)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "che_bench"
+
+# Lowest first; a module may import its own layer and any lower one.
+LAYERS = (
+    ("che_bench", "che_bench.errors", "che_bench.registry", "che_bench.settings", "che_bench.atomic",
+     "che_bench.device_memory", "che_bench.plugins", "che_bench.protocol", "che_bench.members"),
+    ("che_bench.tasks", "che_bench.encodings"),
+    ("che_bench.config",),
+    ("che_bench.model",),
+    ("che_bench.train",),
+    ("che_bench.eval",),
+    ("che_bench.store",),
+    ("che_bench.run",),
+    ("che_bench.reports", "che_bench.checks"),
+    ("che_bench.commands", "che_bench.cli"),
+)
+
+
+def layer_of(module: str) -> int:
+    for rank, prefixes in enumerate(LAYERS):
+        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes
+               if prefix != "che_bench" or module == "che_bench"):
+            return rank
+    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in names if name.startswith("che_bench.")}
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda path: module_name(path))
+def test_no_module_imports_a_higher_layer(path):
+    own = layer_of(module_name(path))
+    higher = sorted(name for name in imported_modules(path)
+                    if _known(name) and layer_of(name) > own)
+    assert not higher, f"{module_name(path)} (layer {own}) imports {higher}"
+
+
+def _known(name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for layer in LAYERS for p in layer)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda path: module_name(path))
+def test_modules_and_functions_fit_on_a_screen(path):
+    source = path.read_text()
+    assert source.count("\n") <= 400, f"{path.name}: {source.count(chr(10))} lines"
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            assert length <= 60, f"{path.name}:{node.lineno} {node.name} has {length} lines"
