@@ -18,7 +18,7 @@ from che_bench.cli import main
 from che_bench.errors import CheBenchError
 from che_bench.run.kept_models import model_path, models_dir_for
 from che_bench.reports.plots import plot_accuracy
-from che_bench.reports.tables import encoding_label, export_frame, format_table, summarize
+from che_bench.reports.tables import export_frame, format_table, run_encoding_label, summarize
 from che_bench.store.run_prefixes import resolve_run_ids
 from che_bench.store.result_store import ResultStore
 from che_bench.tasks import get_task, list_tasks
@@ -42,10 +42,15 @@ def store(tmp_path) -> ResultStore:
 
 
 def test_encoding_labels_follow_the_paper():
-    assert encoding_label("kerple", None) == "Kerple"
-    assert encoding_label("alibi", 1) == "DAPE_k1_ALiBi"
-    assert encoding_label("fire", 3) == "DAPE_k3_FIRE"
-    assert encoding_label("sin_cos", None) == "sin_cos"
+    def label(pe, kernel, **config):
+        return run_encoding_label({"pe": pe, "kernel": kernel, **config})
+
+    assert label("kerple", None) == "Kerple"
+    assert label("alibi", 1) == "DAPE_k1_ALiBi"
+    assert label("fire", 3) == "DAPE_k3_FIRE"
+    assert label("sin_cos", None) == "sin_cos"
+    assert label("kerple", 3, causal=True) == run_encoding_label('{"pe": "kerple", "kernel": 3, '
+                                                                 '"causal": true}') == "DAPE_k3_Kerple (causal)"
 
 
 def test_cells_are_max_and_mean_over_complete_runs(store):

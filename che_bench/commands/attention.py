@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def attention_command(args: argparse.Namespace) -> int:
     from che_bench.attention_maps import attention_maps, plot_attention
     from che_bench.run.kept_models import load_model, models_dir_for
-    from che_bench.reports.tables import encoding_label
+    from che_bench.reports.tables import run_encoding_label
     from che_bench.store.run_prefixes import resolve_run_ids
 
     store = existing_store(args.store)
@@ -41,7 +41,7 @@ def attention_command(args: argparse.Namespace) -> int:
         raise CheBenchError("--compare needs a run of the same task and evaluation seed "
                             "(so that both see the same input)")
     maps = [
-        attention_maps(model, config, f"{encoding_label(config.pe, config.kernel, config.causal)} ({run_id})",
+        attention_maps(model, config, f"{run_encoding_label(config.to_dict())} ({run_id})",
                        length=args.length, sample=args.sample, layer=args.layer)
         for run_id, (config, model) in zip(run_ids, loaded)
     ]

@@ -209,7 +209,7 @@ def run_command(args: argparse.Namespace) -> int:
     from che_bench.run import runner
     from che_bench.run.kept_models import models_dir_for
     from che_bench.run.packing import parse_pack_width
-    from che_bench.reports.tables import encoding_label, format_table, paper_table_or_none
+    from che_bench.reports.tables import format_table, paper_table_or_none, run_encoding_label
     from che_bench.store.result_store import ResultStore
 
     configs = cell_configs(args)
@@ -230,7 +230,7 @@ def run_command(args: argparse.Namespace) -> int:
     models_dir = None if args.no_keep_model else models_dir_for(store.path)
     run_ids = [config.run_id() for config in configs]
     first = configs[0]
-    label = f"{first.task} / {encoding_label(first.pe, first.kernel, first.causal)}"
+    label = f"{first.task} / {run_encoding_label(first.to_dict())}"
     complete = store.completed_run_ids()
     todo = [config for config in configs if config.run_id() not in complete]
     if len(todo) < len(configs):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -87,18 +87,15 @@ def with_metric(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     return frame[frame[key].notna()].reset_index(drop=True)
 
 
-def encoding_label(pe: str, kernel: int | None, causal: bool = False) -> str:
-    """Column name as in the paper: ``Kerple``, ``DAPE_k1_Kerple``, ``DAPE_k3_Kerple``;
-    ``Kerple (causal)`` for decoder-style attention (no published column)."""
-    base = PAPER_ENCODING_LABELS.get(pe, pe)
-    label = base if kernel is None else f"DAPE_k{kernel}_{base}"
-    return f"{label} (causal)" if causal else label
-
-
-def run_encoding_label(config_json: str) -> str:
-    """``encoding_label`` of a stored run's config (JSON)."""
-    config = json.loads(config_json)
-    return encoding_label(config["pe"], config["kernel"], config.get("causal", False))
+def run_encoding_label(config: str | Mapping[str, Any]) -> str:
+    """The column name of a run's encoding, from its config (a dict or its stored JSON), as
+    in the paper: ``Kerple``, ``DAPE_k1_Kerple``, ``DAPE_k3_Kerple``; ``Kerple (causal)`` for
+    decoder-style attention (no published column). Every label of a run comes from here."""
+    if isinstance(config, str):
+        config = json.loads(config)
+    base = PAPER_ENCODING_LABELS.get(config["pe"], config["pe"])
+    label = base if config["kernel"] is None else f"DAPE_k{config['kernel']}_{base}"
+    return f"{label} (causal)" if config.get("causal", False) else label
 
 
 def _task_facts(name: str, params_json: str) -> tuple[str, float, str]:
@@ -147,7 +144,7 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     frame["level"] = [level for level, _, _ in facts]
     frame["chance"] = [chance for _, chance, _ in facts]
     frame["task_label"] = [label for _, _, label in facts]
-    frame["encoding"] = [encoding_label(c["pe"], c["kernel"], c.get("causal", False)) for c in configs]
+    frame["encoding"] = [run_encoding_label(config) for config in configs]
     frame["paper_differences"] = [tuple(paper_protocol_differences(c)) for c in configs]
     variants = [
         {key: json.dumps(value, sort_keys=True) for key, value in config.items() if key not in _CELL_FIELDS}
@@ -565,7 +562,7 @@ def curves_frame(store: ResultStore, run_ids: Iterable[str] | None = None) -> pd
     """The training histories (``ResultStore.history``) of every run or of ``run_ids``, one row
     per run and logged step, with the run's task, encoding, seed, steps, preset and status."""
     runs = store.runs(run_ids)
-    runs["encoding"] = [encoding_label(pe, k) for pe, k in zip(runs["pe"], runs["kernel"])]
+    runs["encoding"] = [run_encoding_label(config) for config in runs["config"]]
     identity = runs[["run_id", "task", "encoding", "seed", "steps", "preset", "status"]]
     return identity.merge(store.history(run_ids), on="run_id")[_EXPORT_CURVES]
 
