@@ -191,7 +191,8 @@ def runs_command(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from che_bench.run.kept_models import model_path, models_dir_for
-    from che_bench.reports.tables import run_encoding_label, stuck_runs
+    from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
+    from che_bench.reports.tables import run_encoding_label
 
     store = existing_store(args.store)
     runs = store.runs()
@@ -221,8 +222,7 @@ def runs_command(args: argparse.Namespace) -> int:
     counts = runs["status"].value_counts().to_dict()
     console.print(", ".join(f"{counts.get(s, 0)} {s}" for s in ("complete", "failed", "started")))
     if stuck:
-        console.print(f"{len(stuck)} stuck: the training loss never fell below that of "
-                      "predicting the class frequencies (they learned nothing)")
+        console.print(f"{len(stuck)} stuck: {STUCK_TEXT}")
     return 0
 
 

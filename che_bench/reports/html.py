@@ -1,7 +1,7 @@
 """``che-bench report``: one self-contained, static HTML page about a selection of runs.
 
 The page holds the CHE table (``reports.display_table``), whether the runs learned (training
-lengths, and runs whose loss never beat the class frequencies: ``reports.stuck_runs``), one
+lengths, and runs whose training accuracy ended at an input-blind guess's: ``stuck.stuck_runs``), one
 accuracy-versus-length figure per task (``plotting.task_panel_png``) and one training-curves
 figure per table cell (``plotting.curves_png``), embedded as base64 PNG data URIs, what ran
 (presets, steps, versions, devices, statuses, failures) and the commands that reproduce it. It loads nothing:
@@ -34,9 +34,9 @@ from che_bench.reports.tables import (
     labelled_runs,
     paper_table_or_none,
     run_encoding_label,
-    stuck_runs,
 )
 from che_bench.store.result_store import ORIGINAL, ResultStore, describe_protocol
+from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
 from che_bench.reports.unregistered import task_names
 
 #: Up to this many runs, the page lists one ``che-bench run`` command per run.
@@ -235,29 +235,29 @@ def _figure_html(label: str, png: bytes, what: str, size: tuple[int, int] = (600
 
 
 def _stuck_html(store: ResultStore, runs: pd.DataFrame) -> str:
-    """The runs whose training loss never fell below that of predicting the class
-    frequencies: they learned nothing, whatever their scores."""
+    """The runs whose training accuracy ended no better than a guess blind to the input's
+    content (``stuck.STUCK_TEXT``): they learned nothing, whatever their scores."""
     stuck = stuck_runs(store, runs["run_id"])
     if stuck.empty:
         return "<p id=\"stuck\">No run has a training history (runs made before che-bench kept one).</p>"
     flagged = stuck[stuck["stuck"]].merge(runs, on="run_id")
     if flagged.empty:
-        return (f"<p id=\"stuck\">Every run with a training history ({len(stuck)}) brought its "
-                "loss below that of predicting the class frequencies.</p>")
+        return (f"<p id=\"stuck\">None of the {len(stuck)} runs with a training history is stuck "
+                f"({_e(STUCK_TEXT)}).</p>")
     rows = "".join(
         f"<tr><td class=\"text\">{_e(run.run_id)}</td><td class=\"text\">{_e(run.task)}</td>"
         f"<td class=\"text\">{_e(run_encoding_label(run.config))}</td>"
         f"<td class=\"num\">{_e(run.seed)}</td><td class=\"num\">{run.lr:g}</td>"
-        f"<td class=\"num\">{run.min_loss:.4f}</td><td class=\"num\">{run.baseline_loss:.4f}</td></tr>"
+        + "".join(f"<td class=\"num\">{100 * value:.2f}</td>"
+                  for value in (run.final_accuracy, run.baseline_accuracy, run.margin)) + "</tr>"
         for run in flagged.itertuples(index=False)
     )
     return (
-        f"<p id=\"stuck\">Stuck: {len(flagged)} of {len(stuck)} runs never brought their training "
-        "loss below that of predicting the class frequencies (they learned nothing).</p>\n"
+        f"<p id=\"stuck\">Stuck: {len(flagged)} of {len(stuck)} runs: {_e(STUCK_TEXT)}.</p>\n"
         "<div class=\"wide\"><table id=\"stuck-runs\"><thead><tr><th class=\"text\">run id</th>"
         "<th class=\"text\">task</th><th class=\"text\">encoding</th><th>seed</th><th>lr</th>"
-        "<th>lowest loss</th><th>class-frequency loss</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table></div>"
+        "<th>final training accuracy %</th><th>input-blind guess %</th><th>margin %</th></tr>"
+        f"</thead><tbody>{rows}</tbody></table></div>"
     )
 
 
@@ -328,8 +328,8 @@ def _learning_html(evaluated: pd.DataFrame) -> str:
                           for cell in unlearned.itertuples(index=False))
         verdict = (f"Not learned in this budget (mean in-distribution accuracy below {threshold}): "
                    f"{names}. Their scores beyond the training lengths measure no extrapolation of "
-                   "a learned solution (for a recall probe, a position-blind model's ceiling is "
-                   "drawn in its figure).")
+                   "a learned solution (a recall probe's figure draws the ceiling of a "
+                   "position-blind model where the task defines one).")
     return (
         f"<p id=\"learning\">{_e(verdict)}</p>\n<div class=\"wide\"><table id=\"in-distribution\">"
         "<thead><tr><th class=\"text\">task</th><th class=\"text\">column</th>"

@@ -570,33 +570,3 @@ def curves_frame(store: ResultStore, run_ids: Iterable[str] | None = None) -> pd
 def _json_or_empty(text: str | None) -> dict[str, Any]:
     """A stored JSON object, or {} where none is stored (NULL)."""
     return json.loads(text) if isinstance(text, str) else {}
-
-
-#: A run counts as stuck while its logged loss stays above this share of the class-frequency
-#: loss: window means of a model predicting the frequencies scatter around it by about 1%.
-STUCK_MARGIN = 0.99
-
-
-def stuck_runs(store: ResultStore, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
-    """Runs with a training history: ``run_id``, ``min_loss`` (lowest logged loss),
-    ``baseline_loss`` (``history.class_frequency_loss`` of its task and training lengths; NaN
-    when the task's plugin is not loaded) and ``stuck``: the loss never fell below
-    ``STUCK_MARGIN`` x the baseline (it learned nothing; never said without a baseline)."""
-    lowest = store.lowest_losses(run_ids)
-    configs = store.runs(list(lowest.index)).set_index("run_id")["config"]
-    baselines = [_baseline_loss(json.loads(configs[run_id])) for run_id in lowest.index]
-    frame = pd.DataFrame({"run_id": list(lowest.index), "min_loss": lowest.to_numpy(),
-                          "baseline_loss": baselines})
-    # A run whose every logged loss is NaN (diverged at once) also never learned.
-    frame["stuck"] = (~(frame["min_loss"] < STUCK_MARGIN * frame["baseline_loss"])
-                      & frame["baseline_loss"].notna())
-    return frame
-
-
-def _baseline_loss(config: dict[str, Any]) -> float:
-    from che_bench.train.history import class_frequency_loss
-
-    if not unregistered.task_known(config["task"]):
-        return math.nan  # the task class that samples its targets is not loaded
-    return class_frequency_loss(config["task"], json.dumps(config["task_params"], sort_keys=True),
-                                config["train_max_length"])
