@@ -114,9 +114,7 @@ class RunConfig:
     @property
     def score_lengths(self) -> tuple[int, ...]:
         """The test lengths the score averages over."""
-        if not self.score_from_42:
-            return self.test_lengths
-        return tuple(n for n in self.test_lengths if n > self.train_max_length + 1)
+        return protocol.score_lengths(self.test_lengths, self.train_max_length, self.score_from_42)
 
     def model_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``build_model`` besides task, pe and kernel."""

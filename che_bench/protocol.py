@@ -92,6 +92,15 @@ def auto_train_eval_lengths(min_length: int, train_max_length: int) -> tuple[int
     return tuple(sorted({min_length + round(i * span / (count - 1)) for i in range(count)}))
 
 
+def score_lengths(test_lengths: Iterable[int], train_max_length: int,
+                  score_from_42: bool) -> tuple[int, ...]:
+    """The test lengths a run's score averages over: all, or with ``score_from_42`` those
+    beyond ``train_max_length + 1``."""
+    if not score_from_42:
+        return tuple(test_lengths)
+    return tuple(n for n in test_lengths if n > train_max_length + 1)
+
+
 def format_lengths(lengths: Iterable[int]) -> str:
     """Compact text of a length set, e.g. ``41..500`` or ``41..500 (24 lengths)``."""
     lengths = sorted(lengths)

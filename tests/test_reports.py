@@ -9,11 +9,13 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from test_store import reevaluation, store_files, synthetic_result, v1_results, v1_store
 
 from che_bench.reports import tables as reports
+from che_bench.reports.chance import EXACT_CHANCE_SEQUENCES, exact_match_chance, run_exact_chance
 from che_bench.cli import main
 from che_bench.errors import CheBenchError
 from che_bench.run.kept_models import model_path, models_dir_for
@@ -344,3 +346,39 @@ def test_run_ids_are_taken_as_unique_prefixes_everywhere(tmp_path, capsys):
                                  for line in err)
     assert main(["curves", "cc", "--store", path]) == 2
     assert "no run cc in" in capsys.readouterr().err
+
+
+def with_exact_match(result, exact: float):
+    """A SYNTHETIC result with exact match ``exact`` at every length."""
+    config = result.config
+    return dataclasses.replace(
+        result, exact_score=exact, train_exact_accuracy=exact,
+        exact_per_length={n: exact for n in config.test_lengths},
+        train_exact_per_length={n: exact for n in config.train_eval_lengths})
+
+
+def test_exact_match_chance_is_per_sequence(tmp_path):
+    """A uniform guesser gets a sequence of L scored positions right with chance c^L: c for
+    one output (parity), (1/32)^4 for mqar's 4 queries, c^n for reverse_string; averaged over
+    the sequences where L varies (binary_addition) and over the score's test lengths."""
+    mqar = {"vocab_size": 64, "num_pairs": 4, "random_non_queries": False}
+    assert exact_match_chance(get_task("parity_check"), 41) == 0.5
+    assert exact_match_chance(get_task("mqar", **mqar), 100) == pytest.approx(32.0 ** -4)
+    assert exact_match_chance(get_task("reverse_string"), 20) == pytest.approx(0.5 ** 20)
+    addition = get_task("binary_addition")
+    scored = addition.sample(12, EXACT_CHANCE_SEQUENCES, np.random.default_rng(0)).mask.sum(1)
+    assert len(set(scored)) > 1
+    assert exact_match_chance(addition, 12) == pytest.approx(np.mean((1 / 3) ** scored))
+    settings = {"task": "reverse_string", "task_params": {}, "test_lengths": [2, 3, 50],
+                "train_max_length": 1, "score_from_42": True}
+    assert run_exact_chance(settings) == pytest.approx(0.5 ** 50 / 2 + 0.5 ** 3 / 2)
+
+    store = ResultStore(tmp_path / "s.sqlite")
+    store.record(with_exact_match(synthetic_result("parity_check", "none"), 0.5))
+    store.record(with_exact_match(synthetic_result("mqar", "none", task_params=mqar,
+                                                   train_max_length=16, test_lengths="41,50"), 0.01))
+    table = format_table(store, metric="exact")
+    assert "chance = exact match of a uniform guesser" in table
+    chances = {line.split()[1]: line.split()[2] for line in table.splitlines()[2:4]}
+    assert chances == {"parity_check": "50.0", "mqar": "1e-04"}  # (1/32)^4 = 0.0001 %
+    assert " 50.0 " in format_table(store, metric="token") and " 3.1 " in format_table(store)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from che_bench.reports.chance import exact_match_chance
 from che_bench.errors import CheBenchError
 from che_bench.reports.tables import complete_runs, curves_frame, labelled_runs, with_metric
 from che_bench.store.result_store import ORIGINAL, ResultStore
@@ -123,7 +124,7 @@ def _draw_panel(ax, runs: pd.DataFrame, curves: pd.DataFrame, label: str) -> Non
     min_length = task.min_length if task else min(min(s["train_eval_lengths"]) for s in task_runs["settings"])
     ax.axvspan(min_length, train_max, color="0.9", zorder=0, label="training lengths")
     if task is not None:
-        _draw_task_guides(ax, task, int(task_curves["length"].max()))
+        _draw_task_guides(ax, task, int(task_curves["length"].max()), curves.attrs.get("metric", "token"))
     ax.set_title(label)
     ax.set_xlabel(task.length_label if task else "length")
     ax.set_ylabel("exact match (%)" if curves.attrs.get("metric") == "exact" else "accuracy (%)")
@@ -131,12 +132,18 @@ def _draw_panel(ax, runs: pd.DataFrame, curves: pd.DataFrame, label: str) -> Non
     ax.legend(fontsize="small")
 
 
-def _draw_task_guides(ax, task: Task, max_length: int) -> None:
+def _draw_task_guides(ax, task: Task, max_length: int, metric: str) -> None:
     """The chance level and, for recall tasks, the ceiling of a model blind to positions
-    (``task.ceiling(n)``)."""
+    (``task.ceiling(n)``, where the task defines one). For exact match the chance is that of a
+    sequence at each length (``chance.exact_match_chance``) and the ceiling, a token accuracy,
+    is left out."""
+    lengths = np.arange(task.min_length, max_length + 1)
+    if metric == "exact":
+        ax.plot(lengths, [100 * exact_match_chance(task, int(n)) for n in lengths], color="0.4",
+                linestyle=":", label="chance")
+        return
     ax.axhline(task.chance * 100, color="0.4", linestyle=":", label="chance")
     if task.level == "recall":
-        lengths = np.arange(task.min_length, max_length + 1)
         ceiling = [task.ceiling(int(n)) for n in lengths]
         if None not in ceiling:
             ax.plot(lengths, [100 * c for c in ceiling], color="0.2", linestyle="--",

@@ -30,6 +30,7 @@ import pandas as pd
 from che_bench import protocol
 
 from che_bench.reports import unregistered
+from che_bench.reports.chance import run_exact_chance
 from che_bench.errors import CheBenchError
 from che_bench.store.result_store import ORIGINAL, ResultStore, describe_protocol
 from che_bench.reports.unregistered import UNKNOWN_LEVEL, recorded_task_label
@@ -66,6 +67,11 @@ FORMATS = ("text", "csv", "markdown", "latex")
 METRICS = ("token", "exact")
 METRIC_NOTES = {"token": "accuracy % = correct scored tokens / scored tokens",
                 "exact": "exact match % = sequences with every scored token right / sequences"}
+#: What the chance column holds, per metric (``che_bench.chance``).
+CHANCE_NOTES = {"token": "chance = 1 / number of classes",
+                "exact": "chance = exact match of a uniform guesser: (1 / number of classes) to the "
+                         "power of a sequence's scored positions, averaged over sequences and the "
+                         "score's test lengths"}
 
 
 def check_metric(metric: str) -> None:
@@ -256,7 +262,7 @@ def summarize(
     published protocol, empty when comparable) and ``dropout_at_eval`` (every run kept dropout
     on at evaluation, as the reference code does)."""
     _check_compare(compare, metric)
-    return _summarize_runs(complete_runs(store, tasks, run_ids, evaluation, metric), compare)
+    return _summarize_runs(complete_runs(store, tasks, run_ids, evaluation, metric), compare, metric)
 
 
 def _check_compare(compare: str, metric: str = "token") -> None:
@@ -268,14 +274,16 @@ def _check_compare(compare: str, metric: str = "token") -> None:
                             "--metric token")
 
 
-def _summarize_runs(runs: pd.DataFrame, compare: str) -> pd.DataFrame:
-    """``summarize`` of a frame of complete runs."""
+def _summarize_runs(runs: pd.DataFrame, compare: str, metric: str) -> pd.DataFrame:
+    """``summarize`` of a frame of complete runs, scored in ``metric``."""
     columns = ["level", "task", "column", "chance", "max", "mean", "std", "n"]
     if compare == "paper":
         columns += ["paper", "diff", "comparable", "differences", "dropout_at_eval"]
     if runs.empty:
         return pd.DataFrame(columns=columns)
     runs = labelled_runs(runs)
+    if metric == "exact":
+        runs["chance"] = [run_exact_chance(settings) for settings in runs["settings"]]
     runs["score_pct"] = runs["score"] * 100
     runs["kernel_order"] = [-1 if k is None else int(k) for k in runs["kernel"]]
     runs["dropout_at_eval"] = [settings["dropout_at_eval"] for settings in runs["settings"]]
@@ -403,7 +411,7 @@ def display_table(
     and its notes; an empty frame when there is no complete run."""
     _check_compare(compare, metric)
     runs = complete_runs(store, tasks, run_ids, evaluation, metric)
-    cells = _summarize_runs(runs, compare)
+    cells = _summarize_runs(runs, compare, metric)
     if cells.empty:
         return pd.DataFrame(), []
     return _text_pivot(cells, compare), _notes(runs, cells, compare, evaluation, metric)
@@ -429,14 +437,20 @@ def _numeric_pivot(cells: pd.DataFrame, compare: str) -> pd.DataFrame:
 
 
 def _text_pivot(cells: pd.DataFrame, compare: str) -> pd.DataFrame:
-    cells = cells.assign(chance=[UNKNOWN_LEVEL if math.isnan(c) else f"{c:.1f}"
-                                 for c in cells["chance"]])
+    cells = cells.assign(chance=[_chance_text(c) for c in cells["chance"]])
     values = {"": [_cell_text(row) for _, row in cells.iterrows()]}
     if compare == "paper":
         values[" paper (diff)"] = [_paper_text(row) for _, row in cells.iterrows()]
     table = _wide(cells, values).fillna("")
     # Drop comparison columns with no published value at all (e.g. encodings not in the paper).
     return table[[c for c in table.columns if not (c.endswith(" paper (diff)") and (table[c] == "").all())]]
+
+
+def _chance_text(chance: float) -> str:
+    """A chance in percent; the tiny ones of exact match with one significant digit."""
+    if math.isnan(chance):
+        return UNKNOWN_LEVEL
+    return f"{chance:.1f}" if chance >= 0.05 or chance == 0 else f"{chance:.0e}"
 
 
 def _cell_text(row: pd.Series) -> str:
@@ -464,7 +478,7 @@ def _notes(runs: pd.DataFrame, cells: pd.DataFrame, compare: str, evaluation: st
     presets = ", ".join(sorted(set(runs["preset"])))
     notes = [
         f"cells: {METRIC_NOTES[metric]}, max over seeds/learning rates (mean±std over runs, n "
-        f"runs); complete runs only; preset(s): {presets}; chance = 1 / number of classes",
+        f"runs); complete runs only; preset(s): {presets}; {CHANCE_NOTES[metric]}",
     ]
     if metric == "exact":
         notes.append("exact match: runs evaluated before it was recorded are left out")
