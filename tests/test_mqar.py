@@ -176,3 +176,24 @@ def test_pairs_axis_runs_end_to_end_with_results_per_pair_count(tmp_path):
     curves = pd.read_csv(tmp_path / "c.csv")
     assert sorted(curves.loc[curves["split"] == "test", "length"]) == [5, 6, 7, 8]  # pair counts
     assert main(["plot", "--store", store, "--out", str(tmp_path / "p.png")]) == 0
+
+
+def test_ceiling_without_positions_is_one_over_the_pairs_and_is_drawn():
+    """With filler 0 every context key appears twice (context and query) and every value once,
+    so the bag of tokens cannot tell which value a key is bound to: 1/D for each axis."""
+    from matplotlib.figure import Figure
+
+    from che_bench.plotting import _draw_task_guides
+
+    task = get_task("mqar", vocab_size=64, num_pairs=4, random_non_queries=False)
+    batch = task.sample(40, 50, np.random.default_rng(0))
+    for row in batch.inputs:
+        counts = np.bincount(row[row > 0], minlength=64)
+        assert set(counts[1:32]) <= {0, 2} and set(counts[32:]) <= {0, 1}
+    assert task.ceiling(40) == task.ceiling(500) == 1 / 4
+    assert get_task("mqar", length_per_pair=8).ceiling(40) == 1 / 5
+    assert get_task("mqar", axis="pairs", sequence_length=64).ceiling(6) == 1 / 6
+    assert get_task("mqar", random_non_queries=True).ceiling(40) is None  # not known
+    ax = Figure().subplots()
+    _draw_task_guides(ax, task, 60, "token")
+    assert [line.get_label() for line in ax.get_lines()] == ["chance", "ceiling without positions"]

@@ -112,6 +112,14 @@ class MultiQueryAssociativeRecall(Task):
             return n
         return self.num_pairs if self.length_per_pair is None else n // self.length_per_pair
 
+    def ceiling(self, n: int) -> float | None:
+        """1/D with filler 0: from the bag of tokens alone the D context values are all a
+        query's answer with equal chance (every key and value appears the same number of times),
+        so a position-blind model returns any of them. Unknown (None) with random filler, whose
+        extra values in the bag the model cannot tell from the context's."""
+        self.check_length(n)
+        return None if self.random_non_queries else 1 / self.pairs(n)
+
     def input_length(self, n: int) -> int:
         return self.sequence_length if self.axis == "pairs" else n
 
