@@ -183,7 +183,7 @@ def test_ceiling_without_positions_is_one_over_the_pairs_and_is_drawn():
     so the bag of tokens cannot tell which value a key is bound to: 1/D for each axis."""
     from matplotlib.figure import Figure
 
-    from che_bench.plotting import _draw_task_guides
+    from che_bench.reports.plots import _draw_task_guides
 
     task = get_task("mqar", vocab_size=64, num_pairs=4, random_non_queries=False)
     batch = task.sample(40, 50, np.random.default_rng(0))

@@ -293,13 +293,13 @@ def test_readers_change_no_byte_of_a_store_of_any_schema(schema, store, tmp_path
 
 def _store_with_run_ids(path, run_ids: list[str], histories: list[list[float]]) -> ResultStore:
     """SYNTHETIC runs recorded under the given ids (to have ids that share prefixes), each with
-    a training history of the given losses (none when empty)."""
+    a training history of the given training accuracies (none when empty)."""
     store = ResultStore(path)
-    for seed, (run_id, losses) in enumerate(zip(run_ids, histories)):
+    for seed, (run_id, accuracies) in enumerate(zip(run_ids, histories)):
         result = dataclasses.replace(synthetic_result("parity_check", "kerple", seed=seed),
                                      run_id=run_id)
-        result.history = [{"step": 10 * (i + 1), "loss": loss, "accuracy": 0.5, "grad_norm": 1.0,
-                           "lr": 1e-3, "elapsed_s": float(i)} for i, loss in enumerate(losses)]
+        result.history = [{"step": 10 * (i + 1), "loss": 0.7, "accuracy": accuracy, "grad_norm": 1.0,
+                           "lr": 1e-3, "elapsed_s": float(i)} for i, accuracy in enumerate(accuracies)]
         store.record(result)
     return store
 
@@ -307,7 +307,7 @@ def _store_with_run_ids(path, run_ids: list[str], histories: list[list[float]]) 
 def test_listings_show_whole_ids_whether_runs_learned_and_count_in_the_singular(
         tmp_path, monkeypatch, capsys):
     ids = ["aaaa0000learned", "aaaa1111stuck", "bbbb2222nohistory"]
-    store = _store_with_run_ids(tmp_path / "s.sqlite", ids, [[0.7, 0.1], [0.7, 0.69], []])
+    store = _store_with_run_ids(tmp_path / "s.sqlite", ids, [[0.5, 0.99], [0.5, 0.5], []])
     monkeypatch.setenv("COLUMNS", "100")  # a narrow terminal
     assert main(["runs", "--store", str(store.path)]) == 0
     rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines()
@@ -328,7 +328,7 @@ def test_listings_show_whole_ids_whether_runs_learned_and_count_in_the_singular(
 
 def test_run_ids_are_taken_as_unique_prefixes_everywhere(tmp_path, capsys):
     ids = ["aaaa0000", "aaaa1111", "bbbb2222"]
-    store = _store_with_run_ids(tmp_path / "s.sqlite", ids, [[0.7, 0.1]] * 3)
+    store = _store_with_run_ids(tmp_path / "s.sqlite", ids, [[0.5, 0.99]] * 3)
     path = str(store.path)
     assert resolve_run_ids(store, ["bb", "aaaa1", "bbbb2222", "b"]) == ["bbbb2222", "aaaa1111"]
     assert main(["evaluations", "--store", path, "--run", "aaaa0", "bb"]) == 0

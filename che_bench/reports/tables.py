@@ -67,7 +67,7 @@ FORMATS = ("text", "csv", "markdown", "latex")
 METRICS = ("token", "exact")
 METRIC_NOTES = {"token": "accuracy % = correct scored tokens / scored tokens",
                 "exact": "exact match % = sequences with every scored token right / sequences"}
-#: What the chance column holds, per metric (``che_bench.chance``).
+#: What the chance column holds, per metric (``reports.chance``).
 CHANCE_NOTES = {"token": "chance = 1 / number of classes",
                 "exact": "chance = exact match of a uniform guesser: (1 / number of classes) to the "
                          "power of a sequence's scored positions, averaged over sequences and the "
