@@ -116,7 +116,7 @@ def test_attention_draws_both_runs_side_by_side(trained, tmp_path, capsys):
 
 
 def test_attention_maps_are_the_evaluated_forward_pass(trained):
-    from che_bench.attention_maps import attention_maps
+    from che_bench.eval.attention_maps import attention_maps
 
     store, run_ids = trained
     config, model = load_model(models_dir_for(store), run_ids[1])  # with DAPE
