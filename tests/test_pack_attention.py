@@ -1,10 +1,11 @@
 """Packs of bias-carrying encodings keep PyTorch's fused attention: SDPA is called with 4-D
 tensors (members folded into heads) and a mask whose last dimension is contiguous, and a pack
 of M saves for backward about M times what one member saves (the unfused fallback kept every
-[M, B, H, T, T] map)."""
+[M, B, H, T, T] map). A causal model without a bias passes ``is_causal`` instead of a mask."""
 
 from __future__ import annotations
 
+import math
 from unittest import mock
 
 import pytest
@@ -75,6 +76,44 @@ def test_every_mask_reaches_attention_contiguous_along_the_keys(pe, members, cau
         model.train(training)
         _, calls = spied_attention(model, torch.randint(0, task.input_size, (2, 9)))
         assert calls and all(call["key_stride"] == 1 for call in calls), calls
+
+
+def explicitly_masked_attention(q, k, v, attn_mask=None, is_causal=False):
+    """SDPA with ``is_causal`` replaced by the -inf mask it stands for."""
+    if is_causal:
+        future = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).triu(1)
+        attn_mask = torch.zeros(future.shape).masked_fill(future, -math.inf)
+    return SDPA(q, k, v, attn_mask=attn_mask)
+
+
+@pytest.mark.parametrize("members", [1, 3])
+@pytest.mark.parametrize("pe", ["none", "rope"])
+def test_causal_attention_without_bias_is_sdpas_causal_mode(pe, members):
+    task, model = pack_of(pe, members, "mqar", causal=True)
+    inputs = torch.randint(0, task.input_size, (2, 12))
+    model.eval()
+    logits, calls = spied_attention(model, inputs)
+    assert calls and all(call["key_stride"] is None and call["is_causal"] for call in calls)
+    masked, _ = spied_attention(model, inputs, explicitly_masked_attention)
+    torch.testing.assert_close(logits, masked, rtol=1e-5, atol=1e-5)
+
+
+def test_causal_row_chunks_after_the_first_keep_the_mask():
+    # SDPA's causal mask is aligned top-left: right for the chunk of row 0 only.
+    task, model = pack_of("none", 1, "mqar", causal=True, memory_budget_bytes=1 << 12)
+    inputs = torch.randint(0, task.input_size, (2, 40))
+    model.eval()
+    with torch.no_grad():
+        logits, calls = spied_attention(model, inputs)
+    assert len(calls) > 1 and calls[0]["is_causal"] and calls[0]["key_stride"] is None
+    assert all(not call["is_causal"] and call["key_stride"] == 1 for call in calls[1:])
+    model.memory_budget_bytes = 1 << 30
+    for block in model.blocks:
+        block.attention.memory_budget_bytes = 1 << 30
+    with torch.no_grad():
+        whole, whole_calls = spied_attention(model, inputs)
+    assert len(whole_calls) == len(model.blocks)
+    torch.testing.assert_close(logits, whole, rtol=1e-5, atol=1e-5)
 
 
 def saved_bytes(model, inputs) -> int:
