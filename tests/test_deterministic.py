@@ -1,5 +1,6 @@
 """``--deterministic``: the numerics switches it selects (checked on a CPU, the CUDA ones as
-flags), that it is recorded with a run but stays out of its id, and equal results twice."""
+flags), that it is recorded with a run but stays out of its id, equal results twice, and
+CoPE's counts without the float ``cumsum`` that CUDA refuses there on older torch versions."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import sqlite3
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from che_bench.cli import main
 from che_bench.config import make_config
+from che_bench.encodings import build_encoding
+from che_bench.encodings.cope import running_sum
 from che_bench.run.runner import configure_numerics, execute_run
 
 
@@ -53,7 +57,8 @@ def test_training_in_deterministic_mode_repeats_and_is_recorded(pe, kernel, rest
     assert first.per_length == second.per_length
     plain = execute_run(config, device="cpu", progress=False)
     assert "deterministic" not in plain.details and plain.run_id == first.run_id
-    assert plain.per_length == first.per_length  # on a CPU the switch changes no number
+    # On a CPU the switch changes no number but CoPE's counts (float rounding: not one answer).
+    assert plain.per_length == first.per_length
 
 
 def test_run_command_records_deterministic_mode(tmp_path, restore_numerics):
@@ -64,3 +69,49 @@ def test_run_command_records_deterministic_mode(tmp_path, restore_numerics):
     with sqlite3.connect(store) as connection:
         (details,) = connection.execute("SELECT details FROM runs").fetchone()
     assert json.loads(details)["deterministic"] is True
+
+
+class FloatCumsums(TorchDispatchMode):
+    """Counts the float ``cumsum`` ops dispatched inside it, those of backward passes too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket is torch.ops.aten.cumsum and args[0].is_floating_point():
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def cope_scores(hook, q, k):
+    """CoPE's scores of every row and the gradients of their sum with respect to q, k."""
+    scores = hook.scores(q, k, slice(0, q.shape[-2]), None)
+    return (scores, *torch.autograd.grad(scores.sum(), (q, k)))
+
+
+def test_deterministic_cope_counts_without_float_cumsum_and_alike(restore_numerics):
+    # CUDA's float cumsum is refused under deterministic algorithms by older torch versions.
+    torch.manual_seed(0)
+    encoding = build_encoding("cope", dim=32, heads=4, layers=1, train_max_tokens=60)
+    hook = encoding.hooks[0]
+    for table in (hook.left, hook.right):
+        torch.nn.init.normal_(table)
+    q, k = (torch.randn(2, 3, 4, 50, 8, requires_grad=True) for _ in range(2))
+    with FloatCumsums() as plain_mode:
+        plain = cope_scores(hook, q, k)
+    assert plain_mode.count > 0  # the spy sees cumsum where it runs
+    torch.use_deterministic_algorithms(True)
+    with FloatCumsums() as deterministic_mode:
+        deterministic = cope_scores(hook, q, k)
+    assert deterministic_mode.count == 0
+    for got, expected in zip(deterministic, plain):  # scores, then gradients summed over rows
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("from_the_right", [False, True])
+def test_deterministic_running_sum_equals_cumsum(from_the_right, restore_numerics):
+    values = torch.rand(2, 3, 7, 200, dtype=torch.float32)
+    expected = values.flip(-1).cumsum(-1).flip(-1) if from_the_right else values.cumsum(-1)
+    torch.use_deterministic_algorithms(True)
+    torch.testing.assert_close(running_sum(values, from_the_right), expected)

@@ -13,6 +13,24 @@ from che_bench.errors import CheBenchError
 from che_bench.members import per_member
 
 
+def running_sum(values: torch.Tensor, from_the_right: bool) -> torch.Tensor:
+    """Cumulative sum of float ``values`` along the last axis (from its end when
+    ``from_the_right``). Under torch's deterministic algorithms, a product with a triangular
+    matrix of ones instead of ``cumsum``, whose CUDA kernel older torch versions the project
+    allows refuse there; on any device, so that a deterministic run counts alike on CPU and
+    GPU. It costs ``T`` times the work of ``cumsum`` (and runs in TF32 where that is on)."""
+    if not torch.are_deterministic_algorithms_enabled():
+        if from_the_right:
+            return values.flip(-1).cumsum(-1).flip(-1)
+        return values.cumsum(-1)
+    length = values.shape[-1]
+    ones = torch.ones(length, length, dtype=values.dtype, device=values.device)
+    # column j sums the entries t >= j (from the right) or t <= j
+    triangle = ones.tril() if from_the_right else ones.triu()
+    with torch.autocast(values.device.type, enabled=False):  # counts stay in fp32
+        return torch.matmul(values, triangle)
+
+
 class CopeHook(AttentionHook):
     """Contextual positions counted by sigmoid gates, per head, bidirectional.
 
@@ -43,8 +61,8 @@ class CopeHook(AttentionHook):
         query = query_positions(rows, length, q.device)[:, None]
         key = torch.arange(length, device=q.device)[None, :]
         is_left = key <= query  # the query itself counts as left, like causal CoPE
-        left_count = (gates * is_left).flip(-1).cumsum(-1).flip(-1)
-        right_count = (gates * (key >= query)).cumsum(-1)
+        left_count = running_sum(gates * is_left, from_the_right=True)
+        right_count = running_sum(gates * (key >= query), from_the_right=False)
         position = torch.where(is_left, left_count, right_count).clamp(max=self.npos - 1)
 
         # One gather over both tables: the right table's entries follow the left one's.

@@ -26,13 +26,13 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from che_bench.model.dape import DapeProcessor, check_kernel, check_variant
 from che_bench.encodings import AttentionHook, PositionalEncoding, build_encoding
 from che_bench.encodings.base import Draws
 from che_bench.errors import CheBenchError
+from che_bench.model.fused_attention import fused_attention, future_keys
 from che_bench.members import (
     MemberEmbedding,
     MemberLayerNorm,
@@ -60,28 +60,6 @@ def rows_per_chunk(batch: int, length: int, channels: int, budget_bytes: int) ->
     """Query rows whose ``[batch, channels, rows, length]`` float maps fit in the budget
     (``batch`` counts every member's sequences)."""
     return max(1, budget_bytes // (FLOAT_BYTES * batch * channels * length))
-
-
-def _fused_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
-    """SDPA over ``[M, B, H, ., d_h]``, always called with the 4-D tensors its fused kernels
-    take: a mask shared by the members (member axis 1, or none) lets the members join the
-    batch axis; a mask of each member's own (``[M, b, H, R, T]``) makes them join the head
-    axis instead, ``[B, M * H, ., d_h]``, so that a pack never falls back to the unfused path,
-    which keeps every ``[M, B, H, R, T]`` map for the backward pass."""
-    members, batch, heads, rows, head_dim = q.shape
-    if mask is not None and mask.dim() == 5 and mask.shape[0] > 1:
-        folded = [x.transpose(0, 1).reshape(batch, members * heads, x.shape[-2], head_dim)
-                  for x in (q, k, v)]
-        mask = mask.expand(members, mask.shape[1], heads, rows, mask.shape[-1])
-        mask = mask.transpose(0, 1).reshape(mask.shape[1], members * heads, rows, mask.shape[-1])
-        out = F.scaled_dot_product_attention(*folded, attn_mask=mask)
-        return out.view(batch, members, heads, rows, head_dim).transpose(0, 1)
-    flat = [x.reshape(members * batch, heads, x.shape[-2], head_dim) for x in (q, k, v)]
-    mask = mask[0] if mask is not None and mask.dim() == 5 else mask
-    out = F.scaled_dot_product_attention(*flat, attn_mask=mask)
-    return out.view(members, batch, heads, rows, head_dim)
 
 
 class Attention(nn.Module):
@@ -144,21 +122,14 @@ class Attention(nn.Module):
         """Attention output ``[M, B, H, R, d_h]`` of the query ``rows``."""
         length = k.shape[-2]
         bias = self.hook.bias(rows, length, ctx)
-        future = None
-        if self.causal:
-            query = torch.arange(rows.start, rows.stop, device=q.device)[:, None]
-            future = torch.arange(length, device=q.device) > query
-        if self.fused:  # SDPA scales q.k by 1/sqrt(d_h), then adds the mask: same order
-            mask = bias
-            if future is not None:
-                infinite = torch.zeros(future.shape, dtype=q.dtype, device=q.device)
-                infinite = infinite.masked_fill(future, -math.inf)
-                mask = infinite if bias is None else bias + infinite
-            out = _fused_attention(q[..., rows, :], k, v, mask)
-            if self.capture is not None:
-                self._maps(q, k, rows, ctx, bias, future)
-            return out
-        return torch.matmul(self._maps(q, k, rows, ctx, bias, future), v)
+        future = future_keys(rows, length, q.device) if self.causal else None
+        if not self.fused:  # custom scores or DAPE need the explicit map; SDPA cannot give it
+            return torch.matmul(self._maps(q, k, rows, ctx, bias, future), v)
+        # SDPA scales q.k by 1/sqrt(d_h), then adds the mask: the same order as _maps
+        out = fused_attention(q[..., rows, :], k, v, bias, future, rows.start)
+        if self.capture is not None:
+            self._maps(q, k, rows, ctx, bias, future)
+        return out
 
     def _maps(
         self,
