@@ -27,6 +27,7 @@ import os
 import random
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,6 +41,8 @@ from che_bench.training import PackOptimizer, training_step
 LENGTHS = tuple(range(1, 41))
 BATCH = 128
 LEARNING_RATE = 1e-3
+#: Mean training accuracy over a window that counts as having learnt the task.
+SOLVED = 0.95
 
 
 def train(architecture: str, task_name: str, steps: int, seed: int) -> dict:
@@ -92,13 +95,22 @@ def median_step_ms(records: list[dict], settle: int) -> float:
     return 1000 * statistics.median(kept)
 
 
+def solved_at(rows: list[tuple[int, float, float]], window: int) -> str:
+    """The first window whose mean accuracy reaches ``SOLVED``, as "first-last", or "none"."""
+    for end, _, accuracy in rows:
+        if accuracy >= SOLVED:
+            return f"{end - window + 1}-{end}"
+    return "none"
+
+
 def report(che_path: str, bench_path: str, window: int, settle: int, png: str | None) -> str:
     """The markdown table and step times of both files; the PNG when ``png`` is given."""
-    che, bench = (json.load(open(path)) for path in (che_path, bench_path))
+    che, bench = (json.loads(Path(path).read_text()) for path in (che_path, bench_path))
     if [r["length"] for r in che["records"]] != [r["length"] for r in bench["records"]]:
         raise SystemExit("the two runs did not train on the same sequence of lengths")
-    che_rows, bench_rows = window_means(che["records"], window), window_means(bench["records"], window)
-    lines = [f"| steps | CHE loss | che-bench loss | CHE accuracy | che-bench accuracy |",
+    che_rows = window_means(che["records"], window)
+    bench_rows = window_means(bench["records"], window)
+    lines = ["| steps | CHE loss | che-bench loss | CHE accuracy | che-bench accuracy |",
              "| ---: | ---: | ---: | ---: | ---: |"]
     for (end, che_loss, che_acc), (_, loss, acc) in zip(che_rows, bench_rows):
         lines.append(f"| {end - window + 1}-{end} | {che_loss:.4f} | {loss:.4f} "
@@ -108,6 +120,11 @@ def report(che_path: str, bench_path: str, window: int, settle: int, png: str | 
                  f"che-bench {median_step_ms(bench['records'], settle):.1f}; total wall "
                  f"(s): CHE {sum(r['seconds'] for r in che['records']):.0f}, che-bench "
                  f"{sum(r['seconds'] for r in bench['records']):.0f}")
+    lines.append(f"Load average (1 min) before/after: CHE {che['loadavg_before'][0]:.1f}/"
+                 f"{che['loadavg_after'][0]:.1f}, che-bench {bench['loadavg_before'][0]:.1f}/"
+                 f"{bench['loadavg_after'][0]:.1f}")
+    lines.append(f"First window with mean accuracy >= {SOLVED}: CHE steps "
+                 f"{solved_at(che_rows, window)}, che-bench steps {solved_at(bench_rows, window)}")
     if png:
         plot(che_rows, bench_rows, f"{che['architecture']} on {che['task']}", png)
     return "\n".join(lines)
@@ -151,8 +168,7 @@ def main() -> None:
         load = os.getloadavg()
         result = train(args.architecture, args.task, args.steps, args.seed)
         result["loadavg_before"], result["loadavg_after"] = load, os.getloadavg()
-        with open(args.out, "w") as out:
-            json.dump(result, out)
+        Path(args.out).write_text(json.dumps(result))
     else:
         print(report(args.che, args.bench, args.window, args.settle, args.png))
 
