@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from che_bench.errors import CheBenchError
+from che_bench.settings import BY_NAME
 
-DEFAULT_LOG_EVERY = 100
+DEFAULT_LOG_EVERY = BY_NAME["log_every"].default
 HISTORY_FIELDS = ("step", "loss", "accuracy", "grad_norm", "lr", "elapsed_s")
 
 
@@ -97,9 +97,8 @@ class TrainingHistory:
 
 
 def check_log_every(log_every: Any) -> int:
-    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
-        raise CheBenchError(f"--log-every must be an integer >= 1, got {log_every!r}")
-    return log_every
+    """``log_every`` if it is an integer >= 1, else the setting's one-line error."""
+    return BY_NAME["log_every"].validate(log_every)
 
 
 #: Sequences drawn per training length to estimate the class frequencies.
