@@ -342,19 +342,21 @@ def execute_runs(
     options: RuntimeOptions | None = None,
     *,
     pack: int | str = 1,
+    on_step: Callable[[int, list[float]], None] | None = None,
     **changes: Any,
 ) -> list[RunResult]:
     """Train and evaluate ``configs`` in packs of at most ``pack`` members (``"auto"``: as wide
     as the device allows, see ``che_bench.packing``), one pack after another, each with
-    ``execute_pack`` and ``options`` (keyword ``changes`` as there). Results come back in the
-    order of ``configs``."""
+    ``execute_pack``, ``options`` (keyword ``changes`` as there) and ``on_step``. Results
+    come back in the order of ``configs``."""
     options = runtime_options(options, changes)
     torch_device = resolve_device(options.device)
+    hooks = {} if on_step is None else {"on_step": on_step}
     results: dict[str, RunResult] = {}
     for cell in group_into_packs(configs, None):
         width = resolve_width(pack, cell[0], torch_device)
         for start in range(0, len(cell), width):
-            for result in execute_pack(cell[start : start + width], options):
+            for result in execute_pack(cell[start : start + width], options, **hooks):
                 results[result.run_id] = result
     return [results[config.run_id()] for config in configs]
 
