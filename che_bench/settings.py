@@ -1,10 +1,12 @@
 """Every run setting, declared once: name, type, default (per preset where presets differ),
 command-line flag and help, and whether and how it enters the run id.
 
-The presets (``protocol.PRESETS``), the override flags of ``che-bench run`` and ``sweep``,
-the keys ``make_config`` and a suite's ``[overrides]`` accept, the fields left out of the run
-id while at their default, and the ``che-bench run`` commands a report prints to reproduce a
-run all derive from ``SETTINGS``. Adding a setting is one entry here (plus its use where it
+The presets (``protocol.PRESETS``), the flags of ``che-bench run``, ``sweep``, ``evaluate``
+and ``selftest`` (``che_bench.commands.common``), the keys ``make_config`` and a suite's
+``[overrides]`` accept, the checks of their values (one validator each, whichever way a value
+comes), the fields of ``RuntimeOptions``, the fields left out of the run id while at their
+default, and the ``che-bench run`` commands a report prints to reproduce a run all derive
+from ``SETTINGS``. Adding a setting is one entry here (plus its use where it
 takes effect); a setting added after runs were stored must be ``IN_ID_UNLESS_DEFAULT`` so
 that their run ids stay valid (``tests/test_run_ids.py`` pins a few).
 """
