@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from che_bench import plugins
-from che_bench.errors import CheBenchError
 from che_bench.config import RunConfig, RunResult
+from che_bench.errors import CheBenchError
 from che_bench.runner import execute_runs
 from che_bench.runtime import RuntimeOptions
 

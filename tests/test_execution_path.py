@@ -8,16 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_sweep import write_suite
 
-import che_bench.runner as runner
-import che_bench.sweep as sweep
+from che_bench import runner, sweep
 from che_bench.cli import build_parser, main
 from che_bench.config import make_config
 from che_bench.errors import CheBenchError
 from che_bench.reevaluation import reevaluation_config
 from che_bench.runtime import RuntimeOptions
 from che_bench.suites import parse_suite
-from test_sweep import write_suite
 
 TINY_RUN = ["run", "--task", "even_pairs", "--preset", "smoke", "--steps", "2", "--test-lengths",
             "41", "--eval-samples", "4", "--eval-batch-size", "4", "--device", "cpu"]

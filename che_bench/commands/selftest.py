@@ -6,7 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
-from che_bench.commands.common import add_runtime_arguments, runtime_options_from_args, use_threads
+from che_bench.commands.common import (
+    add_runtime_arguments,
+    runtime_options_from_args,
+    use_threads,
+)
 from che_bench.errors import CheBenchError
 
 
