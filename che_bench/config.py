@@ -3,20 +3,20 @@
 ``make_config`` resolves a preset plus overrides into a validated ``RunConfig``; ``RunResult`` is
 what executing one returns (see ``che_bench.run.runner``) and what the store records. This module
 imports nothing that trains or evaluates, so configuration flows one way: config -> training,
-evaluation -> runner.
+evaluation -> runner. It does not import torch either (the model-build check of
+``check_evaluation`` is ``che_bench.model_check``'s, imported when a config is checked), so
+the store and the command line load it cheaply.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from che_bench import protocol, settings
 from che_bench.errors import CheBenchError
@@ -191,81 +191,96 @@ def make_config(
 ) -> RunConfig:
     """Resolve ``preset`` plus ``overrides`` into a validated ``RunConfig``.
 
-    Overrides (``None`` means "keep the preset's value"): steps, batch_size, lr, seed, data_seed,
-    train_max_length, test_lengths and train_eval_lengths (length specs, see
-    ``protocol.parse_lengths``; train_eval_lengths also "auto"), eval_samples, eval_batch_size,
-    layers, dim, heads, ffn (default 4 * dim when dim is overridden), dropout, dape_width,
-    dape_variant, dape_tril, pe_options (dict), task_params (dict), dropout_at_eval,
-    score_from_42, length_seed, causal: the run settings of ``che_bench.settings``. Raises
-    CheBenchError for anything invalid.
+    Overrides (``None`` means "keep the preset's value") are the run settings of
+    ``che_bench.settings``, each checked by its validator: steps, batch_size, lr, seed,
+    data_seed, train_max_length, test_lengths and train_eval_lengths (length specs, see
+    ``protocol.parse_lengths``; train_eval_lengths also "auto"), eval_samples,
+    eval_batch_size, layers, dim, heads, ffn (default 4 * dim when dim is overridden),
+    dropout, dape_width, dape_variant, dape_tril, pe_options (dict), task_params (dict),
+    dropout_at_eval, score_from_42, length_seed, causal. Raises CheBenchError for anything
+    invalid.
     """
-    from che_bench.model.dape import check_kernel
     from che_bench.encodings import canonical_encoding_name
     from che_bench.tasks import get_task
 
-    values = protocol.preset_settings(preset)
     overrides = {key: value for key, value in overrides.items() if value is not None}
+    values = _preset_with_overrides(preset, overrides)
+    task_obj = get_task(task, **dict(values.get("task_params", {})))
+    kernel = _checked_kernel(kernel)
+    config = RunConfig(
+        task=task_obj.name,
+        pe=canonical_encoding_name(pe),
+        kernel=kernel,
+        dape_options=_dape_options(values, overrides, kernel),
+        model_options={name: values[name] for name in MODEL_OPTION_NAMES},
+        preset=preset,
+        **_run_fields(values, task_obj),
+    )
+    check_evaluation(config)
+    return config
+
+
+def _preset_with_overrides(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The preset's settings updated with ``overrides`` (known run settings only); an
+    overridden ``dim`` brings ``ffn = 4 * dim`` unless ``ffn`` is given too."""
+    values = protocol.preset_settings(preset)
     known = {setting.name for setting in settings.run_settings()}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise CheBenchError(f"unknown run setting(s): {', '.join(unknown)}")
     if "dim" in overrides and "ffn" not in overrides:
-        overrides["ffn"] = 4 * int(overrides["dim"])
+        overrides = {**overrides, "ffn": 4 * int(overrides["dim"])}
     values.update(overrides)
+    return values
 
-    task_params = dict(values.get("task_params", {}))
-    task_obj = get_task(task, **task_params)
-    pe_name = canonical_encoding_name(pe)
-    if kernel is not None:
-        kernel = check_kernel(int(kernel) if isinstance(kernel, np.integer) else kernel)
-    dape_options = {name: values.get(name, DAPE_DEFAULTS[name]) for name in DAPE_OPTION_NAMES}
+
+def _checked_kernel(kernel: Any) -> int | None:
+    from che_bench.model.dape import check_kernel
+
+    if kernel is None:
+        return None
+    return check_kernel(int(kernel) if isinstance(kernel, np.integer) else kernel)
+
+
+def _dape_options(values: dict[str, Any], overrides: dict[str, Any],
+                  kernel: int | None) -> dict[str, Any]:
+    """The DAPE options, empty without a kernel (where giving one is an error)."""
     if kernel is None:
         given = [name for name in DAPE_OPTION_NAMES if name in overrides]
         if given:
             raise CheBenchError(f"{', '.join(given)} only apply with a DAPE kernel (--kernel)")
-        dape_options = {}
+        return {}
+    return {name: values.get(name, DAPE_DEFAULTS[name]) for name in DAPE_OPTION_NAMES}
 
-    train_max_length = _int_at_least("train_max_length", values["train_max_length"])
-    if train_max_length < task_obj.min_length:
+
+def _run_fields(values: dict[str, Any], task) -> dict[str, Any]:
+    """The ``RunConfig`` fields of the run settings: each given value, else the one it follows
+    (data_seed: seed) or its task's or declared default, checked by its validator; the task's
+    resolved parameters; lengths parsed against the task's minimum length."""
+    fields: dict[str, Any] = {}
+    for setting in settings.settings_where(settings.RUN):
+        if setting.name in values:
+            value = values[setting.name]
+        elif setting.follows is not None:
+            value = fields[setting.follows]
+        else:
+            value = settings.task_default(setting, task)
+        fields[setting.name] = setting.validate(value)
+    fields["task_params"] = task.params()
+    fields["pe_options"] = dict(fields["pe_options"])
+    train_max_length = fields["train_max_length"]
+    if train_max_length < task.min_length:
         raise CheBenchError(
             f"train_max_length {train_max_length} is below the task's minimum length "
-            f"{task_obj.min_length}"
+            f"{task.min_length}"
         )
-    test_lengths = protocol.parse_lengths(values["test_lengths"])
-    train_eval_spec = values["train_eval_lengths"]
-    if train_eval_spec == "auto":
-        train_eval_lengths = protocol.auto_train_eval_lengths(task_obj.min_length, train_max_length)
+    fields["test_lengths"] = protocol.parse_lengths(fields["test_lengths"])
+    if fields["train_eval_lengths"] == "auto":
+        fields["train_eval_lengths"] = protocol.auto_train_eval_lengths(task.min_length,
+                                                                        train_max_length)
     else:
-        train_eval_lengths = protocol.parse_lengths(train_eval_spec)
-
-    config = RunConfig(
-        task=task_obj.name,
-        task_params=task_obj.params(),
-        pe=pe_name,
-        pe_options=dict(values.get("pe_options", {})),
-        kernel=kernel,
-        dape_options=dape_options,
-        model_options={name: values[name] for name in MODEL_OPTION_NAMES},
-        preset=preset,
-        steps=_int_at_least("steps", values["steps"], minimum=0),
-        batch_size=_int_at_least("batch_size", values["batch_size"]),
-        lr=_positive_float("lr", values["lr"]),
-        seed=_int_at_least("seed", values.get("seed", 0), minimum=0),
-        data_seed=_int_at_least("data_seed", values.get("data_seed", values.get("seed", 0)), minimum=0),
-        train_max_length=train_max_length,
-        test_lengths=test_lengths,
-        train_eval_lengths=train_eval_lengths,
-        eval_samples=_int_at_least("eval_samples", values["eval_samples"]),
-        eval_batch_size=_int_at_least("eval_batch_size", values["eval_batch_size"]),
-        dropout_at_eval=bool(values.get("dropout_at_eval", False)),
-        score_from_42=bool(values.get("score_from_42", False)),
-        length_seed=(None if values.get("length_seed") is None
-                     else _int_at_least("length_seed", values["length_seed"], minimum=0)),
-        causal=_switch("causal", values.get(
-            "causal", settings.task_default(settings.BY_NAME["causal"], task_obj))),
-    )
-    check_evaluation(config)
-    return config
+        fields["train_eval_lengths"] = protocol.parse_lengths(fields["train_eval_lengths"])
+    return fields
 
 
 def check_evaluation(config: RunConfig) -> None:
@@ -273,9 +288,11 @@ def check_evaluation(config: RunConfig) -> None:
     1, lengths below the task's minimum or beyond what the task can produce (the recall
     probes have a longest length) or the model can take (learned and randomized positions
     end at their table / range), no length to average with score_from_42. Builds the model
-    once (cached), so bad model options fail here too."""
+    once (``che_bench.model_check``), so bad model options fail here too."""
+    from che_bench.model_check import max_input_tokens
+
     for name in ("eval_samples", "eval_batch_size"):
-        _int_at_least(name, getattr(config, name))
+        settings.BY_NAME[name].validate(getattr(config, name))
     task = config.build_task()
     for label, lengths in (("test", config.test_lengths),
                            ("in-distribution", config.train_eval_lengths)):
@@ -290,7 +307,7 @@ def check_evaluation(config: RunConfig) -> None:
         )
     lengths = config.test_lengths
     task.check_length(max(lengths))
-    max_tokens = _check_model_builds(config)
+    max_tokens = max_input_tokens(config)
     longest = max(task.model_length(n) for n in lengths)
     if max_tokens is not None and longest > max_tokens:
         raise CheBenchError(
@@ -298,44 +315,3 @@ def check_evaluation(config: RunConfig) -> None:
             f"{config.pe!r} takes at most {max_tokens} (raise max_positions / noise_max_length "
             "with --pe-option)"
         )
-
-
-def _int_at_least(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` as an int, or a CheBenchError when it is not an integer >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise CheBenchError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _switch(name: str, value: Any) -> bool:
-    """``value`` if it is a bool (a suite's ``causal = true``), else a CheBenchError."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise CheBenchError(f"{name} must be true or false, got {value!r}")
-    return bool(value)
-
-
-def _positive_float(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise CheBenchError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _check_model_builds(config: RunConfig) -> int | None:
-    """Build the model once so that bad model/encoding/DAPE options fail before any training
-    (cached: the seeds and learning rates of a grid share one check); returns the longest
-    input the encoding takes (None: no limit)."""
-    return _build_model_once(json.dumps(
-        [config.task, config.task_params, config.pe, config.kernel, config.model_kwargs()],
-        sort_keys=True,
-    ))
-
-
-@functools.lru_cache(maxsize=1024)
-def _build_model_once(arguments_json: str) -> int | None:
-    from che_bench.model.encoder import build_model
-    from che_bench.tasks import get_task
-
-    task, task_params, pe, kernel, kwargs = json.loads(arguments_json)
-    with torch.random.fork_rng(devices=[]):  # leave the global torch RNG untouched
-        model = build_model(get_task(task, **task_params), pe=pe, kernel=kernel, **kwargs)
-    return model.encoding.max_tokens()

@@ -1,18 +1,26 @@
 """Every run setting, declared once: name, type, default (per preset where presets differ),
 command-line flag and help, and whether and how it enters the run id.
 
-The presets (``protocol.PRESETS``), the override flags of ``che-bench run`` and ``sweep``,
-the keys ``make_config`` and a suite's ``[overrides]`` accept, the fields left out of the run
-id while at their default, and the ``che-bench run`` commands a report prints to reproduce a
-run all derive from ``SETTINGS``. Adding a setting is one entry here (plus its use where it
+The presets (``protocol.PRESETS``), the flags of ``che-bench run``, ``sweep``, ``evaluate``
+and ``selftest`` (``che_bench.commands.common``), the keys ``make_config`` and a suite's
+``[overrides]`` accept, the checks of their values (one validator each, whichever way a value
+comes), the fields of ``RuntimeOptions``, the fields left out of the run id while at their
+default, and the ``che-bench run`` commands a report prints to reproduce a run all derive
+from ``SETTINGS``. Adding a setting is one entry here (plus its use where it
 takes effect); a setting added after runs were stored must be ``IN_ID_UNLESS_DEFAULT`` so
 that their run ids stay valid (``tests/test_run_ids.py`` pins a few).
 """
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+
+from che_bench.errors import CheBenchError
 
 #: Where a setting lives: a field of ``RunConfig``, a key of its ``model_options`` or
 #: ``dape_options``, or a runtime option of the execution (recorded with the runs, never in
@@ -27,6 +35,33 @@ KEY_VALUES = "key=value"  # repeatable KEY=VALUE items, collected into a dict
 
 PRESET_NAMES = ("paper", "quick", "smoke")
 
+#: A setting's validator: ``check(label, value)`` returns the value to use, or raises the one
+#: CheBenchError every way of giving the setting (flag, suite, Python API) reports.
+Validator = Callable[[str, Any], Any]
+
+
+def at_least(minimum: int) -> Validator:
+    """An integer >= ``minimum`` (numpy integers too; bools are not numbers here)."""
+    def check(label: str, value: Any) -> int:
+        if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+                or value < minimum):
+            raise CheBenchError(f"{label} must be an integer >= {minimum}, got {value!r}")
+        return int(value)
+    return check
+
+
+def positive_number(label: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise CheBenchError(f"{label} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def true_or_false(label: str, value: Any) -> bool:
+    """A bool (a suite's ``causal = true``), not a truthy string."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise CheBenchError(f"{label} must be true or false, got {value!r}")
+    return bool(value)
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -34,7 +69,7 @@ class Setting:
     ``default`` holds for all. ``flag=None``: no command-line flag (suite files and the
     Python API only). ``follows``: the setting whose value it takes when not given;
     ``task_default``: the ``Task`` attribute that gives its value when not given (the task
-    is defined with it), instead of ``default``."""
+    is defined with it), instead of ``default``. ``check``: its validator (``validate``)."""
 
     name: str
     kind: Any
@@ -47,6 +82,7 @@ class Setting:
     metavar: str | None = None
     follows: str | None = None
     task_default: str | None = None
+    check: Validator | None = None
 
     def __post_init__(self) -> None:
         if self.flag == "":
@@ -56,6 +92,18 @@ class Setting:
         """The value this setting has under ``preset`` when not overridden."""
         return self.presets[preset] if self.presets is not None else self.default
 
+    @property
+    def label(self) -> str:
+        """How messages name it: a run setting by its name (a suite key, a ``make_config``
+        keyword), a runtime option by its flag (runtime options have no suite key)."""
+        return self.flag if self.where == RUNTIME and self.flag else self.name
+
+    def validate(self, value: Any) -> Any:
+        """``value`` checked by the setting's validator (None, "not given", passes)."""
+        if value is None or self.check is None:
+            return value
+        return self.check(self.label, value)
+
 
 def _per_preset(paper: Any, quick: Any, smoke: Any) -> dict[str, Any]:
     return dict(zip(PRESET_NAMES, (paper, quick, smoke)))
@@ -63,29 +111,36 @@ def _per_preset(paper: Any, quick: Any, smoke: Any) -> dict[str, Any]:
 
 SETTINGS: tuple[Setting, ...] = (
     # Training.
-    Setting("steps", int, "optimizer steps", presets=_per_preset(200_000, 1500, 20)),
-    Setting("batch_size", int, "training sequences per step", presets=_per_preset(128, 32, 8)),
-    Setting("lr", float, "learning rate", presets=_per_preset(1e-4, 1e-3, 1e-3)),
-    Setting("seed", int, "model-initialisation seed (default 0)", default=0),
-    Setting("data_seed", int, "training-data seed (default: --seed)", follows="seed"),
+    Setting("steps", int, "optimizer steps", presets=_per_preset(200_000, 1500, 20),
+            check=at_least(0)),
+    Setting("batch_size", int, "training sequences per step", presets=_per_preset(128, 32, 8),
+            check=at_least(1)),
+    Setting("lr", float, "learning rate", presets=_per_preset(1e-4, 1e-3, 1e-3),
+            check=positive_number),
+    Setting("seed", int, "model-initialisation seed (default 0)", default=0, check=at_least(0)),
+    Setting("data_seed", int, "training-data seed (default: --seed)", follows="seed",
+            check=at_least(0)),
     Setting("length_seed", int,
             "seed of the training-length schedule (default: one run draws its lengths from its "
             "data seed; --seeds/--lrs use 0, so that the runs share one schedule and can train "
-            "as a pack)", in_id=IN_ID_UNLESS_DEFAULT),
+            "as a pack)", in_id=IN_ID_UNLESS_DEFAULT, check=at_least(0)),
     Setting("train_max_length", int, "longest training length n",
-            presets=_per_preset(40, 40, 40)),
+            presets=_per_preset(40, 40, 40), check=at_least(1)),
     # Evaluation protocol.
     Setting("test_lengths", str, "e.g. 41:500, 41:500:20,500 or 41,100,500",
             presets=_per_preset("41:500", "41:500:20,500", "41,100,200")),
     Setting("train_eval_lengths", str, "in-distribution lengths, or 'auto'",
             presets=_per_preset("auto", "auto", "auto")),
-    Setting("eval_samples", int, "test sequences per length", presets=_per_preset(512, 64, 8)),
+    Setting("eval_samples", int, "test sequences per length", presets=_per_preset(512, 64, 8),
+            check=at_least(1)),
     Setting("eval_batch_size", int, "sequences per accuracy sub-batch",
-            presets=_per_preset(64, 32, 8)),
+            presets=_per_preset(64, 32, 8), check=at_least(1)),
     Setting("dropout_at_eval", SWITCH,
-            "keep dropout on during evaluation (as the reference code does)", default=False),
+            "keep dropout on during evaluation (as the reference code does)", default=False,
+            check=true_or_false),
     Setting("score_from_42", SWITCH,
-            "average the score over 42..500 like the reference scripts", default=False),
+            "average the score over 42..500 like the reference scripts", default=False,
+            check=true_or_false),
     # The model.
     Setting("layers", int, "encoder layers", where=MODEL, presets=_per_preset(5, 2, 1)),
     Setting("dim", int, "model width", where=MODEL, presets=_per_preset(64, 64, 16)),
@@ -97,7 +152,7 @@ SETTINGS: tuple[Setting, ...] = (
             "decoder-style attention: each position sees only itself and earlier ones; "
             "--no-causal: bidirectional (default: the task's, bidirectional for the CHE "
             "encoder's tasks, causal for mqar, Zoology's causal task)",
-            in_id=IN_ID_UNLESS_DEFAULT, default=False, task_default="causal"),
+            in_id=IN_ID_UNLESS_DEFAULT, default=False, task_default="causal", check=true_or_false),
     Setting("pe_options", KEY_VALUES, "encoding option (repeatable); VALUE parsed as JSON when "
             "possible", flag="--pe-option", metavar="KEY=VALUE", default={}),
     Setting("task_params", KEY_VALUES, "task parameter (repeatable); VALUE parsed as JSON when "
@@ -109,6 +164,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("dape_tril", str, "DAPE lower-triangular mask: auto (with causal attention), true "
             "or false", where=DAPE, default="auto", flag=None),
     # Runtime options: how a run executes, recorded with it, never in its run id.
+    Setting("device", str, "auto (default: a CUDA GPU when torch sees one, else the CPU), cpu, "
+            "cuda or cuda:N; several processes may share one GPU", where=RUNTIME,
+            in_id=NOT_IN_ID, default="auto"),
+    Setting("threads", int, "torch CPU threads per process (default: 1 in this process, as "
+            "these small models ran many-fold slower with more on a busy machine; sweep's local "
+            "workers: cores / workers)", where=RUNTIME, in_id=NOT_IN_ID, metavar="N",
+            check=at_least(1)),
     Setting("tf32", SWITCH, "on a GPU, let matrix products and convolutions use TF32 (faster, "
             "~1e-3 relative error; off by default, recorded with the runs)", where=RUNTIME,
             in_id=NOT_IN_ID, default=False),
@@ -117,7 +179,7 @@ SETTINGS: tuple[Setting, ...] = (
             "the runs", where=RUNTIME, in_id=NOT_IN_ID, default=False),
     Setting("log_every", int, "a training-history row (loss, accuracy, gradient norm, lr, time) "
             "every K steps and at the last step (default 100)", where=RUNTIME, in_id=NOT_IN_ID,
-            default=100, metavar="K"),
+            default=100, metavar="K", check=at_least(1)),
     Setting("tensorboard", str, "also log to TensorBoard event files in DIR/<run id>/ (extra "
             "[tensorboard])", where=RUNTIME, in_id=NOT_IN_ID, metavar="DIR"),
     Setting("wandb", str, "also log to this Weights & Biases project (extra [wandb]; "

@@ -365,7 +365,7 @@ def _upgrade_then_crash(path: str) -> None:
     """Child process: die (no rollback, no cleanup) in the middle of the upgrade, when the new
     tables exist and the first run's evaluation is written."""
     calls = []
-    real_protocol_id = store_module._protocol_id
+    real_protocol_id = store_module.protocol_id
 
     def protocol_id_then_crash(protocol):
         calls.append(protocol)
@@ -373,7 +373,7 @@ def _upgrade_then_crash(path: str) -> None:
             os._exit(9)
         return real_protocol_id(protocol)
 
-    store_module._protocol_id = protocol_id_then_crash
+    store_module.protocol_id = protocol_id_then_crash
     ResultStore(path)
 
 

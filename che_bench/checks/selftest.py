@@ -37,6 +37,7 @@ from che_bench.encodings import list_encodings
 from che_bench.model.encoder import Encoder, build_model, stack_members
 from che_bench.run.packing import AUTO, resolve_width
 from che_bench.run.runner import build_pack_model, configure_numerics, software_versions
+from che_bench.settings import BY_NAME
 from che_bench.train.loop import (
     PackOptimizer,
     micro_batches_for,
@@ -53,7 +54,7 @@ GRADIENT_TOLERANCE = 1e-3
 #: Largest difference, in nats, allowed between two loss curves over 100 steps.
 LOSS_TOLERANCE = 0.05
 KERNELS = (None, 1, 3)
-PAPER_STEPS = 200_000
+PAPER_STEPS = BY_NAME["steps"].default_for("paper")
 #: Runs of one table cell in the published protocol: 10 seeds x 3 learning rates.
 RUNS_PER_CELL = 30
 TASK = "reverse_string"
@@ -122,11 +123,16 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     return float((value - reference).norm() / reference.norm().clamp(min=1e-30))
 
 
+#: Layers of the quick checks' models: the smoke preset's width, but two layers, so that a
+#: layer's output feeds another.
+QUICK_LAYERS = 2
+
+
 def model_sizes(quick: bool) -> dict[str, int]:
     """The models of checks (a)-(c): tiny in quick mode, else the paper's size."""
-    if quick:
-        return {"layers": 2, "dim": 16, "heads": 2, "ffn": 32}
-    return {"layers": 5, "dim": 64, "heads": 8, "ffn": 256}
+    sizes = {name: BY_NAME[name].default_for("smoke" if quick else "paper")
+             for name in ("layers", "dim", "heads", "ffn")}
+    return {**sizes, "layers": QUICK_LAYERS} if quick else sizes
 
 
 def use_device_dape(model: Encoder, device: torch.device) -> None:

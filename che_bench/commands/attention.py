@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from che_bench.commands.reports import add_store_argument, existing_store
+from che_bench.commands.common import add_store_argument
+from che_bench.commands.reports import existing_store
 from che_bench.errors import CheBenchError
 
 

@@ -6,13 +6,17 @@ import argparse
 import json
 import sys
 
-from che_bench import settings
-from che_bench.commands.reports import add_store_argument, existing_store
-from che_bench.commands.run import (
+from che_bench.commands.common import (
+    add_no_progress_argument,
+    add_override_arguments,
+    add_runtime_arguments,
     add_samples_arguments,
-    add_setting_argument,
+    add_store_argument,
     check_samples_arguments,
+    runtime_options_from_args,
+    use_threads,
 )
+from che_bench.commands.reports import existing_store
 from che_bench.errors import CheBenchError
 
 #: Above this many times the run's own evaluation, the estimated cost is stated first ...
@@ -22,6 +26,12 @@ STATE_COST_ABOVE = 2.0
 #: start without --yes.
 CONFIRM_SECONDS_ABOVE = 3600.0
 CONFIRM_RATIO_ABOVE = 20.0
+#: The evaluation settings a re-evaluation can change (the run's own value when not given);
+#: their flags are ``che-bench run``'s.
+CHANGEABLE_SETTINGS = ("test_lengths", "eval_samples", "eval_batch_size", "dropout_at_eval",
+                       "score_from_42")
+#: The runtime options that apply to an evaluation.
+RUNTIME_SETTINGS = ("device", "threads", "deterministic")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,82 +46,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("run_ids", nargs="+", metavar="RUN_ID",
                         help="run ids, or any prefixes that name one run each")
-    parser.add_argument("--test-lengths", help="e.g. 41:1000, 41:2000:10 or 600,800,1000")
-    parser.add_argument("--eval-samples", type=int, help="test sequences per length")
-    parser.add_argument("--eval-batch-size", type=int, help="sequences per accuracy sub-batch")
-    parser.add_argument("--dropout-at-eval", action=argparse.BooleanOptionalAction, default=None,
-                        help="keep dropout on while evaluating (as the reference code does)")
-    parser.add_argument("--score-from-42", action=argparse.BooleanOptionalAction, default=None,
-                        help="average the score over 42.. like the reference scripts")
+    add_override_arguments(parser, CHANGEABLE_SETTINGS,
+                           title="the evaluation protocol (default: each run's own)")
     add_samples_arguments(parser, "also write each model's predictions on the first test "
                                   "sequences of every test length (input, target, prediction, "
                                   "mask, per-token correctness), one JSON line each")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--yes", action="store_true",
                         help="start even an evaluation estimated at over an hour per run")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    add_setting_argument(parser, settings.BY_NAME["deterministic"])
+    add_runtime_arguments(parser, RUNTIME_SETTINGS)
+    add_no_progress_argument(parser)
     add_store_argument(parser)
     parser.set_defaults(handler=evaluate_command)
 
 
 def evaluate_command(args: argparse.Namespace) -> int:
-    import torch
-
-    from che_bench.config import RunConfig
     from che_bench.run.kept_models import load_model, models_dir_for
     from che_bench.eval.reevaluation import reevaluate, reevaluation_config
+    from che_bench.run.runner import configure_numerics, resolve_device
     from che_bench.store.run_prefixes import resolve_run_ids
-    from che_bench.run.runner import (
-        configure_numerics,
-        describe_device,
-        resolve_device,
-        software_versions,
-    )
-    from che_bench.store.result_store import describe_protocol
 
-    device = resolve_device(args.device)
+    options = runtime_options_from_args(args)
+    device = resolve_device(options.device)
     check_samples_arguments(args)
-    if args.threads < 1:
-        raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
-    torch.set_num_threads(args.threads)
+    use_threads(options)
     store = existing_store(args.store, for_writing=True)
     run_ids = resolve_run_ids(store, args.run_ids)
-    runs = store.runs(run_ids).set_index("run_id")
-    incomplete = [run_id for run_id in run_ids if runs.at[run_id, "status"] != "complete"]
-    if incomplete:
-        raise CheBenchError(f"run {', '.join(incomplete)} is not complete: nothing to evaluate")
-
-    originals = [RunConfig.from_dict(json.loads(runs.at[run_id, "config"])) for run_id in run_ids]
-    changes = {"test_lengths": args.test_lengths, "eval_samples": args.eval_samples,
-               "eval_batch_size": args.eval_batch_size, "dropout_at_eval": args.dropout_at_eval,
-               "score_from_42": args.score_from_42}
+    runs, originals = _complete_runs(store, run_ids)
+    changes = {name: getattr(args, name) for name in CHANGEABLE_SETTINGS}
     configs = [reevaluation_config(config, **changes) for config in originals]
     _state_cost(originals, configs, runs, args.yes)
-    models_dir = models_dir_for(store.path)
-    models = [load_model(models_dir, run_id)[1] for run_id in run_ids]
+    models = [load_model(models_dir_for(store.path), run_id)[1] for run_id in run_ids]
 
-    configure_numerics(_recorded_tf32(store.run_details(run_ids)), args.deterministic)
-    evaluations = reevaluate(models, configs, device, progress=not args.no_progress)
-    described = describe_device(device)
+    configure_numerics(_recorded_tf32(store.run_details(run_ids)), options.deterministic)
+    evaluations = reevaluate(models, configs, device, progress=options.progress)
     for run_id, original, config, result in zip(run_ids, originals, configs, evaluations):
-        protocol = config.evaluation_protocol()
-        if protocol == original.evaluation_protocol():
+        if config.evaluation_protocol() == original.evaluation_protocol():
             _compare_with_stored(store, run_id, result)
-            continue
-        evaluation_id = store.record_evaluation(
-            run_id, protocol, score=result.score, train_accuracy=result.train_accuracy,
-            per_length=result.per_length, train_per_length=result.train_per_length,
-            device=described, versions=software_versions(config), timings={"eval_s": result.seconds},
-            exact_score=result.exact_score, train_exact_accuracy=result.train_exact_accuracy,
-            exact_per_length=result.exact_per_length,
-            train_exact_per_length=result.train_exact_per_length,
-        )
-        print(f"run {run_id}: evaluation {evaluation_id} ({describe_protocol(protocol)}) on "
-              f"{described}: score {result.score:.2%}, in-distribution "
-              f"{result.train_accuracy:.2%}, exact match {result.exact_score:.2%}; "
-              f"{result.seconds:.0f} s")
+        else:
+            _record_evaluation(store, run_id, config, result, device)
     if args.samples is not None:
         from che_bench.eval.predictions import write_samples
 
@@ -119,6 +91,38 @@ def evaluate_command(args: argparse.Namespace) -> int:
                                 args.samples_per_length)
         print(f"wrote {written} sample predictions to {args.samples}")
     return 0
+
+
+def _complete_runs(store, run_ids: list[str]):
+    """The stored rows (by run id) and configs of ``run_ids``, which must all be complete."""
+    from che_bench.config import RunConfig
+
+    runs = store.runs(run_ids).set_index("run_id")
+    incomplete = [run_id for run_id in run_ids if runs.at[run_id, "status"] != "complete"]
+    if incomplete:
+        raise CheBenchError(f"run {', '.join(incomplete)} is not complete: nothing to evaluate")
+    return runs, [RunConfig.from_dict(json.loads(runs.at[run_id, "config"])) for run_id in run_ids]
+
+
+def _record_evaluation(store, run_id: str, config, result, device) -> None:
+    """Record a re-evaluation under a new protocol and say what it scored."""
+    from che_bench.run.runner import describe_device, software_versions
+    from che_bench.store.result_store import describe_protocol
+
+    protocol = config.evaluation_protocol()
+    described = describe_device(device)
+    evaluation_id = store.record_evaluation(
+        run_id, protocol, score=result.score, train_accuracy=result.train_accuracy,
+        per_length=result.per_length, train_per_length=result.train_per_length,
+        device=described, versions=software_versions(config), timings={"eval_s": result.seconds},
+        exact_score=result.exact_score, train_exact_accuracy=result.train_exact_accuracy,
+        exact_per_length=result.exact_per_length,
+        train_exact_per_length=result.train_exact_per_length,
+    )
+    print(f"run {run_id}: evaluation {evaluation_id} ({describe_protocol(protocol)}) on "
+          f"{described}: score {result.score:.2%}, in-distribution "
+          f"{result.train_accuracy:.2%}, exact match {result.exact_score:.2%}; "
+          f"{result.seconds:.0f} s")
 
 
 def _recorded_tf32(details: dict[str, dict]) -> bool:

@@ -8,12 +8,19 @@ import os
 import sys
 from pathlib import Path
 
+from che_bench.commands.common import add_store_argument
 from che_bench.errors import CheBenchError
 from che_bench.reports.tables import FORMATS, METRICS
 from che_bench.store.run_prefixes import resolve_run_ids
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    for register_command in (_register_table, _register_export, _register_plot, _register_report,
+                             _register_curves, _register_listings):
+        register_command(subparsers)
+
+
+def _register_table(subparsers: argparse._SubParsersAction) -> None:
     table = subparsers.add_parser("table", help="the CHE table of the store's complete runs")
     table.add_argument("--compare", choices=["none", "paper"], default="none",
                        help="paper: add the published DAPE V2 Table 6 value and the difference")
@@ -25,6 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_store_argument(table)
     table.set_defaults(handler=table_command)
 
+
+def _register_export(subparsers: argparse._SubParsersAction) -> None:
     export = subparsers.add_parser(
         "export", help="runs (or per-length accuracies, or training curves) as CSV")
     export.add_argument("--format", choices=["csv"], default="csv")
@@ -40,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_store_argument(export)
     export.set_defaults(handler=export_command)
 
+
+def _register_plot(subparsers: argparse._SubParsersAction) -> None:
     plot = subparsers.add_parser("plot", help="accuracy against length, one line per configuration")
     plot.add_argument("--task", action="append", dest="tasks", metavar="TASK",
                       help="only this task (repeatable; default every task in the store)")
@@ -49,6 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_store_argument(plot)
     plot.set_defaults(handler=plot_command)
 
+
+def _register_report(subparsers: argparse._SubParsersAction) -> None:
     report = subparsers.add_parser(
         "report", help="one self-contained HTML page: table, figures, what ran, how to reproduce"
     )
@@ -65,6 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_store_argument(report)
     report.set_defaults(handler=report_command)
 
+
+def _register_curves(subparsers: argparse._SubParsersAction) -> None:
     curves = subparsers.add_parser(
         "curves", help="training loss and accuracy against step, several runs overlaid")
     curves.add_argument("run_ids", nargs="+", metavar="RUN_ID",
@@ -74,6 +89,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_store_argument(curves)
     curves.set_defaults(handler=curves_command)
 
+
+def _register_listings(subparsers: argparse._SubParsersAction) -> None:
+    """``runs`` and ``evaluations``: what the store holds."""
     runs = subparsers.add_parser("runs", help="list the store's runs and their status")
     add_store_argument(runs)
     runs.set_defaults(handler=runs_command)
@@ -86,11 +104,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                     "unique id prefixes)")
     add_store_argument(evaluations)
     evaluations.set_defaults(handler=evaluations_command)
-
-
-def add_store_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", help="result store (default $CHE_BENCH_STORE or "
-                        "results/che-bench.sqlite)")
 
 
 def _add_evaluation_argument(parser: argparse.ArgumentParser) -> None:

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+from functools import partial
 from pathlib import Path
-from typing import Any
 
-from che_bench import settings
-from che_bench.commands.key_values import parse_key_values
+from che_bench.commands.common import (
+    add_keep_model_argument,
+    add_no_progress_argument,
+    add_override_arguments,
+    add_runtime_arguments,
+    add_samples_arguments,
+    add_store_argument,
+    check_samples_arguments,
+    overrides_from_args,
+    runtime_options_from_args,
+    use_threads,
+    writable_directory,
+)
+from che_bench.config import RunConfig, make_config
 from che_bench.errors import CheBenchError
 from che_bench.protocol import PRESETS, format_lengths
 
@@ -43,120 +54,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_samples_arguments(parser, "after the runs, write each completed run's predictions on "
                                   "the first test sequences of every test length (needs the "
                                   "kept model)")
-    parser.add_argument("--store", help="result store (default $CHE_BENCH_STORE or "
-                        "results/che-bench.sqlite)")
+    add_store_argument(parser)
     parser.add_argument("--checkpoint-dir",
                         help="checkpoint directory (default: checkpoints/ next to the store)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: these models are small, and extra "
-                             "threads slowed steps 50x on a busy 2-core machine)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_no_progress_argument(parser)
     parser.set_defaults(handler=run_command)
 
 
-def add_override_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags that override preset fields (``make_config`` keywords), one per run setting
-    of ``che_bench.settings`` that has a flag."""
-    group = parser.add_argument_group("overrides of the preset")
-    for setting in settings.run_settings():
-        if setting.flag is not None:
-            add_setting_argument(group, setting)
-
-
-def add_samples_arguments(parser: argparse.ArgumentParser, help: str) -> None:
-    """``--samples FILE`` (``che_bench.eval.predictions``) and how many sequences per length."""
-    parser.add_argument("--samples", metavar="FILE.jsonl", help=help)
-    parser.add_argument("--samples-per-length", type=int, default=8, metavar="N",
-                        help="sequences per length with --samples (default 8)")
-
-
-def check_samples_arguments(args: argparse.Namespace) -> None:
-    """A bad ``--samples-per-length`` is refused before anything runs."""
-    if args.samples is not None:
-        from che_bench.eval.predictions import check_samples_per_length
-
-        check_samples_per_length(args.samples_per_length)
-
-
-def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of the runtime options of ``che_bench.settings`` (how runs execute)."""
-    for setting in settings.settings_where(settings.RUNTIME):
-        add_setting_argument(parser, setting)
-
-
-def add_setting_argument(parser, setting: settings.Setting) -> None:
-    """The command-line flag of one declared setting."""
-    if setting.kind == settings.SWITCH and setting.where == settings.RUNTIME:
-        parser.add_argument(setting.flag, dest=setting.name, action="store_true",
-                            default=False, help=setting.help)
-    elif setting.kind == settings.SWITCH:
-        # --X / --no-X; None when neither is given, so that a preset's, a suite's or the
-        # task's value is kept.
-        parser.add_argument(setting.flag, dest=setting.name,
-                            action=argparse.BooleanOptionalAction, default=None,
-                            help=setting.help)
-    elif setting.kind == settings.KEY_VALUES:
-        parser.add_argument(setting.flag, dest=setting.name, action="append", default=[],
-                            metavar=setting.metavar, help=setting.help)
-    else:
-        # Runtime options have no preset: their flag's default is the declared one.
-        parser.add_argument(setting.flag, dest=setting.name, type=setting.kind,
-                            default=setting.default if setting.where == settings.RUNTIME else None,
-                            metavar=setting.metavar, help=setting.help)
-
-
-def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """``make_config`` keywords from the override flags (None = keep the preset's value)."""
-    overrides = {}
-    for setting in settings.run_settings():
-        if setting.flag is None:
-            continue
-        value = getattr(args, setting.name)
-        if setting.kind == settings.KEY_VALUES:
-            value = parse_key_values(value, setting.flag) or None
-        overrides[setting.name] = value
-    return overrides
-
-
-def runtime_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """``execute_runs`` keywords from the runtime flags, checked: the tracker flags become one
-    ``TrackerOptions`` (a missing tracker extra is a one-line error before anything runs)."""
-    from che_bench.train.history import check_log_every
-    from che_bench.run.trackers import TrackerOptions
-
-    options = {setting.name: getattr(args, setting.name)
-               for setting in settings.settings_where(settings.RUNTIME)}
-    tensorboard, wandb = options.pop("tensorboard"), options.pop("wandb")
-    options["trackers"] = None
-    if tensorboard is not None or wandb is not None:
-        options["trackers"] = TrackerOptions(tensorboard=tensorboard, wandb=wandb)
-        options["trackers"].check()
-    options["log_every"] = check_log_every(options["log_every"])
-    return options
-
-
-def writable_directory(path: Path, what: str) -> Path:
-    """Create ``path`` if needed and check it is writable, or raise a one-line error."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CheBenchError(f"cannot create {what} {path}: {exc.strerror or exc}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise CheBenchError(f"{what} {path} is not writable")
-    return path
-
-
-def add_keep_model_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-keep-model", action="store_true",
-                        help="do not keep the trained weights (default: models/<run id>.pt beside "
-                             "the store, for `che-bench evaluate` and `attention`)")
-
-
-def cell_configs(args: argparse.Namespace) -> list:
+def cell_configs(args: argparse.Namespace) -> list[RunConfig]:
     """The run's config, or one per seed x learning rate with ``--seeds`` / ``--lrs``."""
-    from che_bench.config import make_config
-
     if args.seeds is not None and args.seed is not None:
         raise CheBenchError("give either --seed or --seeds, not both")
     if args.lrs is not None and args.lr is not None:
@@ -204,58 +110,89 @@ def parse_learning_rates(text: str) -> list[float]:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    import torch
-
+    """The cell's runs as a sweep on the in-process backend (``che_bench.run.sweep.run_sweep``,
+    the one execution path), reported as a run: what is done, each result, the table row."""
     from che_bench.run import runner
-    from che_bench.run.kept_models import models_dir_for
     from che_bench.run.packing import parse_pack_width
-    from che_bench.reports.tables import format_table, paper_table_or_none, run_encoding_label
     from che_bench.store.result_store import ResultStore
+    from che_bench.run.sweep import InProcessBackend, run_sweep
 
     configs = cell_configs(args)
     width = parse_pack_width(args.pack)
-    runtime_options = runtime_options_from_args(args)
     check_samples_arguments(args)
     if args.samples is not None and args.no_keep_model:
         raise CheBenchError("--samples reads the kept models: leave out --no-keep-model")
-    runner.resolve_device(args.device)  # a bad device fails before anything is written
-    if args.threads < 1:
-        raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
-    torch.set_num_threads(args.threads)
+    options = runtime_options_from_args(args)
+    runner.resolve_device(options.device)  # a bad device fails before anything is written
+    use_threads(options)
     store = ResultStore(args.store)
+    options = options.with_changes(**_run_directories(args, store))
+    outcome = run_sweep(configs, store, partial(InProcessBackend, options), pack=width,
+                        view=RunView(store.path, configs[0]))
+    if args.samples is not None:
+        _write_run_samples(args, store, outcome.run_ids)
+    _print_table(store, outcome.run_ids)
+    return 1 if outcome.failed else 0
+
+
+def _run_directories(args: argparse.Namespace, store) -> dict[str, Path | None]:
+    """Where the runs checkpoint (``--checkpoint-dir``, checked writable) and keep models."""
+    from che_bench.run.kept_models import models_dir_for
+
     checkpoint_dir = writable_directory(
         Path(args.checkpoint_dir) if args.checkpoint_dir else store.path.parent / "checkpoints",
         "checkpoint directory",
     )
-    models_dir = None if args.no_keep_model else models_dir_for(store.path)
-    run_ids = [config.run_id() for config in configs]
-    first = configs[0]
-    label = f"{first.task} / {run_encoding_label(first.to_dict())}"
-    complete = store.completed_run_ids()
-    todo = [config for config in configs if config.run_id() not in complete]
-    if len(todo) < len(configs):
-        done = ", ".join(run_id for run_id in run_ids if run_id in complete)
-        print(f"already complete in {store.path}: {done} ({label})")
-    for config in todo:
-        store.mark_started(config)
-    if todo:
+    return {"checkpoint_dir": checkpoint_dir,
+            "models_dir": None if args.no_keep_model else models_dir_for(store.path)}
+
+
+def _print_table(store, run_ids: list[str]) -> None:
+    from che_bench.reports.tables import format_table, paper_table_or_none
+
+    compare = "paper" if paper_table_or_none() is not None else "none"
+    print(format_table(store, run_ids=run_ids, compare=compare), end="")
+
+
+class RunView:
+    """How ``che-bench run`` reports its sweep (``che_bench.sweep_views.SweepView``): the runs
+    already complete, the runs starting (on standard error), then one line per result."""
+
+    def __init__(self, store_path: Path, cell: RunConfig) -> None:
+        from che_bench.reports.tables import run_encoding_label
+
+        self.store_path = store_path
+        self.label = f"{cell.task} / {run_encoding_label(cell.to_dict())}"
+
+    def start(self, already_complete: list[str], todo: list[RunConfig]) -> None:
+        if already_complete:
+            print(f"already complete in {self.store_path}: {', '.join(already_complete)} "
+                  f"({self.label})")
+        if not todo:
+            return
+        first = todo[0]
         several = f"{len(todo)} runs (seeds x learning rates), " if len(todo) > 1 else ""
         print(
-            f"run {', '.join(c.run_id() for c in todo)}: {label}, preset {first.preset}, "
+            f"run {', '.join(c.run_id() for c in todo)}: {self.label}, preset {first.preset}, "
             f"{several}{first.steps} steps, lr {', '.join(sorted({f'{c.lr:g}' for c in todo}))}, "
             f"seed {', '.join(sorted({str(c.seed) for c in todo}, key=int))}, "
             f"test lengths {format_lengths(first.test_lengths)}",
             file=sys.stderr,
         )
-    results = runner.execute_runs(
-        todo, pack=width, device=args.device, checkpoint_dir=checkpoint_dir,
-        models_dir=models_dir, progress=not args.no_progress, **runtime_options,
-    ) if todo else []
-    for result in results:
-        store.record(result)
+
+    def __enter__(self) -> RunView:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        pass
+
+    def update(self, *, running: int, left: int) -> None:
+        pass
+
+    def finished(self, result, *, running: int, left: int) -> None:
         if result.status != "complete":
             print(f"che-bench: run {result.run_id} failed: {result.error}", file=sys.stderr)
-            continue
+            return
         timings = result.timings
         members = int(timings.get("pack_members", 1))
         packed = f" (in a pack of {members})" if members > 1 else ""
@@ -265,11 +202,6 @@ def run_command(args: argparse.Namespace) -> int:
             f"{result.train_accuracy:.2%}; train {timings['train_s']:.0f} s{packed}, "
             f"eval {timings['eval_s']:.0f} s"
         )
-    if args.samples is not None:
-        _write_run_samples(args, store, run_ids)
-    compare = "paper" if paper_table_or_none() is not None else "none"
-    print(format_table(store, run_ids=run_ids, compare=compare), end="")
-    return 1 if any(result.status != "complete" for result in results) else 0
 
 
 def _write_run_samples(args: argparse.Namespace, store, run_ids: list[str]) -> None:

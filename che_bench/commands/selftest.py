@@ -6,6 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
+from che_bench.commands.common import (
+    add_runtime_arguments,
+    runtime_options_from_args,
+    use_threads,
+)
 from che_bench.errors import CheBenchError
 
 
@@ -18,28 +23,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "curve vs the CPU's, (d) step times of the paper-size model and estimated run and "
         "table-cell times, (e) --deterministic twice. Exit 1 if any check disagrees.",
     )
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    add_runtime_arguments(parser, ("device", "threads"))
     parser.add_argument("--quick", action="store_true",
                         help="small models and fewer cases (about a minute on a CPU)")
     parser.add_argument("--json", type=Path, metavar="PATH",
                         help="write the full report here (to attach to a bug report)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1, as for runs: more slowed these small "
-                             "models many-fold on a busy machine)")
     parser.set_defaults(handler=selftest_command)
 
 
 def selftest_command(args: argparse.Namespace) -> int:
-    import torch
     from rich.console import Console
 
     from che_bench.run.runner import resolve_device
     from che_bench.checks.selftest import run_selftest
 
-    device = resolve_device(args.device)
-    if args.threads < 1:
-        raise CheBenchError(f"--threads must be >= 1, got {args.threads}")
-    torch.set_num_threads(args.threads)
+    options = runtime_options_from_args(args)
+    device = resolve_device(options.device)
+    use_threads(options)
     if args.json is not None and args.json.parent and not args.json.parent.is_dir():
         raise CheBenchError(f"cannot write {args.json}: no directory {args.json.parent}")
     console = Console()

@@ -8,9 +8,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from che_bench.commands.run import (
+from che_bench.commands.common import (
     add_keep_model_argument,
+    add_no_progress_argument,
     add_runtime_arguments,
+    add_store_argument,
     runtime_options_from_args,
 )
 from che_bench.errors import CheBenchError
@@ -31,8 +33,6 @@ def register(subparsers) -> None:
     parser.add_argument("--workers", type=_positive_int, default=None, metavar="N",
                         help="local: worker processes (default 1); "
                              "ray: runs in flight at once (default: what fits the cluster)")
-    parser.add_argument("--threads", type=_positive_int, default=None, metavar="N",
-                        help="local: torch threads per worker (default: cores / workers)")
     parser.add_argument("--pack", default="1", metavar="N|auto",
                         help="train up to N runs of a table cell (seeds x learning rates) side "
                              "by side in one process; auto: as many as fit on a GPU, 1 on a "
@@ -41,13 +41,9 @@ def register(subparsers) -> None:
     add_runtime_arguments(parser)
     parser.add_argument("--dry-run", action="store_true",
                         help="print the grid (count and runs, with their status) and run nothing")
-    parser.add_argument("--store", default=None, metavar="PATH",
-                        help="result store (default $CHE_BENCH_STORE or results/che-bench.sqlite); "
-                             "checkpoints go to checkpoints/ beside it")
+    add_store_argument(parser)
     parser.add_argument("--max-runs", type=_positive_int, default=None, metavar="N",
                         help="start at most N of the runs still to do")
-    parser.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]; "
-                        "several workers may share one GPU")
     parser.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
                         help="ray: cluster to join (default: start a local Ray instance)")
     parser.add_argument("--num-cpus", type=_non_negative_float, default=None, metavar="X",
@@ -56,17 +52,13 @@ def register(subparsers) -> None:
                         help="ray: GPUs per task (a run, or a pack with --pack), fractions "
                              "allowed (default on a cluster with GPUs: a run the suite's "
                              "[resources] or 0.25, a pack 1; else 0)")
-    parser.add_argument("--no-progress", action="store_true",
-                        help="no live progress bar (one line per finished run is still printed)")
+    add_no_progress_argument(parser)
     parser.set_defaults(handler=run_sweep_command)
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
-    from che_bench.run.kept_models import models_dir_for
-    from che_bench.run.packing import parse_pack_width, unpackable
-    from che_bench.store.result_store import ResultStore, default_store_path
+    from che_bench.run.packing import parse_pack_width
     from che_bench.run.suites import load_suite
-    from che_bench.run.sweep import checkpoint_dir_for, run_sweep
 
     _check_backend_flags(args)
     pack = parse_pack_width(args.pack)
@@ -74,41 +66,53 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite)
     configs = suite.configs()  # validates the whole grid before anything runs
     if args.dry_run:
-        store_path = args.store or default_store_path()
-        store = ResultStore(store_path, read_only=True) if Path(store_path).is_file() else None
-        _print_grid(console, suite, configs, store)
+        _print_grid(console, suite, configs, _store_if_any(args.store))
         return 0
+    return _run_grid(args, suite, configs, pack, runtime_options_from_args(args), console)
+
+
+def _run_grid(args: argparse.Namespace, suite, configs, pack: int | str, options,
+              console: Console) -> int:
+    """The suite's runs through ``run_sweep`` (the one execution path), then its table."""
+    from che_bench.run.kept_models import models_dir_for
+    from che_bench.run.packing import unpackable
+    from che_bench.reports.tables import format_table
+    from che_bench.store.result_store import ResultStore
+    from che_bench.run.sweep import checkpoint_dir_for, run_sweep
 
     store = ResultStore(args.store)
-    run_options = {
-        "checkpoint_dir": checkpoint_dir_for(store),
-        "models_dir": None if args.no_keep_model else models_dir_for(store.path),
-        **runtime_options_from_args(args),
-    }
+    options = options.with_changes(
+        checkpoint_dir=checkpoint_dir_for(store),
+        models_dir=None if args.no_keep_model else models_dir_for(store.path))
     if args.backend == "local":
-        make_backend = partial(_local_backend, args, run_options)
+        make_backend = partial(_local_backend, args, options)
     else:
-        make_backend = partial(_ray_backend, args, suite, run_options, pack != 1)
+        make_backend = partial(_ray_backend, args, suite, options, pack != 1)
     console.print(f"suite [bold]{suite.name}[/]: {len(configs)} runs, store {store.path}")
     alone = unpackable(configs) if pack != 1 else 0
     if alone:
         console.print(f"note: {alone} runs have no length_seed and train alone; set "
                       "length_seed in the suite's [overrides] to pack them")
     outcome = run_sweep(configs, store, make_backend, pack=pack, max_runs=args.max_runs,
-                        console=console, live=not args.no_progress)
-
+                        console=console, live=options.progress)
     complete = sum(result.status == "complete" for result in outcome.results)
     console.print(
         f"{outcome.total} runs: {outcome.already_complete} already complete, "
         f"{complete} completed now, {len(outcome.failed)} failed"
         + (f", {outcome.not_started} not started (--max-runs)" if outcome.not_started else "")
     )
-    from che_bench.reports.tables import format_table
-
     console.print(format_table(store, run_ids=outcome.run_ids), markup=False, soft_wrap=True)
     for result in outcome.failed:
         console.print(f"[red]failed[/] {result.run_id}: {result.error}")
     return 1 if outcome.failed else 0
+
+
+def _store_if_any(path: str | None):
+    """The store at ``path`` (default location) if it exists: a dry run creates none."""
+    from che_bench.store.result_store import ResultStore, default_store_path
+
+    store_path = path or default_store_path()
+    return ResultStore(store_path, read_only=True) if Path(store_path).is_file() else None
 
 
 def _check_backend_flags(args: argparse.Namespace) -> None:
@@ -119,15 +123,14 @@ def _check_backend_flags(args: argparse.Namespace) -> None:
         raise CheBenchError("--threads applies to --backend local; Ray runs get --num-cpus threads")
 
 
-def _local_backend(args: argparse.Namespace, run_options: dict):
+def _local_backend(args: argparse.Namespace, options):
     from che_bench.run.sweep import LocalBackend
 
     # A bad or unavailable device fails here, not in every worker.
-    return LocalBackend(args.workers or 1, device=args.device, threads=args.threads,
-                        **run_options)
+    return LocalBackend(args.workers or 1, options)
 
 
-def _ray_backend(args: argparse.Namespace, suite, run_options: dict, packed: bool):
+def _ray_backend(args: argparse.Namespace, suite, options, packed: bool):
     from che_bench.run.ray_backend import RayBackend
 
     num_cpus = args.num_cpus if args.num_cpus is not None else suite.resources.num_cpus
@@ -135,12 +138,11 @@ def _ray_backend(args: argparse.Namespace, suite, run_options: dict, packed: boo
     suite_gpus = None if packed else suite.resources.num_gpus
     num_gpus = args.num_gpus if args.num_gpus is not None else suite_gpus
     return RayBackend(address=args.address, run_cpus=num_cpus, run_gpus=num_gpus,
-                      device=args.device, max_in_flight=args.workers, packed=packed,
-                      **run_options)
+                      max_in_flight=args.workers, packed=packed, options=options)
 
 
 def _print_grid(console: Console, suite, configs, store) -> None:
-    from che_bench.run.sweep import describe_run
+    from che_bench.sweep_views import describe_run
 
     run_ids = [config.run_id() for config in configs]
     statuses = {}

@@ -19,13 +19,15 @@ from che_bench.config import RunConfig, check_evaluation
 from che_bench.eval.evaluation import Evaluation, evaluate
 from che_bench.model.encoder import Encoder, stack_members
 from che_bench.run.packing import group_into_packs
+from che_bench.settings import BY_NAME
 
 
 def reevaluation_config(config: RunConfig, **changes: Any) -> RunConfig:
     """``config`` with the given evaluation fields changed (None: keep the run's own);
     ``test_lengths`` is a length spec (see ``protocol.parse_lengths``). Lengths the task or
     the encoding cannot take are refused here, before any work."""
-    changes = {name: value for name, value in changes.items() if value is not None}
+    changes = {name: BY_NAME[name].validate(value) for name, value in changes.items()
+               if value is not None}
     if "test_lengths" in changes:
         changes["test_lengths"] = protocol.parse_lengths(changes["test_lengths"])
     updated = dataclasses.replace(config, **changes)

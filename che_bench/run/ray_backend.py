@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from che_bench import plugins
-from che_bench.errors import CheBenchError
 from che_bench.config import RunConfig, RunResult
+from che_bench.errors import CheBenchError
 from che_bench.run.runner import execute_runs
+from che_bench.runtime import RuntimeOptions
 
 INSTALL_HINT = 'the Ray backend needs Ray: pip install "che-bench[ray]"'
 #: Default share of a GPU per task when the cluster has GPUs and nothing else is asked for:
@@ -47,26 +48,27 @@ class RayBackend:
     connects through Ray Client. ``run_cpus``/``run_gpus`` are each task's resources;
     ``run_gpus=None`` picks DEFAULT_GPU_FRACTION (PACKED_GPU_FRACTION with ``packed``) on
     clusters with GPUs, else 0. ``max_in_flight`` caps the tasks handed to Ray at once
-    (default: what fits the cluster).
+    (default: what fits the cluster). ``options``: how the runs execute (pickled into each
+    task; its ``threads`` is not used: a task gets as many as the CPUs Ray grants it).
     """
 
     def __init__(self, *, address: str | None = None, run_cpus: float = 1.0,
-                 run_gpus: float | None = None, device: str = "auto",
+                 run_gpus: float | None = None,
                  max_in_flight: int | None = None, local_cpus: int | None = None,
-                 packed: bool = False, **run_options: Any) -> None:
+                 packed: bool = False, options: RuntimeOptions | None = None) -> None:
         self.ray = import_ray()
         self._connected_here = not self.ray.is_initialized()
         self._in_flight: set = set()
         if self._connected_here:
-            options: dict[str, Any] = {"address": address, "include_dashboard": False,
+            init_options: dict[str, Any] = {"address": address, "include_dashboard": False,
                                        "log_to_driver": False, "logging_level": logging.WARNING}
             if address is None and local_cpus is not None:
-                options["num_cpus"] = local_cpus
+                init_options["num_cpus"] = local_cpus
             plugin_modules = os.environ.get(plugins.ENVIRONMENT_VARIABLE)
             if plugin_modules:  # --plugin modules: the workers import them as the driver did
-                options["runtime_env"] = {"env_vars": {plugins.ENVIRONMENT_VARIABLE: plugin_modules}}
+                init_options["runtime_env"] = {"env_vars": {plugins.ENVIRONMENT_VARIABLE: plugin_modules}}
             try:
-                self.ray.init(**options)
+                self.ray.init(**init_options)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = address or "a local instance"
                 raise CheBenchError(f"cannot start or reach Ray at {where}: {exc}".splitlines()[0]) from None
@@ -78,11 +80,11 @@ class RayBackend:
         self.run_cpus, self.run_gpus = run_cpus, run_gpus
         self.on_gpu = run_gpus > 0
         self.max_in_flight = max_in_flight
-        # A task that asks for no GPU must not pick one up through device "auto".
-        self.device = "cpu" if device == "auto" and run_gpus == 0 else device
-        #: ``execute_runs`` keywords: checkpoint_dir, models_dir and the runtime options
-        #: (``commands.run.runtime_options_from_args``).
-        self.run_options = run_options
+        options = options or RuntimeOptions()
+        # A task that asks for no GPU must not pick one up through device "auto"; tasks draw
+        # no progress bars (their lines would interleave in the driver's log).
+        device = "cpu" if options.device == "auto" and run_gpus == 0 else options.device
+        self.options = options.with_changes(device=device, progress=False)
         self._remote = self.ray.remote(_run_in_ray_task).options(
             num_cpus=run_cpus, num_gpus=run_gpus, max_retries=SYSTEM_RETRIES,
         )
@@ -102,7 +104,7 @@ class RayBackend:
 
     def submit(self, configs: list[RunConfig], width: int | str):
         threads = max(1, math.floor(self.run_cpus))
-        ref = self._remote.remote(configs, width, self.device, self.run_options, threads)
+        ref = self._remote.remote(configs, width, self.options, threads)
         self._in_flight.add(ref)
         return ref
 
@@ -132,10 +134,10 @@ class RayBackend:
             self.ray.shutdown()  # stops a private local instance; only disconnects from a cluster
 
 
-def _run_in_ray_task(configs: list[RunConfig], width: int | str, device: str,
-                     run_options: dict[str, Any], threads: int) -> list[RunResult]:
+def _run_in_ray_task(configs: list[RunConfig], width: int | str, options: RuntimeOptions,
+                     threads: int) -> list[RunResult]:
     """Body of one Ray task: size torch's thread pool to the CPUs Ray granted, then run."""
     import torch
 
     torch.set_num_threads(threads)
-    return execute_runs(configs, pack=width, device=device, progress=False, **run_options)
+    return execute_runs(configs, options, pack=width)

@@ -28,12 +28,12 @@ from che_bench.config import RunConfig, RunResult
 from che_bench.device_memory import release_memory
 from che_bench.errors import CheBenchError
 from che_bench.eval.evaluation import Evaluation, evaluate
-from che_bench.train.history import DEFAULT_LOG_EVERY
 from che_bench.run.kept_models import save_model
 from che_bench.model.encoder import Encoder, build_model, member_state_dict, stack_members
 from che_bench.run.packing import group_into_packs, resolve_width
+from che_bench.runtime import RuntimeOptions, runtime_options
 from che_bench.tasks.base import Task
-from che_bench.run.trackers import TrackerOptions, Trackers
+from che_bench.run.trackers import Trackers
 from che_bench.train.loop import Diverged, PackTraining, train_pack
 
 
@@ -146,26 +146,21 @@ def check_pack(configs: Sequence[RunConfig]) -> None:
 
 def execute_pack(
     configs: Sequence[RunConfig],
+    options: RuntimeOptions | None = None,
     *,
-    device: str = "auto",
-    checkpoint_dir: str | Path | None = None,
-    models_dir: str | Path | None = None,
-    tf32: bool = False,
-    deterministic: bool = False,
-    progress: bool = True,
-    checkpoint_every: int = 1000,
     on_step: Callable[[int, list[float]], None] | None = None,
-    log_every: int = DEFAULT_LOG_EVERY,
-    trackers: TrackerOptions | None = None,
+    **changes: Any,
 ) -> list[RunResult]:
-    """Train and evaluate a pack of runs side by side (``check_pack``); never touches the
-    result store. Returns one RunResult per config, in order.
+    """Train and evaluate a pack of runs side by side (``check_pack``) as ``options`` say
+    (``RuntimeOptions``; keyword ``changes`` to its fields, e.g. ``device="cpu"``, build one
+    for a Python call); never touches the result store. Returns one RunResult per config, in
+    order.
 
-    With ``checkpoint_dir``, each member's training state is saved there every
+    With a ``checkpoint_dir``, each member's training state is saved there every
     ``checkpoint_every`` steps and on Ctrl-C, and members with a checkpoint resume from it
     (exactly the result of an uninterrupted run for an unchanged pack); members whose
     checkpoints are at different steps train as separate packs. A checkpoint is removed once
-    its run has finished. With ``models_dir``, every completed run's final weights are kept
+    its run has finished. With a ``models_dir``, every completed run's final weights are kept
     there (``che_bench.run.kept_models``). ``tf32`` lets a GPU use TF32, ``deterministic`` selects
     deterministic algorithms (``configure_numerics``); both are recorded with the runs.
     ``on_step(step, losses)`` is called after every optimizer step with each member's loss
@@ -175,17 +170,36 @@ def execute_pack(
     ``status="failed"`` results; a pack that runs out of GPU memory is split in two;
     KeyboardInterrupt propagates after the checkpoints are saved.
     """
+    options = runtime_options(options, changes)
     check_pack(configs)
-    torch_device = resolve_device(device)
-    configure_numerics(tf32, deterministic)
+    torch_device = resolve_device(options.device)
+    configure_numerics(options.tf32, options.deterministic)
     results = [
         RunResult(run_id=config.run_id(), config=config, status="failed",
                   versions=software_versions(config), device=describe_device(torch_device),
-                  details=numerics_details(torch_device, tf32, deterministic))
+                  details=numerics_details(torch_device, options.tf32, options.deterministic))
         for config in configs
     ]
-    checkpoints = (None if checkpoint_dir is None
-                   else [checkpoint_path(checkpoint_dir, config.run_id()) for config in configs])
+    checkpoints = (None if options.checkpoint_dir is None
+                   else [checkpoint_path(options.checkpoint_dir, config.run_id())
+                         for config in configs])
+    for members in _members_by_checkpoint_step(configs, results, checkpoints):
+        _execute_group(
+            [configs[i] for i in members],
+            [results[i] for i in members],
+            torch_device,
+            checkpoints=None if checkpoints is None else [checkpoints[i] for i in members],
+            options=options,
+            on_step=on_step,
+        )
+    return results
+
+
+def _members_by_checkpoint_step(
+    configs: Sequence[RunConfig], results: list[RunResult], checkpoints: list[Path] | None,
+) -> list[list[int]]:
+    """The pack's members grouped by the step their checkpoints resume from (0: none); a
+    member whose checkpoint cannot resume gets the error in its result and no group."""
     groups: dict[int, list[int]] = {}
     for index, config in enumerate(configs):
         try:
@@ -194,20 +208,7 @@ def execute_pack(
             results[index].error = str(exc)
             continue
         groups.setdefault(step, []).append(index)
-    for members in groups.values():
-        _execute_group(
-            [configs[i] for i in members],
-            [results[i] for i in members],
-            torch_device,
-            checkpoints=None if checkpoints is None else [checkpoints[i] for i in members],
-            models_dir=models_dir,
-            progress=progress,
-            checkpoint_every=checkpoint_every,
-            on_step=on_step,
-            log_every=log_every,
-            trackers=trackers,
-        )
-    return results
+    return list(groups.values())
 
 
 def _execute_group(
@@ -216,21 +217,21 @@ def _execute_group(
     device: torch.device,
     *,
     checkpoints: list[Path] | None,
-    **options: Any,
+    options: RuntimeOptions,
+    on_step: Callable[[int, list[float]], None] | None,
 ) -> None:
-    """Train and evaluate members that resume from the same step as one pack (``options``:
-    models_dir, progress, checkpoint_every, on_step, log_every, trackers); fills ``results``
-    in place. A pack out of GPU memory goes on as two narrower packs, from the members'
-    checkpoints."""
+    """Train and evaluate members that resume from the same step as one pack; fills
+    ``results`` in place. A pack out of GPU memory goes on as two narrower packs, from the
+    members' checkpoints."""
     started = time.perf_counter()
-    tracking = Trackers(options["trackers"], configs)
+    tracking = Trackers(options.trackers, configs)
     history: list[list[dict[str, Any]]] = [[] for _ in configs]
     out_of_memory = False
     try:
         model, training, evaluations = _train_and_evaluate(
-            configs, results, device, checkpoints, progress=options["progress"],
-            checkpoint_every=options["checkpoint_every"], on_step=options["on_step"],
-            log_every=options["log_every"], on_history=tracking.log_row)
+            configs, results, device, checkpoints, progress=options.progress,
+            checkpoint_every=options.checkpoint_every, on_step=on_step,
+            log_every=options.log_every, on_history=tracking.log_row)
     except KeyboardInterrupt:
         tracking.close()
         raise
@@ -249,7 +250,7 @@ def _execute_group(
     else:
         finished = [True] * len(configs)
         history = training.history
-        _record_outcome(configs, results, model, training, evaluations, options["models_dir"],
+        _record_outcome(configs, results, model, training, evaluations, options.models_dir,
                         tracking)
     tracking.close()
     if out_of_memory:
@@ -260,7 +261,7 @@ def _execute_group(
         for part in (slice(0, half), slice(half, None)):
             _execute_group(configs[part], results[part], device,
                            checkpoints=None if checkpoints is None else checkpoints[part],
-                           **options)
+                           options=options, on_step=on_step)
         return
     total = time.perf_counter() - started
     for member, result in enumerate(results):
@@ -338,33 +339,37 @@ def build_pack_model(task: Task, configs: Sequence[RunConfig]) -> Encoder:
 
 def execute_runs(
     configs: Sequence[RunConfig],
+    options: RuntimeOptions | None = None,
     *,
     pack: int | str = 1,
-    device: str = "auto",
-    **options: Any,
+    on_step: Callable[[int, list[float]], None] | None = None,
+    **changes: Any,
 ) -> list[RunResult]:
     """Train and evaluate ``configs`` in packs of at most ``pack`` members (``"auto"``: as wide
-    as the device allows, see ``che_bench.run.packing``), one pack after another; ``options`` go
-    to ``execute_pack``. Results come back in the order of ``configs``."""
-    torch_device = resolve_device(device)
+    as the device allows, see ``che_bench.run.packing``), one pack after another, each with
+    ``execute_pack``, ``options`` (keyword ``changes`` as there) and ``on_step``. Results
+    come back in the order of ``configs``."""
+    options = runtime_options(options, changes)
+    torch_device = resolve_device(options.device)
+    hooks = {} if on_step is None else {"on_step": on_step}
     results: dict[str, RunResult] = {}
     for cell in group_into_packs(configs, None):
         width = resolve_width(pack, cell[0], torch_device)
         for start in range(0, len(cell), width):
-            for result in execute_pack(cell[start : start + width], device=device, **options):
+            for result in execute_pack(cell[start : start + width], options, **hooks):
                 results[result.run_id] = result
     return [results[config.run_id()] for config in configs]
 
 
 def execute_run(
     config: RunConfig,
+    options: RuntimeOptions | None = None,
     *,
-    device: str = "auto",
     on_step: Callable[[int, float], None] | None = None,
-    **options: Any,
+    **changes: Any,
 ) -> RunResult:
-    """Train and evaluate one configuration (a pack of one; ``options`` as in
-    ``execute_pack``); never touches the result store. ``on_step(step, loss)`` is called after
-    every optimizer step."""
+    """Train and evaluate one configuration (a pack of one; ``options`` and ``changes`` as in
+    ``execute_pack``); never touches the result store. ``on_step(step, loss)`` is called
+    after every optimizer step."""
     on_member_step = None if on_step is None else (lambda step, losses: on_step(step, losses[0]))
-    return execute_pack([config], device=device, on_step=on_member_step, **options)[0]
+    return execute_pack([config], options, on_step=on_member_step, **changes)[0]

@@ -5,8 +5,9 @@ into packs (runs of one table cell trained side by side, ``che_bench.run.packing
 backend busy with the packs, and records every result as it arrives: the parent process is
 the only writer of the store, each result is one atomic write, so a sweep killed at any
 point (even with SIGKILL) and started again finishes the grid without losing or repeating
-a completed run. Backends execute ``execute_runs`` elsewhere: ``LocalBackend`` in a pool of
-worker processes, ``che_bench.run.ray_backend.RayBackend`` as Ray tasks. Interrupted runs resume
+a completed run. Backends execute ``execute_runs``: ``InProcessBackend`` here (``che-bench
+run``), ``LocalBackend`` in a pool of worker processes, ``che_bench.run.ray_backend.RayBackend``
+as Ray tasks; all of them with one ``RuntimeOptions``. Interrupted runs resume
 from their checkpoints (``checkpoint_dir_for(store)``); the grouping is deterministic, so a
 restarted sweep forms the same packs, which resume together.
 """
@@ -14,7 +15,6 @@ restarted sweep forms the same packs, which resume together.
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import multiprocessing
 import os
 import signal
@@ -24,14 +24,15 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from che_bench.config import RunConfig, RunResult
 from che_bench.run.packing import AUTO, CPU_AUTO_WIDTH, group_into_packs
 from che_bench.run.runner import execute_runs, software_versions
+from che_bench.runtime import RuntimeOptions
+from che_bench.sweep_views import GridView, SweepView
 
 #: How often an idle-or-busy worker checks that the sweep process is still alive.
 ORPHAN_POLL_S = 1.0
@@ -71,6 +72,8 @@ class SweepOutcome:
 
     run_ids: list[str]  # of the whole grid
     already_complete: int
+    #: The run ids of the grid complete in the store before this call.
+    complete_before: set[str] = field(default_factory=set)
     results: list[RunResult] = field(default_factory=list)
     not_started: int = 0
 
@@ -106,58 +109,30 @@ def run_sweep(
     max_runs: int | None = None,
     console: Console | None = None,
     live: bool = True,
+    view: SweepView | None = None,
 ) -> SweepOutcome:
     """Execute every config not yet complete in ``store``; record results as they finish.
+    The one execution path of ``che-bench sweep`` and ``che-bench run`` (the latter on an
+    ``InProcessBackend``).
 
     ``make_backend()`` is called only when there is something to run. Runs of one table
     cell are submitted together, in packs of at most ``pack`` members; with ``"auto"`` a
     GPU backend gets whole cells (the worker sizes packs to its GPU's memory) and a CPU one
-    packs of ``CPU_AUTO_WIDTH``. At most ``max_runs`` runs are started. Each finished run is
-    logged as one line on ``console``; with ``live`` (and a terminal) a progress bar shows
-    done / running / failed / left and an ETA. Ctrl-C stops the runs in flight (they
-    checkpoint), leaves them unrecorded and re-raises KeyboardInterrupt. The backend is
-    closed on return.
+    packs of ``CPU_AUTO_WIDTH``. At most ``max_runs`` runs are started. ``view`` hears of it
+    all (default ``GridView``: each finished run logged as one line on ``console``; with
+    ``live`` and a terminal, a progress bar of done / running / failed / left and an ETA).
+    Ctrl-C stops the runs in flight (they checkpoint), leaves them unrecorded and re-raises
+    KeyboardInterrupt. The backend is closed on return.
     """
-    console = console or Console()
-    completed = store.completed_run_ids()
-    run_ids = [config.run_id() for config in configs]
-    todo = [config for config, run_id in zip(configs, run_ids) if run_id not in completed]
-    outcome = SweepOutcome(run_ids=run_ids, already_complete=len(configs) - len(todo))
-    if max_runs is not None:
-        outcome.not_started = max(0, len(todo) - max_runs)
-        todo = todo[:max_runs]
+    view = view or GridView(console or Console(), live)
+    outcome, todo = _split_grid(configs, store, max_runs)
+    view.start([run_id for run_id in outcome.run_ids if run_id in outcome.complete_before], todo)
     if not todo:
         return outcome
     backend = make_backend()
-    if pack == AUTO:
-        group_width = None if backend.on_gpu else CPU_AUTO_WIDTH
-    else:
-        group_width = int(pack)
-    queue = deque(group_into_packs(todo, group_width))
-    in_flight: dict[Hashable, list[RunConfig]] = {}
-    view = _GridView(len(todo), console, live)
-
-    def running() -> int:
-        return sum(len(members) for members in in_flight.values())
-
     try:
         with view:
-            while queue or in_flight:
-                while queue and len(in_flight) < backend.capacity():
-                    members = queue.popleft()
-                    for config in members:
-                        store.mark_started(config)
-                    in_flight[backend.submit(members, pack)] = members
-                left = sum(len(members) for members in queue)
-                view.update(running=running(), left=left)
-                for handle, returned in backend.wait(list(in_flight)):
-                    members = in_flight.pop(handle)
-                    if isinstance(returned, BaseException):
-                        returned = [failed_result(config, returned) for config in members]
-                    for result in returned:
-                        store.record(result)
-                        outcome.results.append(result)
-                        view.finished(result, running=running(), left=left)
+            _execute_packs(backend, _packs(todo, pack, backend), pack, store, outcome, view)
     except KeyboardInterrupt:
         backend.interrupt()
         raise
@@ -166,74 +141,85 @@ def run_sweep(
     return outcome
 
 
-def describe_run(config: RunConfig) -> str:
-    """One-line label of a grid point: task(non-default params) pe kernel lr seed."""
-    defaults = _default_task_params(config.task)
-    params = ",".join(f"{key}={value}" for key, value in sorted(config.task_params.items())
-                      if defaults.get(key) != value)
-    task = f"{config.task}({params})" if params else config.task
-    kernel = "-" if config.kernel is None else f"k{config.kernel}"
-    return f"{task} {config.pe} {kernel} lr={config.lr:g} seed={config.seed}"
+def _split_grid(
+    configs: Sequence[RunConfig], store, max_runs: int | None
+) -> tuple[SweepOutcome, list[RunConfig]]:
+    """The outcome so far (runs complete in the store already) and the runs to do now."""
+    completed = store.completed_run_ids()
+    run_ids = [config.run_id() for config in configs]
+    todo = [config for config, run_id in zip(configs, run_ids) if run_id not in completed]
+    outcome = SweepOutcome(run_ids=run_ids, already_complete=len(configs) - len(todo),
+                           complete_before=completed & set(run_ids))
+    if max_runs is not None:
+        outcome.not_started = max(0, len(todo) - max_runs)
+        todo = todo[:max_runs]
+    return outcome, todo
 
 
-@functools.cache
-def _default_task_params(task: str) -> dict:
-    from che_bench.tasks import get_task
+def _packs(todo: list[RunConfig], pack: int | str, backend: Backend) -> deque[list[RunConfig]]:
+    """The runs to do, grouped into the packs submitted to ``backend``."""
+    if pack == AUTO:
+        group_width = None if backend.on_gpu else CPU_AUTO_WIDTH
+    else:
+        group_width = int(pack)
+    return deque(group_into_packs(todo, group_width))
 
-    return get_task(task).params()
+
+def _execute_packs(backend: Backend, queue: deque[list[RunConfig]], pack: int | str, store,
+                   outcome: SweepOutcome, view: SweepView) -> None:
+    """Keep ``backend`` busy with the packs of ``queue``: mark each pack's runs started as it
+    is submitted, record every result as it arrives."""
+    in_flight: dict[Hashable, list[RunConfig]] = {}
+
+    def running() -> int:
+        return sum(len(members) for members in in_flight.values())
+
+    while queue or in_flight:
+        while queue and len(in_flight) < backend.capacity():
+            members = queue.popleft()
+            for config in members:
+                store.mark_started(config)
+            in_flight[backend.submit(members, pack)] = members
+        left = sum(len(members) for members in queue)
+        view.update(running=running(), left=left)
+        for handle, returned in backend.wait(list(in_flight)):
+            members = in_flight.pop(handle)
+            if isinstance(returned, BaseException):
+                returned = [failed_result(config, returned) for config in members]
+            for result in returned:
+                store.record(result)
+                outcome.results.append(result)
+                view.finished(result, running=running(), left=left)
 
 
-class _GridView:
-    """Grid progress: a live bar on a terminal, one log line per finished run everywhere."""
+class InProcessBackend:
+    """Runs each pack here, in this process, when ``wait`` asks for it (``che-bench run``:
+    progress bars and Ctrl-C as in any Python call of ``execute_runs``)."""
 
-    def __init__(self, total: int, console: Console, live: bool) -> None:
-        self.total, self.console = total, console
-        self.done = self.failed = 0
-        self.started = time.monotonic()
-        self.progress = Progress(
-            TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("running {task.fields[running]} · failed {task.fields[failed]} · "
-                       "left {task.fields[left]} · ETA {task.fields[eta]}"),
-            TimeElapsedColumn(),
-            console=console, disable=not (live and console.is_terminal),
-        )
-        self.task = self.progress.add_task("sweep", total=total, running=0, failed=0,
-                                           left=total, eta="-")
+    def __init__(self, options: RuntimeOptions) -> None:
+        from che_bench.run.runner import resolve_device
 
-    def __enter__(self) -> _GridView:
-        self.progress.start()
-        return self
+        self.options = options
+        self.on_gpu = resolve_device(options.device).type == "cuda"
+        self._submitted: dict[int, tuple[list[RunConfig], int | str]] = {}
 
-    def __exit__(self, *exc_info) -> None:
-        self.progress.stop()
+    def capacity(self) -> int:
+        return 1
 
-    def update(self, *, running: int, left: int) -> None:
-        self.progress.update(self.task, running=running, left=left, failed=self.failed,
-                             eta=self._eta(running + left))
+    def submit(self, configs: list[RunConfig], width: int | str) -> int:
+        handle = len(self._submitted)
+        self._submitted[handle] = (configs, width)
+        return handle
 
-    def finished(self, result: RunResult, *, running: int, left: int) -> None:
-        self.done += 1
-        self.failed += result.status != "complete"
-        seconds = result.timings.get("total_s")
-        took = f" ({seconds:.1f}s)" if seconds is not None else ""
-        if result.status == "complete":
-            outcome = f"[green]complete[/] score {result.score:.3f}"
-        else:
-            outcome = f"[red]failed[/] {result.error}"
-        self.console.print(
-            f"[{self.done}/{self.total}] {describe_run(result.config)} [dim]{result.run_id}[/] "
-            f"{outcome}{took}", highlight=False, markup=True, soft_wrap=True,
-        )
-        self.progress.advance(self.task)
-        self.update(running=running, left=left)
+    def wait(self, handles):
+        configs, width = self._submitted.pop(handles[0])
+        return [(handles[0], execute_runs(configs, self.options, pack=width))]
 
-    def _eta(self, remaining: int) -> str:
-        if not self.done:
-            return "-"
-        seconds = (time.monotonic() - self.started) / self.done * remaining
-        minutes, secs = divmod(int(seconds), 60)
-        hours, minutes = divmod(minutes, 60)
-        return f"{hours}:{minutes:02d}:{secs:02d}"
+    def interrupt(self) -> None:
+        """Nothing runs in the background: the interrupted pack has checkpointed already."""
+
+    def close(self) -> None:
+        self._submitted.clear()
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,27 +239,25 @@ def available_cpus() -> int:
 
 class LocalBackend:
     """``workers`` spawned processes, each running one pack at a time (``execute_runs``) with
-    ``threads`` torch threads; results travel back to the sweep process."""
+    ``options`` and ``options.threads`` torch threads (default: this machine's cores split
+    between them); results travel back to the sweep process."""
 
-    def __init__(self, workers: int, *, device: str = "auto", threads: int | None = None,
-                 **run_options: Any) -> None:
+    def __init__(self, workers: int, options: RuntimeOptions | None = None) -> None:
         from che_bench.run.runner import resolve_device
 
+        options = options or RuntimeOptions()
         self.workers = workers
-        self.device = device
-        self.on_gpu = resolve_device(device).type == "cuda"
-        #: ``execute_runs`` keywords: checkpoint_dir, models_dir and the runtime options
-        #: (``commands.run.runtime_options_from_args``).
-        self.run_options = run_options
-        self.threads = threads or default_threads_per_worker(workers)
+        self.on_gpu = resolve_device(options.device).type == "cuda"
+        self.threads = options.threads or default_threads_per_worker(workers)
+        # Workers draw no progress bars: their lines would interleave on one terminal.
+        self.options = options.with_changes(progress=False)
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
     def capacity(self) -> int:
         return self.workers
 
     def submit(self, configs: list[RunConfig], width: int | str) -> concurrent.futures.Future:
-        return self._executor().submit(_run_in_worker, configs, width, self.device,
-                                       self.run_options)
+        return self._executor().submit(_run_in_worker, configs, width, self.options)
 
     def wait(self, handles):
         done, _ = concurrent.futures.wait(handles, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -340,13 +324,13 @@ def _init_worker(threads: int, sweep_pid: int, workers: int) -> None:
     threading.Thread(target=_watch_sweep, args=(sweep_pid,), daemon=True).start()
 
 
-def _run_in_worker(configs: list[RunConfig], width: int | str, device: str,
-                   run_options: dict[str, Any]) -> list[RunResult]:
+def _run_in_worker(configs: list[RunConfig], width: int | str,
+                   options: RuntimeOptions) -> list[RunResult]:
     """Runs in a worker; SIGINT stops them (training finishes its step and checkpoints)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _run_active.set()
     try:
-        return execute_runs(configs, pack=width, device=device, progress=False, **run_options)
+        return execute_runs(configs, options, pack=width)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         _run_active.clear()

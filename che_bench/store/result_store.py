@@ -32,17 +32,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
+from che_bench.config import EVALUATION_FIELDS, RunConfig, RunResult, protocol_id
 from che_bench.errors import CheBenchError
 from che_bench.train.history import HISTORY_FIELDS
 from che_bench.protocol import EVAL_SEED, format_lengths
 from che_bench.store.access import ReadOnlyAccess, store_error
-
-if TYPE_CHECKING:
-    from che_bench.config import RunConfig, RunResult
 
 DEFAULT_PATH = Path("results") / "che-bench.sqlite"
 STORE_ENV = "CHE_BENCH_STORE"
@@ -142,13 +140,6 @@ def default_store_path() -> Path:
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _protocol_id(protocol: dict[str, Any]) -> str:
-    # che_bench.config imports torch: load it only when a write needs an id.
-    from che_bench.config import protocol_id
-
-    return protocol_id(protocol)
 
 
 def describe_protocol(protocol: dict[str, Any]) -> str:
@@ -342,7 +333,7 @@ class ResultStore:
             _now(), _now(),
         )
         protocol = config.evaluation_protocol()
-        evaluation_id = _protocol_id(protocol)
+        evaluation_id = protocol_id(protocol)
         with self._transaction() as connection:
             connection.execute(
                 """INSERT INTO runs (run_id, task, pe, kernel, seed, lr, steps, preset, status,
@@ -406,7 +397,7 @@ class ResultStore:
             _check_accuracy(name, value)
         for split, curve, lengths in curves:
             _check_curve(split, curve, protocol[lengths])
-        evaluation_id = _protocol_id(protocol)
+        evaluation_id = protocol_id(protocol)
         with self._transaction() as connection:
             run = connection.execute(
                 "SELECT status FROM runs WHERE run_id = ?", (run_id,)
@@ -578,7 +569,7 @@ def _migrate_1_to_2(connection: sqlite3.Connection) -> None:
            FROM runs
            WHERE status = 'complete' OR run_id IN (SELECT run_id FROM accuracies_v1)"""
     ).fetchall()
-    fields = _protocol_fields()
+    fields = EVALUATION_FIELDS
     for run_id, config_json, score, train_accuracy, device, versions, timings, at in evaluated:
         config = json.loads(config_json)
         protocol = _checked_protocol({name: config[name] for name in fields if name in config}, run_id)
@@ -586,7 +577,7 @@ def _migrate_1_to_2(connection: sqlite3.Connection) -> None:
             """INSERT INTO evaluations (run_id, evaluation_id, protocol, is_original, score,
                                         train_accuracy, device, versions, timings, created_at)
                VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?)""",
-            (run_id, _protocol_id(protocol), json.dumps(protocol), score, train_accuracy,
+            (run_id, protocol_id(protocol), json.dumps(protocol), score, train_accuracy,
              device, versions, timings, at),
         )
     copied = connection.execute(
@@ -620,16 +611,10 @@ def _migrate(connection: sqlite3.Connection, from_version: int) -> None:
                        (f"upgraded_from_{from_version}_at", _now()))
 
 
-def _protocol_fields() -> tuple[str, ...]:
-    from che_bench.config import EVALUATION_FIELDS
-
-    return EVALUATION_FIELDS
-
-
 def _checked_protocol(protocol: Any, run_id: str | None = None) -> dict[str, Any]:
     """``protocol`` as plain JSON data with exactly the evaluation fields, or a CheBenchError."""
     whose = f"run {run_id}: " if run_id else ""
-    fields = set(_protocol_fields())
+    fields = set(EVALUATION_FIELDS)
     if not isinstance(protocol, dict) or set(protocol) != fields:
         given = sorted(protocol) if isinstance(protocol, dict) else type(protocol).__name__
         raise CheBenchError(

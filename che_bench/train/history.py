@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from che_bench.errors import CheBenchError
+from che_bench.settings import BY_NAME
 
 if TYPE_CHECKING:
     from che_bench.tasks import Batch
 
-DEFAULT_LOG_EVERY = 100
+DEFAULT_LOG_EVERY = BY_NAME["log_every"].default
 HISTORY_FIELDS = ("step", "loss", "accuracy", "grad_norm", "lr", "elapsed_s")
 
 
@@ -100,9 +100,8 @@ class TrainingHistory:
 
 
 def check_log_every(log_every: Any) -> int:
-    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
-        raise CheBenchError(f"--log-every must be an integer >= 1, got {log_every!r}")
-    return log_every
+    """``log_every`` if it is an integer >= 1, else the setting's one-line error."""
+    return BY_NAME["log_every"].validate(log_every)
 
 
 #: Sequences drawn per training length to choose the input-blind guess, and as many again to

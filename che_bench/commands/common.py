@@ -1,0 +1,141 @@
+"""Command-line arguments shared by several commands, declared once.
+
+The flags of run settings and runtime options derive from ``che_bench.settings`` (help,
+type, default and validator); the store, progress, kept-model and samples flags are declared
+here. Commands read them back as ``make_config`` overrides (``overrides_from_args``) and one
+``RuntimeOptions`` (``runtime_options_from_args``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from che_bench import settings
+from che_bench.commands.key_values import parse_key_values
+from che_bench.errors import CheBenchError
+from che_bench.runtime import RuntimeOptions
+from che_bench.run.trackers import TrackerOptions
+
+
+def add_setting_argument(parser, setting: settings.Setting) -> None:
+    """The command-line flag of one declared setting."""
+    if setting.kind == settings.SWITCH and setting.where == settings.RUNTIME:
+        parser.add_argument(setting.flag, dest=setting.name, action="store_true",
+                            default=False, help=setting.help)
+    elif setting.kind == settings.SWITCH:
+        # --X / --no-X; None when neither is given, so that a preset's, a suite's or the
+        # task's value is kept.
+        parser.add_argument(setting.flag, dest=setting.name,
+                            action=argparse.BooleanOptionalAction, default=None,
+                            help=setting.help)
+    elif setting.kind == settings.KEY_VALUES:
+        parser.add_argument(setting.flag, dest=setting.name, action="append", default=[],
+                            metavar=setting.metavar, help=setting.help)
+    else:
+        # Runtime options have no preset: their flag's default is the declared one.
+        parser.add_argument(setting.flag, dest=setting.name, type=setting.kind,
+                            default=setting.default if setting.where == settings.RUNTIME else None,
+                            metavar=setting.metavar, help=setting.help)
+
+
+def add_override_arguments(parser: argparse.ArgumentParser,
+                           names: tuple[str, ...] | None = None,
+                           title: str = "overrides of the preset") -> None:
+    """The flags that override preset fields (``make_config`` keywords): one per run setting
+    of ``che_bench.settings`` that has a flag, or those of ``names``."""
+    group = parser.add_argument_group(title)
+    for setting in settings.run_settings():
+        if setting.flag is not None and (names is None or setting.name in names):
+            add_setting_argument(group, setting)
+
+
+def add_runtime_arguments(parser: argparse.ArgumentParser,
+                          names: tuple[str, ...] | None = None) -> None:
+    """The flags of the runtime options of ``che_bench.settings`` (how runs execute): all of
+    them, or those of ``names``."""
+    for setting in settings.settings_where(settings.RUNTIME):
+        if names is None or setting.name in names:
+            add_setting_argument(parser, setting)
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``make_config`` keywords from the override flags (None = keep the preset's value)."""
+    overrides = {}
+    for setting in settings.run_settings():
+        if setting.flag is None or not hasattr(args, setting.name):
+            continue
+        value = getattr(args, setting.name)
+        if setting.kind == settings.KEY_VALUES:
+            value = parse_key_values(value, setting.flag) or None
+        overrides[setting.name] = value
+    return overrides
+
+
+def runtime_options_from_args(args: argparse.Namespace, **fields: Any) -> RuntimeOptions:
+    """The command's ``RuntimeOptions``: its runtime flags (checked by the settings'
+    validators), ``--no-progress`` and ``fields`` (directories). A missing tracker extra is
+    a one-line error here, before anything runs."""
+    values = {setting.name: getattr(args, setting.name)
+              for setting in settings.settings_where(settings.RUNTIME)
+              if hasattr(args, setting.name)}
+    tensorboard, wandb = values.pop("tensorboard", None), values.pop("wandb", None)
+    if tensorboard is not None or wandb is not None:
+        values["trackers"] = TrackerOptions(tensorboard=tensorboard, wandb=wandb)
+        values["trackers"].check()
+    if hasattr(args, "no_progress"):
+        values["progress"] = not args.no_progress
+    return RuntimeOptions(**values, **fields)
+
+
+def use_threads(options: RuntimeOptions) -> None:
+    """torch's CPU threads in this process: ``--threads``, default 1 (these models are small,
+    and extra threads slowed steps 50x on a busy 2-core machine)."""
+    import torch
+
+    torch.set_num_threads(options.threads or 1)
+
+
+def add_store_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", metavar="PATH",
+                        help="result store (default $CHE_BENCH_STORE or results/che-bench.sqlite; "
+                             "checkpoints and kept models go beside it)")
+
+
+def add_no_progress_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bars (results are still printed, one line each)")
+
+
+def add_keep_model_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-keep-model", action="store_true",
+                        help="do not keep the trained weights (default: models/<run id>.pt beside "
+                             "the store, for `che-bench evaluate` and `attention`)")
+
+
+def add_samples_arguments(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--samples FILE`` (``che_bench.eval.predictions``) and how many sequences per length."""
+    parser.add_argument("--samples", metavar="FILE.jsonl", help=help)
+    parser.add_argument("--samples-per-length", type=int, default=8, metavar="N",
+                        help="sequences per length with --samples (default 8)")
+
+
+def check_samples_arguments(args: argparse.Namespace) -> None:
+    """A bad ``--samples-per-length`` is refused before anything runs."""
+    if args.samples is not None:
+        from che_bench.eval.predictions import check_samples_per_length
+
+        check_samples_per_length(args.samples_per_length)
+
+
+def writable_directory(path: Path, what: str) -> Path:
+    """Create ``path`` if needed and check it is writable, or raise a one-line error."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheBenchError(f"cannot create {what} {path}: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CheBenchError(f"{what} {path} is not writable")
+    return path

@@ -1,0 +1,114 @@
+"""What a sweep shows while it runs: the ``SweepView`` protocol ``run_sweep`` reports to, and
+``GridView``, the sweep's own (a live progress bar, one line per finished run)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from che_bench.config import RunConfig, RunResult
+
+
+class SweepView(Protocol):
+    """Reports of ``run_sweep``; a context manager around the execution (a live display)."""
+
+    def start(self, already_complete: Sequence[str], todo: Sequence[RunConfig]) -> None:
+        """The grid split, before anything runs: the run ids complete in the store already
+        (in grid order) and the runs to do now (maybe none)."""
+
+    def __enter__(self) -> SweepView:
+        ...
+
+    def __exit__(self, *exc_info) -> None:
+        ...
+
+    def update(self, *, running: int, left: int) -> None:
+        """Runs in flight and runs waiting, after packs were submitted."""
+
+    def finished(self, result: RunResult, *, running: int, left: int) -> None:
+        """``result`` arrived (and was recorded)."""
+
+
+def describe_run(config: RunConfig) -> str:
+    """One-line label of a grid point: task(non-default params) pe kernel lr seed."""
+    defaults = _default_task_params(config.task)
+    params = ",".join(f"{key}={value}" for key, value in sorted(config.task_params.items())
+                      if defaults.get(key) != value)
+    task = f"{config.task}({params})" if params else config.task
+    kernel = "-" if config.kernel is None else f"k{config.kernel}"
+    return f"{task} {config.pe} {kernel} lr={config.lr:g} seed={config.seed}"
+
+
+@functools.cache
+def _default_task_params(task: str) -> dict:
+    from che_bench.tasks import get_task
+
+    return get_task(task).params()
+
+
+class GridView:
+    """Grid progress: a live bar on a terminal, one log line per finished run everywhere."""
+
+    def __init__(self, console: Console, live: bool) -> None:
+        self.console = console
+        self.total = self.done = self.failed = 0
+        self.started = time.monotonic()
+        self.progress = Progress(
+            TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("running {task.fields[running]} · failed {task.fields[failed]} · "
+                       "left {task.fields[left]} · ETA {task.fields[eta]}"),
+            TimeElapsedColumn(),
+            console=console, disable=not (live and console.is_terminal),
+        )
+        self.task = None
+
+    def start(self, already_complete: Sequence[str], todo: Sequence[RunConfig]) -> None:
+        self.total = len(todo)
+        self.task = self.progress.add_task("sweep", total=self.total, running=0, failed=0,
+                                           left=self.total, eta="-")
+
+    def __enter__(self) -> GridView:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.progress.stop()
+
+    def update(self, *, running: int, left: int) -> None:
+        self.progress.update(self.task, running=running, left=left, failed=self.failed,
+                             eta=self._eta(running + left))
+
+    def finished(self, result: RunResult, *, running: int, left: int) -> None:
+        self.done += 1
+        self.failed += result.status != "complete"
+        seconds = result.timings.get("total_s")
+        took = f" ({seconds:.1f}s)" if seconds is not None else ""
+        if result.status == "complete":
+            outcome = f"[green]complete[/] score {result.score:.3f}"
+        else:
+            outcome = f"[red]failed[/] {result.error}"
+        self.console.print(
+            f"[{self.done}/{self.total}] {describe_run(result.config)} [dim]{result.run_id}[/] "
+            f"{outcome}{took}", highlight=False, markup=True, soft_wrap=True,
+        )
+        self.progress.advance(self.task)
+        self.update(running=running, left=left)
+
+    def _eta(self, remaining: int) -> str:
+        if not self.done:
+            return "-"
+        seconds = (time.monotonic() - self.started) / self.done * remaining
+        minutes, secs = divmod(int(seconds), 60)
+        hours, minutes = divmod(minutes, 60)
+        return f"{hours}:{minutes:02d}:{secs:02d}"
