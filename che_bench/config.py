@@ -4,7 +4,7 @@
 what executing one returns (see ``che_bench.run.runner``) and what the store records. This module
 imports nothing that trains or evaluates, so configuration flows one way: config -> training,
 evaluation -> runner. It does not import torch either (the model-build check of
-``check_evaluation`` is ``che_bench.model_check``'s, imported when a config is checked), so
+``check_evaluation`` is ``che_bench.model.check``'s, imported when a config is checked), so
 the store and the command line load it cheaply.
 """
 
@@ -288,8 +288,8 @@ def check_evaluation(config: RunConfig) -> None:
     1, lengths below the task's minimum or beyond what the task can produce (the recall
     probes have a longest length) or the model can take (learned and randomized positions
     end at their table / range), no length to average with score_from_42. Builds the model
-    once (``che_bench.model_check``), so bad model options fail here too."""
-    from che_bench.model_check import max_input_tokens
+    once (``che_bench.model.check``), so bad model options fail here too."""
+    from che_bench.model.check import max_input_tokens
 
     for name in ("eval_samples", "eval_batch_size"):
         settings.BY_NAME[name].validate(getattr(config, name))
@@ -307,7 +307,8 @@ def check_evaluation(config: RunConfig) -> None:
         )
     lengths = config.test_lengths
     task.check_length(max(lengths))
-    max_tokens = max_input_tokens(config)
+    max_tokens = max_input_tokens(config.task, config.task_params, config.pe, config.kernel,
+                                  config.model_kwargs())
     longest = max(task.model_length(n) for n in lengths)
     if max_tokens is not None and longest > max_tokens:
         raise CheBenchError(

@@ -17,7 +17,7 @@ from che_bench.cli import build_parser, main
 from che_bench.config import make_config
 from che_bench.errors import CheBenchError
 from che_bench.eval.reevaluation import reevaluation_config
-from che_bench.runtime import RuntimeOptions
+from che_bench.run.options import RuntimeOptions
 from che_bench.run.suites import parse_suite
 
 TINY_RUN = ["run", "--task", "even_pairs", "--preset", "smoke", "--steps", "2", "--test-lengths",
@@ -71,7 +71,7 @@ def test_a_run_setting_validator_applies_to_suites_the_api_and_reevaluation():
 
 
 def test_config_and_store_import_no_torch():
-    code = ("import sys, che_bench.config, che_bench.store.result_store, che_bench.runtime; "
+    code = ("import sys, che_bench.config, che_bench.store.result_store, che_bench.run.options; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

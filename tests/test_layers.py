@@ -9,13 +9,14 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "che_bench"
 
-# Lowest first; a module may import its own layer and any lower one.
+# Lowest first; a module may import its own layer and any lower one. Models are built from
+# plain arguments (a task, an encoding's name, options), so they sit below the run's config.
 LAYERS = (
     ("che_bench", "che_bench.errors", "che_bench.registry", "che_bench.settings", "che_bench.atomic",
      "che_bench.device_memory", "che_bench.plugins", "che_bench.protocol", "che_bench.members"),
     ("che_bench.tasks", "che_bench.encodings"),
-    ("che_bench.config",),
     ("che_bench.model",),
+    ("che_bench.config",),
     ("che_bench.train",),
     ("che_bench.eval",),
     ("che_bench.store",),

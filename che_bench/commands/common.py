@@ -16,7 +16,7 @@ from typing import Any
 from che_bench import settings
 from che_bench.commands.key_values import parse_key_values
 from che_bench.errors import CheBenchError
-from che_bench.runtime import RuntimeOptions
+from che_bench.run.options import RuntimeOptions
 from che_bench.run.trackers import TrackerOptions
 
 

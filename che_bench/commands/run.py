@@ -155,7 +155,7 @@ def _print_table(store, run_ids: list[str]) -> None:
 
 
 class RunView:
-    """How ``che-bench run`` reports its sweep (``che_bench.sweep_views.SweepView``): the runs
+    """How ``che-bench run`` reports its sweep (``che_bench.run.sweep_views.SweepView``): the runs
     already complete, the runs starting (on standard error), then one line per result."""
 
     def __init__(self, store_path: Path, cell: RunConfig) -> None:

@@ -142,7 +142,7 @@ def _ray_backend(args: argparse.Namespace, suite, options, packed: bool):
 
 
 def _print_grid(console: Console, suite, configs, store) -> None:
-    from che_bench.sweep_views import describe_run
+    from che_bench.run.sweep_views import describe_run
 
     run_ids = [config.run_id() for config in configs]
     statuses = {}

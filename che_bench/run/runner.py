@@ -31,7 +31,7 @@ from che_bench.eval.evaluation import Evaluation, evaluate
 from che_bench.run.kept_models import save_model
 from che_bench.model.encoder import Encoder, build_model, member_state_dict, stack_members
 from che_bench.run.packing import group_into_packs, resolve_width
-from che_bench.runtime import RuntimeOptions, runtime_options
+from che_bench.run.options import RuntimeOptions, runtime_options
 from che_bench.tasks.base import Task
 from che_bench.run.trackers import Trackers
 from che_bench.train.loop import Diverged, PackTraining, train_pack

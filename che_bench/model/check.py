@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import functools
 import json
+from typing import Any
 
 import torch
 
-from che_bench.config import RunConfig
 from che_bench.model.encoder import build_model
 from che_bench.tasks import get_task
 
 
-def max_input_tokens(config: RunConfig) -> int | None:
-    """The longest input ``config``'s encoding takes (None: no limit), from its model built
-    once (cached: the seeds and learning rates of a grid share one build)."""
-    return _build_model_once(json.dumps(
-        [config.task, config.task_params, config.pe, config.kernel, config.model_kwargs()],
-        sort_keys=True,
-    ))
+def max_input_tokens(task: str, task_params: dict[str, Any], pe: str, kernel: int | None,
+                     model_kwargs: dict[str, Any]) -> int | None:
+    """The longest input the encoding of a model built with these arguments takes (None: no
+    limit), from that model built once (cached: the seeds and learning rates of a grid share
+    one build)."""
+    return _build_model_once(json.dumps([task, task_params, pe, kernel, model_kwargs],
+                                        sort_keys=True))
 
 
 @functools.lru_cache(maxsize=1024)
