@@ -23,7 +23,8 @@ import torch
 
 from che_bench.model.recurrent import ARCHITECTURES, build_recurrent
 from che_bench.tasks import get_task
-from che_bench.train.loop import PackOptimizer, projected_modules, training_step
+from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.step import projected_modules, training_step
 
 
 def median_seconds(run: Callable[[], object], repeats: int) -> float:

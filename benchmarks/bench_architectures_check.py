@@ -35,7 +35,8 @@ import torch
 from che_bench import protocol
 from che_bench.model.recurrent import build_recurrent
 from che_bench.tasks import get_task
-from che_bench.train.loop import PackOptimizer, training_step
+from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.step import training_step
 
 #: CHE experiments/example.py: UniformCurriculum over 1..sequence_length (40), batch 128.
 LENGTHS = tuple(range(1, 41))

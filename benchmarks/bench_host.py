@@ -29,13 +29,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from che_bench.config import make_config
 from che_bench.run.runner import build_pack_model
-from che_bench.train.loop import (
-    BatchStream,
-    PackOptimizer,
-    masked_counts,
-    projected_modules,
-    training_step,
-)
+from che_bench.train.batches import BatchStream
+from che_bench.train.metrics import masked_counts
+from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.step import projected_modules, training_step
 
 SLOW_TASKS = ["solve_equation", "modular_arithmetic_brackets", "stack_manipulation", "reverse_string"]
 TINY = dict(layers=5, dim=8, heads=1, ffn=8, batch_size=2)

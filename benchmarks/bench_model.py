@@ -33,7 +33,8 @@ import torch
 
 from che_bench.model.encoder import MODEL_DEFAULTS, build_model
 from che_bench.tasks import get_task
-from che_bench.train.loop import PackOptimizer, projected_modules, training_step
+from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.step import projected_modules, training_step
 
 
 def kernel_label(kernel: int | None) -> str:

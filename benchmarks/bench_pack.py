@@ -37,6 +37,7 @@ import time
 import numpy as np
 import torch
 
+from che_bench.checks.selftest import peak_memory_bytes, synchronize
 from che_bench.config import make_config
 from che_bench.eval.evaluation import length_accuracies, use_evaluation_budget
 from che_bench.run.runner import (
@@ -47,15 +48,9 @@ from che_bench.run.runner import (
     resolve_device,
     software_versions,
 )
-from che_bench.checks.selftest import peak_memory_bytes, synchronize
-from che_bench.train.loop import (
-    PackOptimizer,
-    micro_batches_for,
-    projected_modules,
-    sync_every_for,
-    train_pack,
-    training_step,
-)
+from che_bench.train.loop import sync_every_for, train_pack
+from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.step import micro_batches_for, projected_modules, training_step
 
 PAPER_STEPS = 200_000
 

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from che_bench.errors import CheBenchError
+from che_bench.model.encoder import member_state_dict
 from che_bench.model.recurrent import (
     ARCHITECTURES,
     build_recurrent,
@@ -18,10 +20,9 @@ from che_bench.model.recurrent import (
 )
 from che_bench.model.recurrent.stack_rnn import update_stack
 from che_bench.model.recurrent.tape_rnn import jump_indices, update_tape
-from che_bench.errors import CheBenchError
-from che_bench.model.encoder import member_state_dict
 from che_bench.tasks import get_task
-from che_bench.train.loop import PackOptimizer, training_step
+from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.step import training_step
 
 TINY = {"hidden_size": 8}
 TINY_MEMORY = {

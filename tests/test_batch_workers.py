@@ -19,19 +19,16 @@ import pytest
 import torch
 
 import che_bench
-from che_bench.train import batch_workers
-from che_bench.train.batch_workers import BatchWorkers, shares
 from che_bench.config import make_config
 from che_bench.errors import CheBenchError
-from che_bench.run.runner import build_pack_model
 from che_bench.model.encoder import build_model
-from che_bench.train.loop import (
-    BatchStream,
-    PackOptimizer,
-    batch_workers_for,
-    micro_batch_rows,
-    train_pack,
-)
+from che_bench.run.runner import build_pack_model
+from che_bench.train import batch_workers
+from che_bench.train.batch_workers import BatchWorkers, shares
+from che_bench.train.batches import BatchStream, batch_workers_for
+from che_bench.train.loop import train_pack
+from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.step import micro_batch_rows
 
 
 def pack_configs(task="solve_equation", members=3, **overrides):

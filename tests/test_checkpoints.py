@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from che_bench.run import runner
 from che_bench.config import make_config
 from che_bench.errors import CheBenchError
 from che_bench.model.encoder import build_model
+from che_bench.run import runner
 from che_bench.run.runner import execute_pack, execute_runs
-from che_bench.train.loop import PackOptimizer
+from che_bench.train.optimizer import PackOptimizer
 
 TINY = {"steps": 6, "dropout": 0.0, "test_lengths": "41", "eval_samples": 4,
         "eval_batch_size": 4, "length_seed": 0}

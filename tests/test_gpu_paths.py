@@ -10,26 +10,21 @@ import pytest
 import torch
 
 from che_bench import device_memory
-
-from che_bench.train import checkpoints
-
-from che_bench.eval import evaluation
-
-from che_bench.run import packing
-
-from che_bench.run import runner
-
-from che_bench.train import loop as training
 from che_bench.cli import main
 from che_bench.config import make_config
 from che_bench.device_memory import free_gpu_memory
 from che_bench.errors import CheBenchError
+from che_bench.eval import evaluation
 from che_bench.eval.evaluation import evaluation_budget, length_accuracies
 from che_bench.model.encoder import build_model
+from che_bench.run import packing, runner
 from che_bench.run.runner import build_pack_model, execute_pack, resolve_device
 from che_bench.store.result_store import ResultStore
+from che_bench.train import checkpoints
+from che_bench.train import loop as training
+from che_bench.train.batches import BatchStream, on_device
 from che_bench.train.history import TrainingHistory
-from che_bench.train.loop import BatchStream, on_device, train_pack
+from che_bench.train.loop import train_pack
 
 GIB = 1 << 30
 

@@ -11,7 +11,7 @@ import torch
 from che_bench.errors import CheBenchError
 from che_bench.model.encoder import build_model
 from che_bench.tasks import get_task
-from che_bench.train.loop import token_loss
+from che_bench.train.metrics import token_loss
 
 SMALL = {"vocab_size": 16, "num_pairs": 2, "power_a": 1.0, "random_non_queries": False}
 

@@ -11,17 +11,16 @@ import pytest
 import torch
 
 from che_bench import encodings
-
-from che_bench.eval import evaluation
 from che_bench.cli import main
 from che_bench.config import make_config
 from che_bench.errors import CheBenchError
+from che_bench.eval import evaluation
 from che_bench.eval.evaluation import length_accuracies, set_memory_budget
 from che_bench.model.encoder import build_model, stack_members
 from che_bench.run.packing import group_into_packs
 from che_bench.run.runner import check_pack, execute_pack, execute_run
 from che_bench.store.result_store import ResultStore
-from che_bench.train.loop import PackOptimizer
+from che_bench.train.optimizer import PackOptimizer
 
 SMALL = dict(steps=6, dropout=0.0, test_lengths="41,50", eval_samples=8, eval_batch_size=4,
              length_seed=0)
@@ -297,7 +296,7 @@ def test_a_pack_out_of_gpu_memory_trains_as_two_narrower_packs(monkeypatch):
 
 def test_micro_batches_add_up_to_the_whole_batch(monkeypatch):
     from che_bench.run.runner import build_pack_model
-    from che_bench.train.loop import projected_modules, training_step
+    from che_bench.train.step import projected_modules, training_step
 
     configs = cell("random_alibi", 3)  # dropout 0; one random draw must serve every pass
     task = configs[0].build_task()
@@ -324,7 +323,7 @@ def test_micro_batches_add_up_to_the_whole_batch(monkeypatch):
 def test_batches_made_ahead_keep_their_order_errors_and_stop_cleanly():
     import threading
 
-    from che_bench.train.loop import prefetched
+    from che_bench.train.batches import prefetched
 
     assert list(prefetched(iter(range(50)), 4)) == list(range(50))
 

@@ -11,15 +11,10 @@ import torch
 
 from che_bench.config import make_config
 from che_bench.run.runner import build_pack_model
-from che_bench.train.loop import (
-    BatchStream,
-    PackOptimizer,
-    draw_seed,
-    micro_batches_for,
-    projected_modules,
-    train_pack,
-    training_step,
-)
+from che_bench.train.batches import BatchStream, draw_seed
+from che_bench.train.loop import train_pack
+from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.step import micro_batches_for, projected_modules, training_step
 
 CPU = torch.device("cpu")
 

@@ -20,13 +20,14 @@ import che_bench.run.runner as runner
 from che_bench.cli import main
 from che_bench.config import RunResult, make_config
 from che_bench.errors import CheBenchError
-from che_bench.train.history import TrainingHistory, input_blind_accuracy
-from che_bench.run.runner import build_pack_model, execute_run
 from che_bench.reports.plots import run_labels
 from che_bench.reports.stuck import stuck_runs
 from che_bench.reports.tables import curves_frame
+from che_bench.run.runner import build_pack_model, execute_run
 from che_bench.store.result_store import SCHEMA_VERSION, ResultStore
-from che_bench.train.loop import exact_counts, train_pack
+from che_bench.train.history import TrainingHistory, input_blind_accuracy
+from che_bench.train.loop import train_pack
+from che_bench.train.metrics import exact_counts
 
 V2_STORE = Path(__file__).parent / "data" / "store_v2.sqlite"
 TINY = dict(steps=8, test_lengths="41,50", eval_samples=8, eval_batch_size=8)

@@ -38,14 +38,10 @@ from che_bench.model.encoder import Encoder, build_model, stack_members
 from che_bench.run.packing import AUTO, resolve_width
 from che_bench.run.runner import build_pack_model, configure_numerics, software_versions
 from che_bench.settings import BY_NAME
-from che_bench.train.loop import (
-    PackOptimizer,
-    micro_batches_for,
-    projected_modules,
-    token_loss,
-    train_pack,
-    training_step,
-)
+from che_bench.train.loop import train_pack
+from che_bench.train.metrics import token_loss
+from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.step import micro_batches_for, projected_modules, training_step
 
 #: Relative error (``relative_error``) allowed between float32 logits / gradients computed by
 #: two implementations or devices (TF32 off): rounding differences only.

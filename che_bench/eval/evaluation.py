@@ -33,7 +33,8 @@ from che_bench.config import RunConfig
 from che_bench.device_memory import free_gpu_memory, release_memory
 from che_bench.model.encoder import Encoder
 from che_bench.tasks.base import Task
-from che_bench.train.loop import check_token_ids, exact_counts, host_to_device, masked_counts
+from che_bench.train.batches import host_to_device
+from che_bench.train.metrics import check_token_ids, exact_counts, masked_counts
 
 #: Share of the free GPU memory an evaluation's row chunks may fill (the rest: weights,
 #: activations outside attention, the allocator's slack, other processes on the GPU).

@@ -28,17 +28,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from che_bench.model.dape import DapeProcessor, check_kernel, check_variant
 from che_bench.encodings import AttentionHook, PositionalEncoding, build_encoding
 from che_bench.encodings.base import Draws
 from che_bench.errors import CheBenchError
-from che_bench.model.fused_attention import fused_attention, future_keys
 from che_bench.members import (
     MemberEmbedding,
     MemberLayerNorm,
     MemberLinear,
     load_member_states,
 )
+from che_bench.model.dape import DapeProcessor, check_kernel, check_variant
+from che_bench.model.fused_attention import fused_attention, future_keys
 from che_bench.settings import BY_NAME, DAPE, MODEL, settings_where
 from che_bench.tasks.base import Task
 
@@ -315,7 +315,7 @@ class Encoder(nn.Module):
         input_tokens = inputs.shape[-1]
         # Ids index the members' stacked embedding tables, so a bad id must never get through.
         # Checked here for host tensors only (free); on a GPU the check would wait for the
-        # device, so batches are checked where they are made (``training.check_token_ids``).
+        # device, so batches are checked where they are made (``che_bench.train.metrics.check_token_ids``).
         if input_tokens and not inputs.is_cuda:
             if int(inputs.min()) < 0 or int(inputs.max()) >= self.task.input_size:
                 raise CheBenchError(f"input ids must lie in 0..{self.task.input_size - 1}")

@@ -70,7 +70,7 @@ def training_bytes_per_member(config: RunConfig, device: torch.device) -> int:
     """Peak device memory of one training step of one member at the longest training length
     (measured on ``device``, a GPU; elsewhere only with faked memory queries, in tests)."""
     from che_bench.model.encoder import build_model
-    from che_bench.train.loop import token_loss
+    from che_bench.train.metrics import token_loss
 
     task = config.build_task()
     length = config.train_max_length

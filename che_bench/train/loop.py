@@ -29,13 +29,10 @@ the current step, checkpoints are written, then KeyboardInterrupt is re-raised.
 from __future__ import annotations
 
 import math
-import os
-import queue
 import signal
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -44,7 +41,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -55,28 +51,21 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from che_bench.train.checkpoints import (
-    layout_matches,
-    load_checkpoints,
-    member_layout,
-    save_checkpoints,
-)
 from che_bench.config import RunConfig
-from che_bench.encodings.base import Draws
-from che_bench.errors import CheBenchError
-from che_bench.train.history import DEFAULT_LOG_EVERY, TrainingHistory
 from che_bench.model.encoder import Encoder
 from che_bench.tasks.base import Task
+from che_bench.train.batches import BatchStream, batch_workers_for, on_device
+from che_bench.train.checkpoints import (
+    load_checkpoints,
+    save_checkpoints,
+)
+from che_bench.train.history import DEFAULT_LOG_EVERY, TrainingHistory
+from che_bench.train.metrics import masked_counts
+from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.step import micro_batches_for, projected_modules, training_step
 
-#: Batches made ahead of the step loop on a GPU.
-PREFETCH_DEPTH = 4
 #: Host-device synchronisations: every step on a CPU (free there), every this many on a GPU.
 GPU_SYNC_EVERY = 50
-#: On a GPU, packs of at least this many members make their batches in worker processes
-#: (about 1 ms of Python per member and step for the slowest tasks at batch 128) ...
-WIDE_PACK = 8
-#: ... in at most this many, leaving a core to the step loop.
-MAX_BATCH_WORKERS = 4
 
 
 class Diverged(RuntimeError):
@@ -88,427 +77,12 @@ class Diverged(RuntimeError):
         self.history = history or []
 
 
-def draw_seed(seed: int) -> int:
-    """Seed of a run's generator of random positions, derived from its initialisation seed
-    (a separate stream, so dropout and draws never share numbers)."""
-    return int(np.random.SeedSequence([seed, 0x64726177]).generate_state(1)[0])
-
-
-def check_token_ids(inputs: np.ndarray, task: Task) -> None:
-    """Input ids must lie in ``0..input_size-1`` (checked on the host, before any copy)."""
-    if inputs.size and (inputs.min() < 0 or inputs.max() >= task.input_size):
-        raise CheBenchError(f"input ids must lie in 0..{task.input_size - 1}")
-
-
-def token_loss(
-    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Cross-entropy per output token, averaged over batch and positions, per member: logits
-    ``[M, B, L, C]`` and targets ``[M, B, L]`` -> ``[M]``. Not masked (the CHE reference), or
-    with ``mask`` (``[M, B, L]`` or ``[B, L]``) averaged over its positions only."""
-    members = logits.shape[0]
-    per_token = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
-    ).view(members, -1)
-    if mask is None:
-        return per_token.mean(1)
-    weights = mask.expand(targets.shape).reshape(members, -1).to(per_token.dtype)
-    return (per_token * weights).sum(1) / weights.sum(1).clamp(min=1)
-
-
-def masked_counts(
-    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Correct masked-in positions and masked-in positions per member (device tensors ``[M]``);
-    ``targets`` and ``mask`` are ``[M, B, L]`` or ``[B, L]`` (shared by the members)."""
-    hits = (logits.argmax(-1) == targets) & mask
-    counted = mask.expand_as(hits)
-    return hits.flatten(1).sum(1), counted.flatten(1).sum(1)
-
-
-def exact_counts(
-    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequences with every masked-in position right, and sequences with any masked-in
-    position, per member (device tensors ``[M]``); shapes as in ``masked_counts``."""
-    wrong = (logits.argmax(-1) != targets) & mask
-    scored = mask.expand_as(wrong).any(-1)
-    return (scored & ~wrong.any(-1)).sum(-1), scored.sum(-1)
-
-
-# --- the optimizer ------------------------------------------------------------------------
-
-
-class PackOptimizer:
-    """Adam after global-norm gradient clipping, per member, for a model whose parameters
-    all have a leading member axis.
-
-    The parameters are re-homed into a flat ``[M, P]`` buffer (each parameter a view of its
-    columns), and ``step`` copies the gradients autograd left in ``.grad`` into a second one
-    with a single ``cat``, so clipping and the Adam update are a handful of whole-pack
-    operations, whatever the number of parameter tensors (``zero_grad`` sets the gradients to
-    None: autograd then hands over its own instead of adding each into a zeroed buffer, one
-    operator per parameter). Members never mix: the norm, the clipping factor and the
-    learning rate are per row. A learning rate of 0 leaves its member's weights unchanged.
-    """
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        lrs: Sequence[float],
-        betas: Sequence[float],
-        eps: float,
-        max_norm: float,
-    ) -> None:
-        self.parameters = list(model.parameters())
-        first = self.parameters[0]
-        members = first.shape[0]
-        if len(lrs) != members or any(p.shape[0] != members for p in self.parameters):
-            raise ValueError("every parameter needs a leading member axis of one size per lr")
-        sizes = [p[0].numel() for p in self.parameters]
-        self.flat = first.new_empty(members, sum(sizes))
-        self.flat_grad = torch.zeros_like(self.flat)
-        offset = 0
-        with torch.no_grad():
-            for parameter, size in zip(self.parameters, sizes):
-                columns = slice(offset, offset + size)
-                self.flat[:, columns].copy_(parameter.reshape(members, size))
-                parameter.data = self.flat[:, columns].view(parameter.shape)
-                parameter.grad = None
-                offset += size
-        self.lrs = torch.tensor(list(lrs), dtype=self.flat.dtype, device=self.flat.device)[:, None]
-        self.beta1, self.beta2 = float(betas[0]), float(betas[1])
-        self.eps, self.max_norm = float(eps), float(max_norm)
-        self.exp_avg = torch.zeros_like(self.flat)
-        self.exp_avg_sq = torch.zeros_like(self.flat)
-        self.steps = 0
-        #: Each member's gradient norm before clipping at the last step (on the device).
-        self.grad_norms = torch.zeros_like(self.lrs[:, 0])
-        #: The shapes of one member's parameters: its row of the flat buffers is portable to
-        #: a pack of any width (``che_bench.train.checkpoints``).
-        self.member_shapes = [p.shape[1:] for p in self.parameters]
-
-    def zero_grad(self) -> None:
-        for parameter in self.parameters:
-            parameter.grad = None
-
-    def _gather_gradients(self) -> None:
-        """``flat_grad`` := the parameters' gradients (0 where a parameter got none)."""
-        members = self.flat.shape[0]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
-        torch.cat([grad.reshape(members, -1) for grad in grads], dim=1, out=self.flat_grad)
-
-    @torch.no_grad()
-    def step(self) -> None:
-        self._gather_gradients()
-        norms = torch.linalg.vector_norm(self.flat_grad, dim=1, keepdim=True)
-        self.grad_norms = norms[:, 0]
-        # torch.nn.utils.clip_grad_norm_'s factor, per member.
-        self.flat_grad.mul_((self.max_norm / (norms + 1e-6)).clamp(max=1.0))
-        self.steps += 1
-        grad = self.flat_grad
-        self.exp_avg.lerp_(grad, 1 - self.beta1)
-        self.exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
-        bias_correction1 = 1 - self.beta1**self.steps
-        bias_correction2 = 1 - self.beta2**self.steps
-        denominator = (self.exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(self.eps)
-        self.flat.sub_(self.exp_avg / denominator * (self.lrs / bias_correction1))
-
-    def member_state(self, member: int) -> dict[str, Any]:
-        """One member's weights and Adam state (copies, on the CPU)."""
-        return {
-            "layout": member_layout(self.member_shapes),
-            "adam_steps": self.steps,
-            "flat": self.flat[member].cpu(),
-            "exp_avg": self.exp_avg[member].cpu(),
-            "exp_avg_sq": self.exp_avg_sq[member].cpu(),
-        }
-
-    @torch.no_grad()
-    def load_member_state(self, member: int, state: dict[str, Any]) -> None:
-        if (not layout_matches(state, self.member_shapes)
-                or state["flat"].shape != self.flat[member].shape):
-            raise CheBenchError("checkpoint is for another model layout")
-        self.flat[member] = state["flat"]
-        self.exp_avg[member] = state["exp_avg"]
-        self.exp_avg_sq[member] = state["exp_avg_sq"]
-        self.steps = int(state["adam_steps"])
-
-
-def training_step(
-    model: Encoder,
-    optimizer: PackOptimizer,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-    projected: Sequence[torch.nn.Module],
-    micro_batches: int = 1,
-    loss_mask: torch.Tensor | None = None,
-    draws: Draws | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step of every member: forward, per-member loss, backward, clipped Adam,
-    projection of constrained parameters. Returns (losses ``[M]``, logits), on the device.
-    ``loss_mask`` (like ``targets``): the positions the loss counts (default: all).
-    ``draws``: the randomized encoding's sample, drawn with the batch (default: drawn here).
-
-    ``micro_batches`` > 1 splits the batch (every member's sequences alike) into that many
-    forward/backward passes whose gradients add up to the whole batch's (the loss is a mean
-    over sequences, so each part is weighted by its share); one random draw serves them all.
-    On a CPU this keeps a pack's working set that of a single run: the step is memory-bound
-    there, and a pack four times as wide no longer fits the caches a single run fits in.
-    """
-    if draws is None:
-        draws = model.sample_draws(inputs.shape[-1])
-    optimizer.zero_grad()
-    if micro_batches <= 1:  # the GPU's step: no operator spent on splitting
-        logits = model(inputs, draws)
-        losses = token_loss(logits, targets, loss_mask)
-        losses.sum().backward()  # members are independent: each gets its own loss's gradient
-        losses, logits = losses.detach(), logits.detach()
-    else:
-        losses, logits = _micro_batched_backward(model, inputs, targets, loss_mask, draws,
-                                                 micro_batches)
-    optimizer.step()
-    for module in projected:
-        module.project_()
-    return losses, logits
-
-
-def _micro_batched_backward(
-    model: Encoder, inputs: torch.Tensor, targets: torch.Tensor,
-    loss_mask: torch.Tensor | None, draws: Any, micro_batches: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward and backward in ``micro_batches`` passes, each weighted by its share of the
-    batch; the whole batch's (losses, logits), detached."""
-    batch = inputs.shape[1]
-    losses, logits = [], []
-    for rows in micro_batch_rows(batch, micro_batches):
-        share = (rows.stop - rows.start) / batch
-        part_logits = model(inputs[:, rows], draws)
-        part_losses = token_loss(part_logits, targets[:, rows],
-                                 None if loss_mask is None else loss_mask[:, rows])
-        (part_losses.sum() * share).backward()
-        losses.append(part_losses.detach() * share)
-        logits.append(part_logits.detach())
-    return torch.stack(losses).sum(0), torch.cat(logits, dim=1)
-
-
-def micro_batch_rows(batch: int, parts: int) -> list[slice]:
-    """``parts`` (at most ``batch``) contiguous row ranges covering ``batch`` rows, the first
-    ``batch % parts`` one row longer (``torch.tensor_split``'s split, in plain integers)."""
-    parts = min(parts, batch)
-    size, longer = divmod(batch, parts)
-    bounds = [0]
-    for part in range(parts):
-        bounds.append(bounds[-1] + size + (part < longer))
-    return [slice(start, stop) for start, stop in zip(bounds[:-1], bounds[1:])]
-
-
-def batch_workers_for(members: int, device: torch.device) -> int:
-    """Worker processes making a pack's batches: on a GPU, for a wide pack, as many as there
-    are cores to spare (up to ``MAX_BATCH_WORKERS``); on a CPU none (its cores compute the
-    step, and a batch costs the same there in any process)."""
-    if device.type != "cuda" or members < WIDE_PACK:
-        return 0
-    return max(1, min(MAX_BATCH_WORKERS, (os.cpu_count() or 2) - 1))
-
-
 def sync_every_for(device: torch.device) -> int:
     """Steps between reads of the device: every step on a CPU (free there), ``GPU_SYNC_EVERY``
     on a GPU."""
     return 1 if device.type == "cpu" else GPU_SYNC_EVERY
 
 
-def micro_batches_for(members: int, device: torch.device) -> int:
-    """Passes per training step: on a CPU one per member, so that each pass holds as many
-    sequences as a single run's step (see ``training_step``); on a GPU one, the widest."""
-    return members if device.type == "cpu" else 1
-
-
-def projected_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules whose parameters are projected after every step (Kerple's positivity)."""
-    return [module for module in model.modules() if hasattr(module, "project_")]
-
-
-# --- batches ------------------------------------------------------------------------------
-
-
-@dataclass
-class PackBatch:
-    """One step's training batch for every member, with the RNG states after drawing it."""
-
-    length: int
-    inputs: torch.Tensor  # [M, B, n]
-    targets: torch.Tensor  # [M, B, L]
-    mask: torch.Tensor  # [M, B, L]
-    rng_states: dict[str, Any]
-    #: The randomized encoding's sample for this batch (on the model's device), or None.
-    draws: Draws | None = None
-
-
-class BatchStream:
-    """The training batches of a pack, in order: the shared length schedule and each
-    member's data generator. Its RNG states can be saved and restored with the batches.
-
-    ``workers`` > 0 (a pack with a length seed): the members' batches are made in that many
-    worker processes (``che_bench.train.batch_workers``), the same batches as in this process.
-
-    With ``model``, each batch also carries the randomized encoding's sample, drawn from the
-    model's draw generators (seeded here with ``draw_seed``) by whoever makes the batches --
-    the prefetching thread on a GPU, not the step loop (``randperm`` per member and layer:
-    5.5 ms a step for 30 members) -- one sample per batch in order, as the step drew them.
-    The generators run ahead with the batches made ahead: ``rewind_draws`` sets them back
-    to the states after the last batch trained on, where the evaluation goes on drawing.
-    """
-
-    def __init__(self, task: Task, configs: Sequence[RunConfig], workers: int = 0,
-                 model: Encoder | None = None) -> None:
-        first = configs[0]
-        self.task, self.batch_size = task, first.batch_size
-        self.min_length, self.max_length = task.min_length, first.train_max_length
-        self.data_rngs = [np.random.default_rng(config.data_seed) for config in configs]
-        # Without a length seed (a single run) the lengths come from the data generator.
-        seeded = first.length_seed is not None
-        self.length_rng = np.random.default_rng(first.length_seed) if seeded else None
-        self.workers = workers if seeded else 0
-        self.model = model
-        if model is not None:
-            model.seed_draws([draw_seed(config.seed) for config in configs])
-
-    def states(self) -> dict[str, Any]:
-        return {
-            "length": None if self.length_rng is None else self.length_rng.bit_generator.state,
-            "data": [rng.bit_generator.state for rng in self.data_rngs],
-            "draw": None if self.model is None else self.model.draw_states(),
-        }
-
-    def restore(self, states: dict[str, Any]) -> None:
-        if self.length_rng is not None:
-            self.length_rng.bit_generator.state = states["length"]
-        for rng, state in zip(self.data_rngs, states["data"], strict=True):
-            rng.bit_generator.state = state
-        self.rewind_draws(states)
-
-    def rewind_draws(self, states: dict[str, Any]) -> None:
-        """The model's draw generators back to ``states`` (those after a batch)."""
-        if self.model is not None:
-            self.model.set_draw_states(states["draw"])
-
-    def __iter__(self) -> Iterator[PackBatch]:
-        if self.workers:
-            return self._from_workers()
-        return self._in_process()
-
-    def _draw_length(self) -> int:
-        length_rng = self.length_rng or self.data_rngs[0]
-        return int(length_rng.integers(self.min_length, self.max_length + 1))
-
-    def _batch(self, length: int, arrays: tuple[np.ndarray, ...], states: dict) -> PackBatch:
-        """The batch of ``arrays`` with its sample drawn; ``states``: the length and data
-        generators' after it."""
-        inputs, targets, mask = arrays
-        check_token_ids(inputs, self.task)
-        draws = draw_states = None
-        if self.model is not None:
-            draws = self.model.sample_draws(inputs.shape[-1], evaluating=False)
-            draw_states = self.model.draw_states()
-        return PackBatch(length, torch.from_numpy(inputs), torch.from_numpy(targets),
-                         torch.from_numpy(mask), {**states, "draw": draw_states}, draws)
-
-    def _in_process(self) -> Iterator[PackBatch]:
-        while True:
-            length = self._draw_length()
-            batches = [self.task.sample(length, self.batch_size, rng) for rng in self.data_rngs]
-            arrays = tuple(np.stack([getattr(batch, name) for batch in batches])  # copies views
-                           for name in ("inputs", "targets", "mask"))
-            yield self._batch(length, arrays, self.states())  # (its "draw" replaced)
-
-    def _from_workers(self) -> Iterator[PackBatch]:
-        from che_bench.train.batch_workers import BatchWorkers
-
-        workers = BatchWorkers(self.task, self.batch_size, self.states()["data"], self.workers)
-        drawn: deque[tuple[int, dict]] = deque()  # lengths sent ahead, with the state after
-
-        def lengths() -> Iterator[int]:
-            while True:
-                length = self._draw_length()
-                drawn.append((length, self.length_rng.bit_generator.state))
-                yield length
-
-        try:
-            for arrays, data_states in workers.batches(lengths()):
-                length, length_state = drawn.popleft()
-                yield self._batch(length, arrays, {"length": length_state, "data": data_states})
-        finally:
-            workers.close()
-
-
-def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``tensor`` (on the host) on ``device``; to a GPU copied from pinned memory without
-    waiting for the copy (the caching host allocator keeps the pinned copy until it is done)."""
-    pinned = tensor.pin_memory() if device.type == "cuda" else tensor
-    return pinned.to(device, non_blocking=True)
-
-
-def on_device(
-    batches: Iterator[PackBatch], device: torch.device, prefetch: bool | None = None
-) -> Iterator[PackBatch]:
-    """The batches on ``device`` (``host_to_device``), made ahead on a background thread
-    (``PREFETCH_DEPTH`` of them) when ``prefetch`` (default: on a GPU)."""
-    if prefetch is None:
-        prefetch = device.type == "cuda"
-
-    def copied(batch: PackBatch) -> PackBatch:
-        inputs, targets, mask = (host_to_device(tensor, device)
-                                 for tensor in (batch.inputs, batch.targets, batch.mask))
-        return PackBatch(batch.length, inputs, targets, mask, batch.rng_states, batch.draws)
-
-    on_the_device = (copied(batch) for batch in batches)
-    return prefetched(on_the_device, PREFETCH_DEPTH) if prefetch else on_the_device
-
-
-_EXHAUSTED = object()
-
-
-def prefetched(items: Iterator[Any], depth: int) -> Iterator[Any]:
-    """``items`` in order, computed up to ``depth`` ahead on a background thread; an error
-    there is raised here, and closing this generator stops the thread."""
-    ready: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def offer(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not offer(item):
-                    return
-            offer(_EXHAUSTED)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
-            offer(exc)
-
-    producer = threading.Thread(target=produce, daemon=True)
-    producer.start()
-    try:
-        while True:
-            item = ready.get()
-            if item is _EXHAUSTED:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        producer.join()
-
-
-# --- training -----------------------------------------------------------------------------
 
 
 @dataclass

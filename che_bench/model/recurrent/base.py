@@ -171,7 +171,7 @@ class RecurrentModel(nn.Module):
                 f"inputs must be [B, n] or [{self.members}, B, n], got {list(inputs.shape)}"
             )
         # Host tensors only: on a GPU the check would wait for the device (batches are
-        # checked where they are made, ``training.check_token_ids``).
+        # checked where they are made, ``che_bench.train.metrics.check_token_ids``).
         if inputs.shape[-1] and not inputs.is_cuda and (
             int(inputs.min()) < 0 or int(inputs.max()) >= self.task.input_size
         ):

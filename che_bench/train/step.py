@@ -1,0 +1,93 @@
+"""One training step of a pack: forward, loss and backward (in micro-batches where that keeps
+a CPU's passes at a single run's size), then the optimizer and Kerple's projection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from che_bench.encodings.base import Draws
+from che_bench.model.encoder import Encoder
+from che_bench.train.metrics import token_loss
+from che_bench.train.optimizer import PackOptimizer
+
+
+def training_step(
+    model: Encoder,
+    optimizer: PackOptimizer,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    projected: Sequence[torch.nn.Module],
+    micro_batches: int = 1,
+    loss_mask: torch.Tensor | None = None,
+    draws: Draws | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step of every member: forward, per-member loss, backward, clipped Adam,
+    projection of constrained parameters. Returns (losses ``[M]``, logits), on the device.
+    ``loss_mask`` (like ``targets``): the positions the loss counts (default: all).
+    ``draws``: the randomized encoding's sample, drawn with the batch (default: drawn here).
+
+    ``micro_batches`` > 1 splits the batch (every member's sequences alike) into that many
+    forward/backward passes whose gradients add up to the whole batch's (the loss is a mean
+    over sequences, so each part is weighted by its share); one random draw serves them all.
+    On a CPU this keeps a pack's working set that of a single run: the step is memory-bound
+    there, and a pack four times as wide no longer fits the caches a single run fits in.
+    """
+    if draws is None:
+        draws = model.sample_draws(inputs.shape[-1])
+    optimizer.zero_grad()
+    if micro_batches <= 1:  # the GPU's step: no operator spent on splitting
+        logits = model(inputs, draws)
+        losses = token_loss(logits, targets, loss_mask)
+        losses.sum().backward()  # members are independent: each gets its own loss's gradient
+        losses, logits = losses.detach(), logits.detach()
+    else:
+        losses, logits = _micro_batched_backward(model, inputs, targets, loss_mask, draws,
+                                                 micro_batches)
+    optimizer.step()
+    for module in projected:
+        module.project_()
+    return losses, logits
+
+
+def _micro_batched_backward(
+    model: Encoder, inputs: torch.Tensor, targets: torch.Tensor,
+    loss_mask: torch.Tensor | None, draws: Any, micro_batches: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward in ``micro_batches`` passes, each weighted by its share of the
+    batch; the whole batch's (losses, logits), detached."""
+    batch = inputs.shape[1]
+    losses, logits = [], []
+    for rows in micro_batch_rows(batch, micro_batches):
+        share = (rows.stop - rows.start) / batch
+        part_logits = model(inputs[:, rows], draws)
+        part_losses = token_loss(part_logits, targets[:, rows],
+                                 None if loss_mask is None else loss_mask[:, rows])
+        (part_losses.sum() * share).backward()
+        losses.append(part_losses.detach() * share)
+        logits.append(part_logits.detach())
+    return torch.stack(losses).sum(0), torch.cat(logits, dim=1)
+
+
+def micro_batch_rows(batch: int, parts: int) -> list[slice]:
+    """``parts`` (at most ``batch``) contiguous row ranges covering ``batch`` rows, the first
+    ``batch % parts`` one row longer (``torch.tensor_split``'s split, in plain integers)."""
+    parts = min(parts, batch)
+    size, longer = divmod(batch, parts)
+    bounds = [0]
+    for part in range(parts):
+        bounds.append(bounds[-1] + size + (part < longer))
+    return [slice(start, stop) for start, stop in zip(bounds[:-1], bounds[1:])]
+
+
+def micro_batches_for(members: int, device: torch.device) -> int:
+    """Passes per training step: on a CPU one per member, so that each pass holds as many
+    sequences as a single run's step (see ``training_step``); on a GPU one, the widest."""
+    return members if device.type == "cpu" else 1
+
+
+def projected_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules whose parameters are projected after every step (Kerple's positivity)."""
+    return [module for module in model.modules() if hasattr(module, "project_")]
