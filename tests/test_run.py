@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import che_bench.run.runner as runner
-import che_bench.train.loop as training
+import che_bench.train.step as train_step
 from che_bench.cli import main
 from che_bench.errors import CheBenchError
 from che_bench.protocol import parse_lengths
@@ -143,7 +143,7 @@ def test_ctrl_c_finishes_the_step_and_checkpoints_it(tmp_path):
 
 
 def test_diverged_run_is_recorded_as_failed(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(training, "token_loss",
+    monkeypatch.setattr(train_step, "token_loss",
                         lambda logits, targets, mask=None: logits.sum((1, 2, 3)) * torch.tensor(float("nan")))
     store = tmp_path / "store.sqlite"
     assert run_cli(store) == 1

@@ -54,7 +54,7 @@ from rich.progress import (
 from che_bench.config import RunConfig
 from che_bench.model.encoder import Encoder
 from che_bench.tasks.base import Task
-from che_bench.train.batches import BatchStream, batch_workers_for, on_device
+from che_bench.train.batches import BatchStream, PackBatch, batch_workers_for, on_device
 from che_bench.train.checkpoints import (
     load_checkpoints,
     save_checkpoints,
@@ -173,77 +173,101 @@ def train_pack(
     device every N steps) and ``prefetch`` (batches made ahead on a thread) default to what
     suits the device; tests select the GPU's choices on a CPU.
     """
-    steps = configs[0].steps
     if sync_every is None:
         sync_every = 1 if on_step is not None else sync_every_for(device)
-    optimizer = PackOptimizer(model, [c.lr for c in configs], configs[0].adam_betas,
-                              configs[0].adam_eps, configs[0].grad_clip_norm)
     if batch_workers is None:
         batch_workers = batch_workers_for(len(configs), device)
-    stream = BatchStream(task, configs, workers=batch_workers, model=model)
-    projected = projected_modules(model)
-    micro_batches = micro_batches_for(len(configs), device)
-    history = TrainingHistory([c.lr for c in configs], log_every, steps, on_history)
-    masks_loss = task.output_layout == "in_place"  # unscored positions have no answer to learn
-    step, seconds_before = _resume(checkpoints, configs, optimizer, stream, history, device)
-    resumed_from = step
-    readings = _Readings(len(configs), step + 1, history)
-    last_states = stream.states()
-    started = time.perf_counter()
-
-    def save() -> None:
-        readings.read()  # the history's open window goes into the checkpoints whole
-        save_checkpoints(checkpoints, configs, optimizer, last_states, step,
-                         seconds_before + time.perf_counter() - started, history, device)
-
-    model.train()
-    between_steps = True  # False while a step is half done (state not consistent)
-    batches = on_device(iter(stream), device, prefetch)
+    run = _PackRun(model, task, configs, device, checkpoints,
+                   TrainingHistory([c.lr for c in configs], log_every, configs[0].steps, on_history),
+                   BatchStream(task, configs, workers=batch_workers, model=model))
+    batches = on_device(iter(run.stream), device, prefetch)
     try:
-        with _deferred_interrupt() as interrupted, _progress_bar(progress, steps, step) as bar:
-            while step < steps:
-                between_steps = False
-                batch = next(batches)
-                losses, logits = training_step(model, optimizer, batch.inputs, batch.targets,
-                                               projected, micro_batches,
-                                               batch.mask if masks_loss else None, batch.draws)
-                step += 1
-                last_states = batch.rng_states
-                between_steps = True
-
-                with torch.no_grad():
-                    readings.add(losses, *masked_counts(logits, batch.targets, batch.mask),
-                                 optimizer.grad_norms, seconds_before + time.perf_counter() - started)
-                if step % sync_every == 0 or step == steps:
-                    _check_in(readings, step, configs, on_step, bar)
+        with _deferred_interrupt() as interrupted, \
+                _progress_bar(progress, run.steps, run.step) as bar:
+            while run.step < run.steps:
+                run.train_step(next(batches))
+                if run.step % sync_every == 0 or run.step == run.steps:
+                    _check_in(run.readings, run.step, configs, on_step, bar)
                 if interrupted.is_set():
                     raise KeyboardInterrupt
-                if checkpoints is not None and (step % checkpoint_every == 0 or step == steps):
-                    save()  # also at the end, so an interrupted evaluation keeps the training
+                if checkpoints is not None and (run.step % checkpoint_every == 0
+                                                or run.step == run.steps):
+                    run.save()  # also at the end, so an interrupted evaluation keeps the training
     except KeyboardInterrupt:
-        if checkpoints is not None and between_steps:
-            save()
-        _report_interrupt(checkpoints, between_steps, step, steps)
+        if checkpoints is not None and run.between_steps:
+            run.save()
+        _report_interrupt(checkpoints, run.between_steps, run.step, run.steps)
         raise
     finally:
         batches.close()
-        stream.rewind_draws(last_states)
+        run.stream.rewind_draws(run.last_states)
+    return run.outcome()
 
-    new_steps = step - resumed_from
-    elapsed = time.perf_counter() - started
-    return PackTraining(
-        steps_done=step,
-        resumed_from_step=resumed_from,
-        final_losses=readings.running_losses,
-        diverged_at=readings.diverged_at,
-        history=history.rows,
-        timings={
-            "train_s": seconds_before + elapsed,
-            "steps_per_s": new_steps / max(elapsed, 1e-9),
-            "resumed_from_step": float(resumed_from),
-            "pack_members": float(len(configs)),
-        },
-    )
+
+class _PackRun:
+    """The state ``train_pack``'s steps share: the pack's optimizer, batches, history and
+    readings, the step reached and the RNG states after its batch (what a checkpoint saves)."""
+
+    def __init__(self, model: Encoder, task: Task, configs: Sequence[RunConfig],
+                 device: torch.device, checkpoints: Sequence[Path] | None,
+                 history: TrainingHistory, stream: BatchStream) -> None:
+        self.model, self.configs, self.device = model, configs, device
+        self.checkpoints, self.history, self.stream = checkpoints, history, stream
+        self.steps = configs[0].steps
+        self.optimizer = PackOptimizer(model, [c.lr for c in configs], configs[0].adam_betas,
+                                       configs[0].adam_eps, configs[0].grad_clip_norm)
+        self.projected = projected_modules(model)
+        self.micro_batches = micro_batches_for(len(configs), device)
+        # In-place tasks: unscored positions have no answer to learn.
+        self.masks_loss = task.output_layout == "in_place"
+        self.step, self.seconds_before = _resume(checkpoints, configs, self.optimizer, stream,
+                                                 history, device)
+        self.resumed_from = self.step
+        self.readings = _Readings(len(configs), self.step + 1, history)
+        self.last_states = stream.states()
+        self.between_steps = True  # False while a step is half done (state not consistent)
+        self.started = time.perf_counter()
+        model.train()
+
+    def seconds(self) -> float:
+        """Training seconds so far, resumed ones included."""
+        return self.seconds_before + time.perf_counter() - self.started
+
+    def train_step(self, batch: PackBatch) -> None:
+        """One optimizer step on ``batch``; its readings stay on the device."""
+        self.between_steps = False
+        losses, logits = training_step(
+            self.model, self.optimizer, batch.inputs, batch.targets, self.projected,
+            self.micro_batches, batch.mask if self.masks_loss else None, batch.draws)
+        self.step += 1
+        self.last_states = batch.rng_states
+        self.between_steps = True
+        with torch.no_grad():
+            self.readings.add(losses, *masked_counts(logits, batch.targets, batch.mask),
+                              self.optimizer.grad_norms, self.seconds())
+
+    def save(self) -> None:
+        """Every member's checkpoint at the step reached."""
+        self.readings.read()  # the history's open window goes into the checkpoints whole
+        save_checkpoints(self.checkpoints, self.configs, self.optimizer, self.last_states,
+                         self.step, self.seconds(), self.history, self.device)
+
+    def outcome(self) -> PackTraining:
+        new_steps = self.step - self.resumed_from
+        elapsed = time.perf_counter() - self.started
+        return PackTraining(
+            steps_done=self.step,
+            resumed_from_step=self.resumed_from,
+            final_losses=self.readings.running_losses,
+            diverged_at=self.readings.diverged_at,
+            history=self.history.rows,
+            timings={
+                "train_s": self.seconds_before + elapsed,
+                "steps_per_s": new_steps / max(elapsed, 1e-9),
+                "resumed_from_step": float(self.resumed_from),
+                "pack_members": float(len(self.configs)),
+            },
+        )
 
 
 def _check_in(readings: _Readings, step: int, configs: Sequence[RunConfig],
