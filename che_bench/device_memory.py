@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import gc
+from fractions import Fraction
 
 import torch
 
+#: The part of the memory the driver reports free that this process plans for: 1/N for one
+#: of a sweep's N workers sharing a GPU, a Ray task's GPU fraction; all of it otherwise.
+_gpu_share = Fraction(1)
 
-#: Processes sharing this process's GPU (a sweep's workers): each plans for its part of the
-#: memory the driver reports free, not all of it.
-_processes_sharing_gpu = 1
+
+def share_gpu(fraction: float) -> None:
+    """Declare that this process has ``fraction`` of the GPU (a Ray task's ``num_gpus``; 1 or
+    more: all of it)."""
+    global _gpu_share
+    if fraction <= 0:
+        raise ValueError(f"a GPU share must be positive, got {fraction}")
+    _gpu_share = min(Fraction(1), Fraction(fraction).limit_denominator(1000))
 
 
 def share_gpu_among(processes: int) -> None:
-    """Declare that ``processes`` processes (this one included) share the GPU."""
-    global _processes_sharing_gpu
-    _processes_sharing_gpu = max(1, processes)
+    """Declare that ``processes`` processes (this one included) share the GPU equally."""
+    share_gpu(float(Fraction(1, max(1, processes))))
 
 
 def free_gpu_memory(device: torch.device) -> int:
@@ -24,7 +32,7 @@ def free_gpu_memory(device: torch.device) -> int:
     though the driver counts it as used)."""
     free, _ = torch.cuda.mem_get_info(device)
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return free // _processes_sharing_gpu + cached
+    return int(free * _gpu_share) + cached
 
 
 def release_memory(device: torch.device) -> None:

@@ -167,9 +167,27 @@ def test_free_memory_counts_the_allocators_reserved_but_unused_blocks(caching_al
 def test_workers_sharing_a_gpu_split_its_free_memory(caching_allocator, monkeypatch):
     """Defect 5: two workers on one GPU each plan for half the driver's free memory (and
     all of their own cache), not both for all of it."""
-    monkeypatch.setattr(device_memory, "_processes_sharing_gpu", 1)
+    monkeypatch.setattr(device_memory, "_gpu_share", device_memory.Fraction(1))
     device_memory.share_gpu_among(2)
     assert free_gpu_memory(torch.device("cuda")) == 1 * GIB + 5 * GIB
+
+
+def test_a_ray_task_budgets_its_fraction_of_the_gpu(caching_allocator, monkeypatch):
+    """Issue 19, item 4: a 0.25-GPU Ray task plans for a quarter of the driver's free memory
+    (plus its own cache), not all of it; a task with a whole GPU for all of it."""
+    from che_bench.run import ray_backend
+
+    monkeypatch.setattr(device_memory, "_gpu_share", device_memory.Fraction(1))
+    seen = []
+    monkeypatch.setattr(ray_backend, "execute_runs", lambda configs, options, pack: seen.append(
+        free_gpu_memory(torch.device("cuda"))) or [])
+    torch_threads = torch.get_num_threads()
+    try:
+        ray_backend._run_in_ray_task([], 1, None, 1, 0.25)
+        ray_backend._run_in_ray_task([], 1, None, 1, 1.0)
+    finally:
+        torch.set_num_threads(torch_threads)
+    assert seen == [GIB // 2 + 5 * GIB, 2 * GIB + 5 * GIB]
 
 
 def test_pack_auto_sizes_from_what_the_process_can_fill(caching_allocator, monkeypatch):

@@ -18,6 +18,7 @@ from typing import Any
 
 from che_bench import plugins
 from che_bench.config import RunConfig, RunResult
+from che_bench.device_memory import share_gpu
 from che_bench.errors import CheBenchError
 from che_bench.run.runner import execute_runs
 from che_bench.run.options import RuntimeOptions
@@ -104,7 +105,7 @@ class RayBackend:
 
     def submit(self, configs: list[RunConfig], width: int | str):
         threads = max(1, math.floor(self.run_cpus))
-        ref = self._remote.remote(configs, width, self.options, threads)
+        ref = self._remote.remote(configs, width, self.options, threads, self.run_gpus)
         self._in_flight.add(ref)
         return ref
 
@@ -135,9 +136,12 @@ class RayBackend:
 
 
 def _run_in_ray_task(configs: list[RunConfig], width: int | str, options: RuntimeOptions,
-                     threads: int) -> list[RunResult]:
-    """Body of one Ray task: size torch's thread pool to the CPUs Ray granted, then run."""
+                     threads: int, gpus: float) -> list[RunResult]:
+    """Body of one Ray task: size torch's thread pool to the CPUs Ray granted and memory
+    budgets to the GPU fraction it granted (four 0.25-GPU tasks share one GPU), then run."""
     import torch
 
     torch.set_num_threads(threads)
+    if gpus > 0:
+        share_gpu(gpus)
     return execute_runs(configs, options, pack=width)
