@@ -115,3 +115,32 @@ def test_deterministic_running_sum_equals_cumsum(from_the_right, restore_numeric
     expected = values.flip(-1).cumsum(-1).flip(-1) if from_the_right else values.cumsum(-1)
     torch.use_deterministic_algorithms(True)
     torch.testing.assert_close(running_sum(values, from_the_right), expected)
+
+
+def test_cublas_workspace_is_set_before_the_first_cuda_work(restore_numerics, monkeypatch):
+    """Issue 19, item 6: cuBLAS reads its workspace setting once, when it starts; a
+    deterministic run sets it before the ``--pack auto`` probe (its first CUDA work), and the
+    self-test before its first check."""
+    from che_bench.checks import selftest
+    from che_bench.run import runner
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def probe(name):
+        def record(*args, **kwargs):
+            seen[name] = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+            raise Stop
+        return record
+
+    config = make_config("parity_check", "none", None, "smoke")
+    monkeypatch.setattr(runner, "resolve_width", probe("pack probe"))
+    with pytest.raises(Stop):
+        runner.execute_runs([config], device="cpu", deterministic=True, pack="auto")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    monkeypatch.setattr(selftest, "CHECKS", (("a", "agreement", probe("selftest (a)")),))
+    with pytest.raises(Stop):
+        selftest.run_selftest(torch.device("cpu"), quick=True)
+    assert seen == {"pack probe": ":4096:8", "selftest (a)": ":4096:8"}

@@ -70,3 +70,14 @@ def test_selftest_bad_input_is_one_line_exit_2(tmp_path, capsys):
 @pytest.mark.slow
 def test_the_whole_quick_selftest_passes_on_cpu(tmp_path):
     assert main(["selftest", "--device", "cpu", "--quick", "--json", str(tmp_path / "r.json")]) == 0
+
+
+def test_selftest_says_when_auto_found_no_gpu(two_encodings, monkeypatch, capsys):
+    """Issue 19, item 10: ``--device auto`` on a machine without a GPU says in its first line
+    that it runs the CPU self-test."""
+    monkeypatch.setattr(selftest, "CHECKS", ())
+    monkeypatch.setattr(selftest, "measure_speed", lambda device, quick: [])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["selftest", "--device", "auto", "--quick"]) == 0
+    first_line = capsys.readouterr().out.strip().splitlines()[0]
+    assert first_line.startswith("no GPU found (--device auto): this is the CPU self-test")

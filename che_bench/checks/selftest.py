@@ -36,7 +36,12 @@ from che_bench.config import RunConfig, make_config
 from che_bench.encodings import list_encodings
 from che_bench.model.encoder import Encoder, build_model, stack_members
 from che_bench.run.packing import AUTO, resolve_width
-from che_bench.run.runner import build_pack_model, configure_numerics, software_versions
+from che_bench.run.runner import (
+    build_pack_model,
+    configure_numerics,
+    prepare_deterministic_cublas,
+    software_versions,
+)
 from che_bench.settings import BY_NAME
 from che_bench.train.loop import train_pack
 from che_bench.train.metrics import token_loss
@@ -346,6 +351,7 @@ def run_selftest(device: torch.device, quick: bool,
     from che_bench.run.runner import describe_device
 
     started = time.perf_counter()
+    prepare_deterministic_cublas()  # check (e) is deterministic; cuBLAS starts in check (a)
     configure_numerics(tf32=False)
     report = SelftestReport(describe_device(device), quick, software_versions())
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

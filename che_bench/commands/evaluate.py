@@ -62,10 +62,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def evaluate_command(args: argparse.Namespace) -> int:
     from che_bench.run.kept_models import load_model, models_dir_for
     from che_bench.eval.reevaluation import reevaluate, reevaluation_config
-    from che_bench.run.runner import configure_numerics, resolve_device
+    from che_bench.run.runner import (
+        configure_numerics,
+        prepare_deterministic_cublas,
+        resolve_device,
+    )
     from che_bench.store.run_prefixes import resolve_run_ids
 
     options = runtime_options_from_args(args)
+    if options.deterministic:
+        prepare_deterministic_cublas()
     device = resolve_device(options.device)
     check_samples_arguments(args)
     use_threads(options)

@@ -43,6 +43,9 @@ def selftest_command(args: argparse.Namespace) -> int:
     if args.json is not None and args.json.parent and not args.json.parent.is_dir():
         raise CheBenchError(f"cannot write {args.json}: no directory {args.json.parent}")
     console = Console()
+    if options.device == "auto" and device.type == "cpu":
+        console.print("no GPU found (--device auto): this is the CPU self-test, which checks "
+                      "che-bench's code paths against the CPU itself, not a GPU")
     report = run_selftest(device, args.quick,
                           on_check=lambda title: console.print(f"[dim]{title} ...[/]"))
 

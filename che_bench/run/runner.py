@@ -88,6 +88,13 @@ def checkpoint_path(checkpoint_dir: str | Path, run_id: str) -> Path:
 CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
 
 
+def prepare_deterministic_cublas() -> None:
+    """Set cuBLAS's reproducible workspace (unless set already). cuBLAS reads it once, when it
+    starts in the process, so a process that may compute deterministically calls this before
+    any CUDA work (a ``--pack auto`` probe, the self-test's first checks)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC_WORKSPACE)
+
+
 def configure_numerics(tf32: bool, deterministic: bool = False) -> None:
     """TF32 in GPU matrix products and convolutions only when asked for (cuDNN's own
     default is on, which would make convolution results differ from CPU ones).
@@ -102,7 +109,7 @@ def configure_numerics(tf32: bool, deterministic: bool = False) -> None:
     """
     torch.use_deterministic_algorithms(deterministic)
     if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC_WORKSPACE)
+        prepare_deterministic_cublas()  # in time only before any CUDA work: see the callers
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cudnn.deterministic = deterministic
@@ -350,6 +357,8 @@ def execute_runs(
     ``execute_pack``, ``options`` (keyword ``changes`` as there) and ``on_step``. Results
     come back in the order of ``configs``."""
     options = runtime_options(options, changes)
+    if options.deterministic:
+        prepare_deterministic_cublas()
     torch_device = resolve_device(options.device)
     hooks = {} if on_step is None else {"on_step": on_step}
     results: dict[str, RunResult] = {}
