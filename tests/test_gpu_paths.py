@@ -334,3 +334,28 @@ def test_dape_convolutions_evaluate_as_the_chunked_filter():
         evaluation.set_memory_budget(model, 1 << 16)  # several row chunks per sub-batch
         accuracies.append(length_accuracies(model, task, configs[0], 60, torch.device("cpu")))
     assert accuracies[0] == pytest.approx(accuracies[1], abs=1e-9)
+
+
+def test_dropout_at_evaluation_does_not_depend_on_the_memory_budget():
+    """Issue 19, item 7: with --dropout-at-eval, a budget that splits each sub-batch into
+    single sequences gives the numbers of the unsplit pass (one draw per sequence)."""
+    config = cell("kerple", members=1, dropout=0.3, dropout_at_eval=True, eval_samples=6,
+                  eval_batch_size=6, test_lengths="41,60")[0]
+    task = config.build_task()
+    torch.manual_seed(0)
+    model = build_model(task, "kerple", None, **config.model_kwargs())
+    model.train(True)
+    scores = []
+    for budget in (1 << 40, 1):  # all at once; one sequence at a time
+        evaluation.set_memory_budget(model, budget)
+        scores.append([length_accuracies(model, task, config, n, torch.device("cpu"))
+                       for n in config.test_lengths])
+    assert scores[0] == scores[1]
+    # Dropout is on: another seed per sequence gives other numbers.
+    evaluation.set_memory_budget(model, 1 << 40)
+    torch.manual_seed(1)
+    other = model(torch.zeros(2, 41, dtype=torch.long), evaluating=True,
+                  dropout_seeds=model.sample_dropout_seeds(2))
+    again = model(torch.zeros(2, 41, dtype=torch.long), evaluating=True,
+                  dropout_seeds=model.sample_dropout_seeds(2))
+    assert not torch.equal(other, again)

@@ -7,7 +7,8 @@ sub-batch's accuracy is the masked token accuracy pooled over its sequences, its
 accuracy the share of its sequences whose every masked position is right; a length's
 accuracies are the means over its sub-batches; the run's scores are the means over the test
 lengths (``RunConfig.score_lengths``). Dropout is off unless ``dropout_at_eval`` (the
-reference keeps it on; it then draws from torch's RNG seeded per length); randomized encodings
+reference keeps it on; it then draws one seed per sequence from torch's RNG seeded per length,
+and its masks are a function of those seeds, ``che_bench.model.dropout``); randomized encodings
 draw from their own generators, seeded per length, once per sub-batch, and only if
 ``randomize_at_eval``.
 
@@ -159,18 +160,20 @@ def _sub_batch_sizes(samples: int, batch_size: int) -> list[int]:
 def _count_correct(model: Encoder, batch, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Correct and counted positions, exactly right and counted sequences of one sub-batch per
     member (``[M]`` each, on the device, so that a length costs one synchronisation); one
-    random draw serves the whole sub-batch. On out-of-memory the model's memory budget is
-    halved (for the rest of the evaluation too), down to one query row of one sequence."""
+    random draw serves the whole sub-batch (positions, and dropout's per-sequence seeds). On
+    out-of-memory the model's memory budget is halved (for the rest of the evaluation too),
+    down to one query row of one sequence."""
     check_token_ids(batch.inputs, model.task)
     # Copies: task arrays may be reversed views, whose negative strides torch rejects (and
     # numpy calls such an array contiguous when the reversed axis has size 1).
     inputs, targets, mask = (host_to_device(torch.from_numpy(array.copy()), device)
                              for array in (batch.inputs, batch.targets, batch.mask))
     draws = model.sample_draws(inputs.shape[-1], evaluating=True)
+    dropout_seeds = model.sample_dropout_seeds(inputs.shape[0])
     while True:
         try:
             with torch.inference_mode():
-                logits = model(inputs, draws, evaluating=True)
+                logits = model(inputs, draws, evaluating=True, dropout_seeds=dropout_seeds)
                 counts = (*masked_counts(logits, targets, mask),
                           *exact_counts(logits, targets, mask))
             return tuple(count.double() for count in counts)

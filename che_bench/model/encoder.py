@@ -31,6 +31,7 @@ from torch import nn
 from che_bench.encodings import AttentionHook, PositionalEncoding, build_encoding
 from che_bench.encodings.base import Draws
 from che_bench.errors import CheBenchError
+from che_bench.model.dropout import SequenceDropout, sequence_seeds
 from che_bench.members import (
     MemberEmbedding,
     MemberLayerNorm,
@@ -170,11 +171,15 @@ class Block(nn.Module):
             MemberLinear(members, dim, ffn), nn.ReLU(), MemberLinear(members, ffn, dim)
         )
         self.ffn_norm = MemberLayerNorm(members, dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = SequenceDropout(dropout)
 
-    def forward(self, h: torch.Tensor, draw: Any = None) -> torch.Tensor:
-        h = self.attention_norm(h + self.dropout(self.attention(h, draw)))
-        return self.ffn_norm(h + self.dropout(self.ffn(h)))
+    def forward(self, h: torch.Tensor, draw: Any = None, dropout_seeds: torch.Tensor | None = None,
+                layer: int = 0) -> torch.Tensor:
+        """``dropout_seeds``: evaluation dropout's per-sequence seeds (``che_bench.model.dropout``);
+        ``layer`` tells this block's two dropout sites from the other blocks'."""
+        attended = self.dropout(self.attention(h, draw), dropout_seeds, site=2 * layer + 1)
+        h = self.attention_norm(h + attended)
+        return self.ffn_norm(h + self.dropout(self.ffn(h), dropout_seeds, site=2 * layer + 2))
 
 
 class Encoder(nn.Module):
@@ -225,7 +230,7 @@ class Encoder(nn.Module):
         }
         # + the placeholder id
         self.embedding = MemberEmbedding(members, task.input_size + 1, dim, std=0.02)
-        self.embedding_dropout = nn.Dropout(dropout if encoding.adds_to_embedding else 0.0)
+        self.embedding_dropout = SequenceDropout(dropout if encoding.adds_to_embedding else 0.0)
         self.blocks = nn.ModuleList(
             Block(
                 Attention(
@@ -296,8 +301,16 @@ class Encoder(nn.Module):
             )
         return self.task.output_length(input_tokens)
 
+    def sample_dropout_seeds(self, batch: int) -> torch.Tensor | None:
+        """Evaluation dropout's one draw for a batch of ``batch`` sequences (``[M, B]`` seeds,
+        on the model's device), or None when dropout is off (``che_bench.model.dropout``)."""
+        if not self.training or self._training_options["dropout"] == 0:
+            return None
+        return sequence_seeds(self.members, batch).to(self.embedding.weight.device)
+
     def forward(
-        self, inputs: torch.Tensor, draws: Draws | None = None, *, evaluating: bool | None = None
+        self, inputs: torch.Tensor, draws: Draws | None = None, *, evaluating: bool | None = None,
+        dropout_seeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[M, B, output_length(n), output_size]`` for int64 ``inputs`` ``[B, n]``
         (the same sequences for every member) or ``[M, B, n]`` (each member its own).
@@ -324,8 +337,11 @@ class Encoder(nn.Module):
         batch = inputs.shape[1]
         sub_batch = self._sub_batch_size(batch, input_tokens, inputs.device)
         if sub_batch < batch:
-            return torch.cat([self._forward(part, draws) for part in inputs.split(sub_batch, 1)], 1)
-        return self._forward(inputs, draws)
+            seeds = (dropout_seeds.split(sub_batch, 1) if dropout_seeds is not None
+                     else [None] * math.ceil(batch / sub_batch))
+            return torch.cat([self._forward(part, draws, part_seeds) for part, part_seeds
+                              in zip(inputs.split(sub_batch, 1), seeds, strict=True)], 1)
+        return self._forward(inputs, draws, dropout_seeds)
 
     def _sub_batch_size(self, batch: int, input_tokens: int, device: torch.device) -> int:
         """Without gradients, split the batch when one query row of it exceeds the budget."""
@@ -341,16 +357,17 @@ class Encoder(nn.Module):
         channels = max(block.attention.transient_channels(device) for block in self.blocks)
         return FLOAT_BYTES * self.members * channels * length
 
-    def _forward(self, inputs: torch.Tensor, draws: Draws | None) -> torch.Tensor:
+    def _forward(self, inputs: torch.Tensor, draws: Draws | None,
+                 dropout_seeds: torch.Tensor | None = None) -> torch.Tensor:
         input_tokens = inputs.shape[-1]
         placeholders = inputs.new_full(
             (*inputs.shape[:2], self.placeholders(input_tokens)), self.task.input_size
         )
         tokens = torch.cat([inputs, placeholders], dim=-1)
         h = self.embedding(tokens) * math.sqrt(self.dim)
-        h = self.embedding_dropout(self.encoding.embed(h, draws))
+        h = self.embedding_dropout(self.encoding.embed(h, draws), dropout_seeds, site=0)
         for layer, block in enumerate(self.blocks):
-            h = block(h, None if draws is None else draws.layer(layer))
+            h = block(h, None if draws is None else draws.layer(layer), dropout_seeds, layer)
         in_place = self.task.output_layout == "in_place"
         outputs = input_tokens if in_place else placeholders.shape[-1]
         return self.head(h[:, :, h.shape[2] - outputs :])

@@ -124,6 +124,9 @@ class RecurrentModel(nn.Module):
     def sample_draws(self, input_tokens: int, *, evaluating: bool | None = None) -> None:
         return None
 
+    def sample_dropout_seeds(self, batch: int) -> None:
+        return None  # CHE's recurrent models have no dropout
+
     # -- memory budget ----------------------------------------------------------------------
 
     def set_memory_budget(self, budget_bytes: int) -> None:
@@ -142,11 +145,13 @@ class RecurrentModel(nn.Module):
     # -- forward ----------------------------------------------------------------------------
 
     def forward(
-        self, inputs: torch.Tensor, draws: Any = None, *, evaluating: bool | None = None
+        self, inputs: torch.Tensor, draws: Any = None, *, evaluating: bool | None = None,
+        dropout_seeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[M, B, output_length(n), output_size]`` for int64 ``inputs`` ``[B, n]``
         (the same sequences for every member) or ``[M, B, n]`` (each member its own).
-        ``draws`` and ``evaluating`` are accepted for ``Encoder``'s signature and unused."""
+        ``draws``, ``evaluating`` and ``dropout_seeds`` are accepted for ``Encoder``'s
+        signature and unused."""
         inputs = self._member_inputs(inputs)
         input_tokens = inputs.shape[-1]
         placeholders, read = output_positions(self.task, input_tokens)
