@@ -51,8 +51,15 @@ def test_the_evaluation_memory_budget_holds_at_500():
     with torch.no_grad():
         model(inputs)
     torch.cuda.synchronize()
-    # The row chunks fill the budget; the rest (residual stream, logits) is small beside it.
-    assert torch.cuda.max_memory_allocated() - baseline <= 1.25 * budget
+    # The row chunks' maps fill the budget; what the budget does not cover is accounted for
+    # as if it were all alive at once (an upper bound): per token, the residual stream and its
+    # normalised copy, q, k, v, the attention output (each dim floats) and the FFN's hidden
+    # layer (ffn floats), plus the logits: 235 MiB here. One unchunked layer's scores alone
+    # would take 4.3 GiB.
+    tokens = 64 * task.model_length(500)
+    options = config.model_options
+    outside = 4 * tokens * (6 * options["dim"] + options["ffn"] + task.output_size)
+    assert torch.cuda.max_memory_allocated() - baseline <= budget + outside
 
 
 def test_a_pack_out_of_memory_under_a_cap_splits_and_completes():
