@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +132,28 @@ class RunConfig:
         from che_bench.tasks import get_task
 
         return get_task(self.task, **self.task_params)
+
+
+def group_into_packs(configs: Sequence[RunConfig], width: int | None) -> list[list[RunConfig]]:
+    """Consecutive packs of at most ``width`` members (None: no limit) of runs that can train
+    together, in the order the runs first appear. Runs without a length seed train alone."""
+    cells: dict[str, list[RunConfig]] = {}
+    packs: list[list[RunConfig]] = []
+    for config in configs:
+        if config.length_seed is None:
+            packs.append([config])
+            continue
+        cell = cells.setdefault(config.pack_key(), [])
+        if not cell:
+            packs.append(cell)
+        cell.append(config)
+    return [pack[start : start + (width or len(pack))]
+            for pack in packs for start in range(0, len(pack), width or len(pack))]
+
+
+def unpackable(configs: Sequence[RunConfig]) -> int:
+    """How many of ``configs`` cannot pack with any other (no length seed)."""
+    return sum(config.length_seed is None for config in configs)
 
 
 def protocol_id(evaluation_protocol: dict[str, Any]) -> str:

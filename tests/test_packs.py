@@ -12,12 +12,11 @@ import torch
 
 from che_bench import encodings
 from che_bench.cli import main
-from che_bench.config import make_config
+from che_bench.config import group_into_packs, make_config
 from che_bench.errors import CheBenchError
 from che_bench.eval import evaluation
 from che_bench.eval.evaluation import length_accuracies, set_memory_budget
 from che_bench.model.encoder import build_model, stack_members
-from che_bench.run.packing import group_into_packs
 from che_bench.run.runner import check_pack, execute_pack, execute_run
 from che_bench.store.result_store import ResultStore
 from che_bench.train.optimizer import PackOptimizer

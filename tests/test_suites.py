@@ -157,7 +157,7 @@ def test_shipped_suites_are_valid_and_have_the_documented_grids():
         (s, lr) for s in range(10) for lr in (1e-4, 3e-4, 5e-4)}
     assert len(table6) == 14 * 11 * 30 and {c.steps for c in table6} == {200_000}
     # Each cell's 30 runs can train as one pack.
-    from che_bench.run.packing import group_into_packs
+    from che_bench.config import group_into_packs
 
     assert {c.length_seed for c in table6} == {0}
     assert len(group_into_packs(table6, None)) == 14 * 11

@@ -14,9 +14,7 @@ from rich.table import Table
 from che_bench.commands.key_values import parse_key_values
 from che_bench.errors import CheBenchError
 from che_bench.tasks import get_task, list_tasks
-
-#: Shown in place of target positions the accuracy mask drops.
-MASKED = "·"
+from che_bench.tasks.base import MASKED
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

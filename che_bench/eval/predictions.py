@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from che_bench.commands.tasks import MASKED
 from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
 from che_bench.eval.evaluation import seed_for_length
 from che_bench.model.encoder import Encoder
+from che_bench.tasks.base import MASKED
 
 DEFAULT_SAMPLES_PER_LENGTH = 8
 

@@ -15,10 +15,9 @@ from typing import Any
 import torch
 
 from che_bench import protocol
-from che_bench.config import RunConfig, check_evaluation
+from che_bench.config import RunConfig, check_evaluation, group_into_packs
 from che_bench.eval.evaluation import Evaluation, evaluate
 from che_bench.model.encoder import Encoder, stack_members
-from che_bench.run.packing import group_into_packs
 from che_bench.settings import BY_NAME
 
 

@@ -9,8 +9,6 @@ one training step of one member at the longest training length); on a CPU,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import torch
 
@@ -42,28 +40,6 @@ def parse_pack_width(text: str) -> int | str:
     if width < 1:
         raise CheBenchError(f"--pack takes a positive integer or 'auto', got {text!r}")
     return width
-
-
-def group_into_packs(configs: Sequence[RunConfig], width: int | None) -> list[list[RunConfig]]:
-    """Consecutive packs of at most ``width`` members (None: no limit) of runs that can train
-    together, in the order the runs first appear. Runs without a length seed train alone."""
-    cells: dict[str, list[RunConfig]] = {}
-    packs: list[list[RunConfig]] = []
-    for config in configs:
-        if config.length_seed is None:
-            packs.append([config])
-            continue
-        cell = cells.setdefault(config.pack_key(), [])
-        if not cell:
-            packs.append(cell)
-        cell.append(config)
-    return [pack[start : start + (width or len(pack))]
-            for pack in packs for start in range(0, len(pack), width or len(pack))]
-
-
-def unpackable(configs: Sequence[RunConfig]) -> int:
-    """How many of ``configs`` cannot pack with any other (no length seed)."""
-    return sum(config.length_seed is None for config in configs)
 
 
 def training_bytes_per_member(config: RunConfig, device: torch.device) -> int:

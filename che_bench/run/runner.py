@@ -23,17 +23,17 @@ import torch
 
 import che_bench
 from che_bench import plugins
-from che_bench.train.checkpoints import checkpoint_step
-from che_bench.config import RunConfig, RunResult
+from che_bench.config import RunConfig, RunResult, group_into_packs
 from che_bench.device_memory import release_memory
 from che_bench.errors import CheBenchError
 from che_bench.eval.evaluation import Evaluation, evaluate
-from che_bench.run.kept_models import save_model
 from che_bench.model.encoder import Encoder, build_model, member_state_dict, stack_members
-from che_bench.run.packing import group_into_packs, resolve_width
+from che_bench.run.kept_models import save_model
 from che_bench.run.options import RuntimeOptions, runtime_options
-from che_bench.tasks.base import Task
+from che_bench.run.packing import resolve_width
 from che_bench.run.trackers import Trackers
+from che_bench.tasks.base import Task
+from che_bench.train.checkpoints import checkpoint_step
 from che_bench.train.loop import Diverged, PackTraining, train_pack
 
 

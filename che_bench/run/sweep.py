@@ -28,10 +28,10 @@ from typing import Protocol
 
 from rich.console import Console
 
-from che_bench.config import RunConfig, RunResult
-from che_bench.run.packing import AUTO, CPU_AUTO_WIDTH, group_into_packs
-from che_bench.run.runner import execute_runs, software_versions
+from che_bench.config import RunConfig, RunResult, group_into_packs
 from che_bench.run.options import RuntimeOptions
+from che_bench.run.packing import AUTO, CPU_AUTO_WIDTH
+from che_bench.run.runner import execute_runs, software_versions
 from che_bench.run.sweep_views import GridView, SweepView
 
 #: How often an idle-or-busy worker checks that the sweep process is still alive.

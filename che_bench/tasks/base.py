@@ -22,6 +22,10 @@ from che_bench.registry import Registry
 LEVELS = ("regular", "dcf", "cs", "recall")
 
 
+#: How an unscored output position is shown (``che-bench sample``, per-sample predictions).
+MASKED = "·"
+
+
 @dataclass(frozen=True)
 class Batch:
     """One batch of a single length: ``inputs`` int64 ``[B, n_in]``, ``targets``
