@@ -62,21 +62,12 @@ def sample_bracket_expressions(
     size = np.full(batch_size, length, dtype=np.int64)
     node = np.arange(batch_size)
     next_node = batch_size
-    open_id, close_id, minus_id = vocab.id("("), vocab.id(")"), vocab.id("-")
+    open_id, close_id = vocab.id("("), vocab.id(")")
     operator_ids = np.array([vocab.id(op) for op in operators])
 
     while row.size:
         leaf = size <= 4
-        r, s, m = row[leaf], start[leaf], size[leaf]
-        digit = rng.integers(0, modulus, size=r.size)
-        negated = (m == 2) | (m == 4)
-        bracketed = m >= 3
-        tokens[r[bracketed], s[bracketed]] = open_id
-        tokens[r[bracketed], (s + m - 1)[bracketed]] = close_id
-        tokens[r[negated], (s + bracketed)[negated]] = minus_id
-        tokens[r, s + bracketed + negated] = digit
-        values[node[leaf]] = np.where(negated, -digit, digit) % modulus
-
+        _write_leaves(tokens, values, row[leaf], start[leaf], size[leaf], node[leaf], vocab, rng)
         join = ~leaf
         r, s, m, parent = row[join], start[join], size[join], node[join]
         left_size = rng.integers(1, m - 3)  # U{1..m-4}; rng broadcasts the array bound
@@ -100,6 +91,21 @@ def sample_bracket_expressions(
     return tokens, values[:batch_size]
 
 
+
+def _write_leaves(tokens: np.ndarray, values: np.ndarray, row: np.ndarray, start: np.ndarray,
+                  size: np.ndarray, node: np.ndarray, vocab: Vocabulary,
+                  rng: np.random.Generator) -> None:
+    """Write the leaves (sizes 1-4: ``d``, ``-d``, ``(d)``, ``(-d)``, a uniform digit) of
+    ``row`` at ``start`` and their values at ``node``."""
+    digit = rng.integers(0, vocab.modulus, size=row.size)
+    negated = (size == 2) | (size == 4)
+    bracketed = size >= 3
+    tokens[row[bracketed], start[bracketed]] = vocab.id("(")
+    tokens[row[bracketed], (start + size - 1)[bracketed]] = vocab.id(")")
+    tokens[row[negated], (start + bracketed)[negated]] = vocab.id("-")
+    tokens[row, start + bracketed + negated] = digit
+    values[node] = np.where(negated, -digit, digit) % vocab.modulus
+
 # A value of the evaluator: (coefficient of x, constant), both mod the modulus.
 Linear = tuple[int, int]
 
@@ -119,21 +125,6 @@ def evaluate(tokens: Sequence[int], vocab: Vocabulary) -> Linear:
     operands: list[Linear] = []
     pending: list[str] = []  # operators and "(" not applied yet
 
-    def apply(op: str) -> None:
-        if op == "neg":
-            a, b = operands.pop()
-            operands.append((-a % modulus, -b % modulus))
-            return
-        (a2, b2), (a1, b1) = operands.pop(), operands.pop()
-        if op == "+":
-            operands.append(((a1 + a2) % modulus, (b1 + b2) % modulus))
-        elif op == "-":
-            operands.append(((a1 - a2) % modulus, (b1 - b2) % modulus))
-        else:
-            if a1 and a2:
-                raise CheBenchError("malformed expression: x occurs in both factors of a product")
-            operands.append(((a1 * b2 + a2 * b1) % modulus, (b1 * b2) % modulus))
-
     expect_operand = True
     try:
         for token in tokens:
@@ -149,14 +140,14 @@ def evaluate(tokens: Sequence[int], vocab: Vocabulary) -> Linear:
                 expect_operand = True
             elif symbol == ")":
                 while pending[-1] != "(":
-                    apply(pending.pop())
+                    _apply(pending.pop(), operands, modulus)
                 pending.pop()
                 expect_operand = False
             elif symbol == "-" and expect_operand:
                 pending.append("neg")
             elif symbol in ("+", "-", "*") and not expect_operand:
                 while pending and pending[-1] != "(" and _PRECEDENCE[pending[-1]] >= _PRECEDENCE[symbol]:
-                    apply(pending.pop())
+                    _apply(pending.pop(), operands, modulus)
                 pending.append(symbol)
                 expect_operand = True
             else:
@@ -165,9 +156,27 @@ def evaluate(tokens: Sequence[int], vocab: Vocabulary) -> Linear:
             op = pending.pop()
             if op == "(":
                 raise CheBenchError("malformed expression: unbalanced brackets")
-            apply(op)
+            _apply(op, operands, modulus)
     except IndexError as exc:  # an operator without operands or a ")" without "("
         raise CheBenchError("malformed expression: missing operand or bracket") from exc
     if len(operands) != 1 or expect_operand:
         raise CheBenchError("malformed expression: incomplete")
     return operands[0]
+
+
+def _apply(op: str, operands: list[Linear], modulus: int) -> None:
+    """Replace the operands of ``op`` (unary minus "neg", or a binary ``+ - *``) on the stack
+    ``operands`` by its value."""
+    if op == "neg":
+        a, b = operands.pop()
+        operands.append((-a % modulus, -b % modulus))
+        return
+    (a2, b2), (a1, b1) = operands.pop(), operands.pop()
+    if op == "+":
+        operands.append(((a1 + a2) % modulus, (b1 + b2) % modulus))
+    elif op == "-":
+        operands.append(((a1 - a2) % modulus, (b1 - b2) % modulus))
+    else:
+        if a1 and a2:
+            raise CheBenchError("malformed expression: x occurs in both factors of a product")
+        operands.append(((a1 * b2 + a2 * b1) % modulus, (b1 * b2) % modulus))
