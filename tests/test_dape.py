@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from che_bench.model.dape import VARIANTS, DapeProcessor
 from che_bench.encodings import AttentionHook
 from che_bench.errors import CheBenchError
-from che_bench.model.encoder import Attention
+from che_bench.model.attention import Attention
+from che_bench.model.dape import VARIANTS, DapeProcessor
 
 
 def conv2d_reference(processor: DapeProcessor, scores, bias):

@@ -28,18 +28,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from che_bench.encodings import AttentionHook, PositionalEncoding, build_encoding
+from che_bench.encodings import PositionalEncoding, build_encoding
 from che_bench.encodings.base import Draws
 from che_bench.errors import CheBenchError
-from che_bench.model.dropout import SequenceDropout, sequence_seeds
 from che_bench.members import (
     MemberEmbedding,
-    MemberLayerNorm,
     MemberLinear,
     load_member_states,
 )
+from che_bench.model.attention import FLOAT_BYTES, Attention, Block
 from che_bench.model.dape import DapeProcessor, check_kernel, check_variant
-from che_bench.model.fused_attention import fused_attention, future_keys
+from che_bench.model.dropout import SequenceDropout, sequence_seeds
 from che_bench.settings import BY_NAME, DAPE, MODEL, settings_where
 from che_bench.tasks.base import Task
 
@@ -53,134 +52,6 @@ MODEL_DEFAULTS: dict[str, Any] = {
     "train_length": BY_NAME["train_max_length"].default_for("paper"),
     "memory_budget_bytes": 1 << 30,
 }
-
-FLOAT_BYTES = 4
-
-
-def rows_per_chunk(batch: int, length: int, channels: int, budget_bytes: int) -> int:
-    """Query rows whose ``[batch, channels, rows, length]`` float maps fit in the budget
-    (``batch`` counts every member's sequences)."""
-    return max(1, budget_bytes // (FLOAT_BYTES * batch * channels * length))
-
-
-class Attention(nn.Module):
-    """Multi-head attention calling the encoding's hook and then, optionally, DAPE.
-
-    ``capture``: when a list (see ``Encoder.capture_attention``), every row chunk appends its
-    maps (raw scores plus bias, DAPE logits, softmax probabilities) to it; the output is
-    computed exactly as without it.
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        hook: AttentionHook,
-        dape: DapeProcessor | None,
-        causal: bool,
-        memory_budget_bytes: int,
-        members: int = 1,
-    ) -> None:
-        super().__init__()
-        self.heads, self.head_dim = heads, dim // heads
-        self.query, self.key, self.value, self.output = (
-            MemberLinear(members, dim, dim, bias=False) for _ in range(4)
-        )
-        self.hook, self.dape, self.causal = hook, dape, causal
-        self.memory_budget_bytes = memory_budget_bytes
-        # Plain scores and no processor: the fused kernel can take the bias as a mask.
-        self.fused = dape is None and type(hook).scores is AttentionHook.scores
-        self.capture: list[dict[str, torch.Tensor | None]] | None = None
-
-    def transient_channels(self, device: torch.device) -> int:
-        """Float maps of shape ``[M, B, ., R, T]`` alive per row chunk (an estimate): those the
-        encoding's ``scores`` holds (many for CoPE and Transformer-XL) plus those after it."""
-        after_scores = self.dape.transient_channels(device) if self.dape is not None else 2 * self.heads
-        return self.hook.score_maps * self.heads + after_scores
-
-    def forward(self, x: torch.Tensor, draw: Any = None) -> torch.Tensor:
-        members, batch, length, dim = x.shape
-        q, k, v = (
-            proj(x).view(members, batch, length, self.heads, self.head_dim).transpose(2, 3)
-            for proj in (self.query, self.key, self.value)
-        )
-        q, k, ctx = self.hook.prepare(q, k, draw)
-        if torch.is_grad_enabled():
-            step = length
-        else:
-            channels = self.transient_channels(x.device)
-            step = rows_per_chunk(members * batch, length, channels, self.memory_budget_bytes)
-        chunks = [
-            self._attend(q, k, v, slice(start, min(start + step, length)), ctx)
-            for start in range(0, length, step)
-        ]
-        out = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=-2)
-        return self.output(out.transpose(2, 3).reshape(members, batch, length, dim))
-
-    def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: slice, ctx: Any
-    ) -> torch.Tensor:
-        """Attention output ``[M, B, H, R, d_h]`` of the query ``rows``."""
-        length = k.shape[-2]
-        bias = self.hook.bias(rows, length, ctx)
-        future = future_keys(rows, length, q.device) if self.causal else None
-        if not self.fused:  # custom scores or DAPE need the explicit map; SDPA cannot give it
-            return torch.matmul(self._maps(q, k, rows, ctx, bias, future), v)
-        # SDPA scales q.k by 1/sqrt(d_h), then adds the mask: the same order as _maps
-        out = fused_attention(q[..., rows, :], k, v, bias, future, rows.start)
-        if self.capture is not None:
-            self._maps(q, k, rows, ctx, bias, future)
-        return out
-
-    def _maps(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        rows: slice,
-        ctx: Any,
-        bias: torch.Tensor | None,
-        future: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """The softmax probabilities of the query ``rows``, computed explicitly (recorded in
-        ``capture`` with the raw scores and the DAPE logits when capturing)."""
-        scores = self.hook.scores(q, k, rows, ctx)
-        raw = scores if bias is None else scores + bias
-        logits = self.dape(scores, bias, rows) if self.dape is not None else raw
-        if future is not None:  # after every processor, never inside it
-            logits = logits.masked_fill(future, -math.inf)
-        probabilities = torch.softmax(logits, dim=-1)
-        if self.capture is not None:
-            self.capture.append({
-                "scores": raw,
-                "logits": logits if self.dape is not None else None,
-                "probabilities": probabilities,
-            })
-        return probabilities
-
-
-class Block(nn.Module):
-    """Post-LN transformer block: ``LN(h + drop(attn(h)))`` then ``LN(h + drop(ffn(h)))``."""
-
-    def __init__(
-        self, attention: Attention, dim: int, ffn: int, dropout: float, members: int = 1
-    ) -> None:
-        super().__init__()
-        self.attention = attention
-        self.attention_norm = MemberLayerNorm(members, dim)
-        self.ffn = nn.Sequential(
-            MemberLinear(members, dim, ffn), nn.ReLU(), MemberLinear(members, ffn, dim)
-        )
-        self.ffn_norm = MemberLayerNorm(members, dim)
-        self.dropout = SequenceDropout(dropout)
-
-    def forward(self, h: torch.Tensor, draw: Any = None, dropout_seeds: torch.Tensor | None = None,
-                layer: int = 0) -> torch.Tensor:
-        """``dropout_seeds``: evaluation dropout's per-sequence seeds (``che_bench.model.dropout``);
-        ``layer`` tells this block's two dropout sites from the other blocks'."""
-        attended = self.dropout(self.attention(h, draw), dropout_seeds, site=2 * layer + 1)
-        h = self.attention_norm(h + attended)
-        return self.ffn_norm(h + self.dropout(self.ffn(h), dropout_seeds, site=2 * layer + 2))
-
 
 class Encoder(nn.Module):
     """The CHE encoder for one task, ``members`` models side by side; ``forward(inputs)``
@@ -232,31 +103,11 @@ class Encoder(nn.Module):
         self.embedding = MemberEmbedding(members, task.input_size + 1, dim, std=0.02)
         self.embedding_dropout = SequenceDropout(dropout if encoding.adds_to_embedding else 0.0)
         self.blocks = nn.ModuleList(
-            Block(
-                Attention(
-                    dim,
-                    heads,
-                    encoding.hooks[layer],
-                    None
-                    if kernel is None
-                    else DapeProcessor(
-                        heads,
-                        kernel,
-                        width=dape_width,
-                        variant=dape_variant,
-                        with_bias=encoding.carries_bias,
-                        tril=dape_tril,
-                        members=members,
-                    ),
-                    causal,
-                    memory_budget_bytes,
-                    members,
-                ),
-                dim,
-                ffn,
-                dropout,
-                members,
-            )
+            Block(Attention(dim, heads, encoding.hooks[layer],
+                            _dape(encoding, kernel, heads, dape_width, dape_variant, dape_tril,
+                                  members),
+                            causal, memory_budget_bytes, members),
+                  dim, ffn, dropout, members)
             for layer in range(layers)
         )
         self.head = MemberLinear(members, dim, task.output_size)
@@ -405,6 +256,16 @@ class Encoder(nn.Module):
             "parameters": sum(p.numel() for p in self.parameters()) // self.members,
         }
 
+
+
+def _dape(encoding: PositionalEncoding, kernel: int | None, heads: int, width: int,
+          variant: str, tril: bool, members: int) -> DapeProcessor | None:
+    """A layer's DAPE processor (None without a kernel); it sees the encoding's bias as
+    extra channels when the encoding carries one."""
+    if kernel is None:
+        return None
+    return DapeProcessor(heads, kernel, width=width, variant=variant,
+                         with_bias=encoding.carries_bias, tril=tril, members=members)
 
 def build_model(
     task: Task, pe: str = "none", kernel: int | None = None, *, members: int = 1, **options: Any

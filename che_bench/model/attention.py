@@ -1,0 +1,148 @@
+"""A layer of the CHE encoder: multi-head attention over chunks of query rows (with the
+encoding's hook and an optional DAPE processor of the scores) and the post-LN block around it.
+
+Without gradients (evaluation) attention runs over chunks of query rows sized from the memory
+budget, so that no ``[M, B, ., T, T]`` map of the whole sequence is ever materialised; with
+gradients everything is one chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from che_bench.encodings import AttentionHook
+from che_bench.members import MemberLayerNorm, MemberLinear
+from che_bench.model.dape import DapeProcessor
+from che_bench.model.dropout import SequenceDropout
+from che_bench.model.fused_attention import fused_attention, future_keys
+
+FLOAT_BYTES = 4
+
+
+def rows_per_chunk(batch: int, length: int, channels: int, budget_bytes: int) -> int:
+    """Query rows whose ``[batch, channels, rows, length]`` float maps fit in the budget
+    (``batch`` counts every member's sequences)."""
+    return max(1, budget_bytes // (FLOAT_BYTES * batch * channels * length))
+
+
+class Attention(nn.Module):
+    """Multi-head attention calling the encoding's hook and then, optionally, DAPE.
+
+    ``capture``: when a list (see ``Encoder.capture_attention``), every row chunk appends its
+    maps (raw scores plus bias, DAPE logits, softmax probabilities) to it; the output is
+    computed exactly as without it.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        hook: AttentionHook,
+        dape: DapeProcessor | None,
+        causal: bool,
+        memory_budget_bytes: int,
+        members: int = 1,
+    ) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.query, self.key, self.value, self.output = (
+            MemberLinear(members, dim, dim, bias=False) for _ in range(4)
+        )
+        self.hook, self.dape, self.causal = hook, dape, causal
+        self.memory_budget_bytes = memory_budget_bytes
+        # Plain scores and no processor: the fused kernel can take the bias as a mask.
+        self.fused = dape is None and type(hook).scores is AttentionHook.scores
+        self.capture: list[dict[str, torch.Tensor | None]] | None = None
+
+    def transient_channels(self, device: torch.device) -> int:
+        """Float maps of shape ``[M, B, ., R, T]`` alive per row chunk (an estimate): those the
+        encoding's ``scores`` holds (many for CoPE and Transformer-XL) plus those after it."""
+        after_scores = self.dape.transient_channels(device) if self.dape is not None else 2 * self.heads
+        return self.hook.score_maps * self.heads + after_scores
+
+    def forward(self, x: torch.Tensor, draw: Any = None) -> torch.Tensor:
+        members, batch, length, dim = x.shape
+        q, k, v = (
+            proj(x).view(members, batch, length, self.heads, self.head_dim).transpose(2, 3)
+            for proj in (self.query, self.key, self.value)
+        )
+        q, k, ctx = self.hook.prepare(q, k, draw)
+        if torch.is_grad_enabled():
+            step = length
+        else:
+            channels = self.transient_channels(x.device)
+            step = rows_per_chunk(members * batch, length, channels, self.memory_budget_bytes)
+        chunks = [
+            self._attend(q, k, v, slice(start, min(start + step, length)), ctx)
+            for start in range(0, length, step)
+        ]
+        out = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=-2)
+        return self.output(out.transpose(2, 3).reshape(members, batch, length, dim))
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: slice, ctx: Any
+    ) -> torch.Tensor:
+        """Attention output ``[M, B, H, R, d_h]`` of the query ``rows``."""
+        length = k.shape[-2]
+        bias = self.hook.bias(rows, length, ctx)
+        future = future_keys(rows, length, q.device) if self.causal else None
+        if not self.fused:  # custom scores or DAPE need the explicit map; SDPA cannot give it
+            return torch.matmul(self._maps(q, k, rows, ctx, bias, future), v)
+        # SDPA scales q.k by 1/sqrt(d_h), then adds the mask: the same order as _maps
+        out = fused_attention(q[..., rows, :], k, v, bias, future, rows.start)
+        if self.capture is not None:
+            self._maps(q, k, rows, ctx, bias, future)
+        return out
+
+    def _maps(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        rows: slice,
+        ctx: Any,
+        bias: torch.Tensor | None,
+        future: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The softmax probabilities of the query ``rows``, computed explicitly (recorded in
+        ``capture`` with the raw scores and the DAPE logits when capturing)."""
+        scores = self.hook.scores(q, k, rows, ctx)
+        raw = scores if bias is None else scores + bias
+        logits = self.dape(scores, bias, rows) if self.dape is not None else raw
+        if future is not None:  # after every processor, never inside it
+            logits = logits.masked_fill(future, -math.inf)
+        probabilities = torch.softmax(logits, dim=-1)
+        if self.capture is not None:
+            self.capture.append({
+                "scores": raw,
+                "logits": logits if self.dape is not None else None,
+                "probabilities": probabilities,
+            })
+        return probabilities
+
+
+class Block(nn.Module):
+    """Post-LN transformer block: ``LN(h + drop(attn(h)))`` then ``LN(h + drop(ffn(h)))``."""
+
+    def __init__(
+        self, attention: Attention, dim: int, ffn: int, dropout: float, members: int = 1
+    ) -> None:
+        super().__init__()
+        self.attention = attention
+        self.attention_norm = MemberLayerNorm(members, dim)
+        self.ffn = nn.Sequential(
+            MemberLinear(members, dim, ffn), nn.ReLU(), MemberLinear(members, ffn, dim)
+        )
+        self.ffn_norm = MemberLayerNorm(members, dim)
+        self.dropout = SequenceDropout(dropout)
+
+    def forward(self, h: torch.Tensor, draw: Any = None, dropout_seeds: torch.Tensor | None = None,
+                layer: int = 0) -> torch.Tensor:
+        """``dropout_seeds``: evaluation dropout's per-sequence seeds (``che_bench.model.dropout``);
+        ``layer`` tells this block's two dropout sites from the other blocks'."""
+        attended = self.dropout(self.attention(h, draw), dropout_seeds, site=2 * layer + 1)
+        h = self.attention_norm(h + attended)
+        return self.ffn_norm(h + self.dropout(self.ffn(h), dropout_seeds, site=2 * layer + 2))
