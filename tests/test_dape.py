@@ -176,7 +176,7 @@ def test_missing_bias_is_an_error():
 @pytest.mark.parametrize("cache_bytes", [1, 4 * 5 * 7 * 3])  # one row at a time; 3 rows
 @pytest.mark.parametrize("keep_bytes", [0, 1 << 30])  # backward recomputes / reuses f's maps
 def test_cache_chunking_inside_the_filter_is_exact(monkeypatch, cache_bytes, keep_bytes):
-    import che_bench.model.dape as dape
+    import che_bench.model.dape.kernel as dape
 
     monkeypatch.setattr(dape, "CACHE_CHUNK_BYTES", cache_bytes)
     monkeypatch.setattr(dape, "KEEP_BYTES", keep_bytes)

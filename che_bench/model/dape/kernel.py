@@ -1,47 +1,15 @@
-"""DAPE and DAPE V2: learned processors of the pre-softmax attention scores.
-
-Given the scaled scores ``S`` ``[M, B, H, R, T]`` of ``R`` query rows (``M`` members of a
-pack, see ``che_bench.members``) and, for encodings that carry one, the additive positional
-bias ``Bias`` ``[M or 1, 1, H, R, T]``, the processor returns the logits that go into the
-softmax (variant ``concat_residual``, the default)::
-
-    logits = S + Bias + f([S; Bias])
-    f(Z)   = Conv_{D->H}( LeakyReLU( Conv_{C->D}(Z) ) )
-
-Both convolutions have a ``1 x k`` kernel along the KEY axis (zero "same" padding, with
-biases), so query rows never mix and chunking over rows is exact. ``k = 1`` is DAPE (a
-two-layer MLP over the score channels at every (i, j)); odd ``k >= 3`` is DAPE V2, whose
-output at (i, j) sees keys ``j-(k-1) .. j+(k-1)`` of row i. Every member has its own f.
-
-f has two implementations, equal up to rounding (tested):
-
-* ``chunks`` (the CPU default): for each member, f runs over chunks of (sequences, rows)
-  whose hidden map (D_DAPE channels, the largest tensor) fits a core's cache. Each chunk is
-  turned channel-major, ``[C, b*r*T]``, so that a key-axis convolution over the whole chunk
-  is one plain matrix product: the first convolution multiplies ``[D, k*C]`` by the im2col
-  matrix of its narrow input (k shifted copies); the second multiplies once by all k taps
-  ``[k*H, D]`` and adds the k shifted narrow outputs. The batch-free bias channels go
-  through the first convolution once and are broadcast over the batch, never tiled. f's
-  output is added in place into the freshly built residual map, with a hand-written
-  backward.
-* ``convolution`` (the GPU default): one grouped ``conv2d`` per convolution for the whole
-  pack (members are the groups), so a layer's filter is two cuDNN calls instead of dozens
-  of cache-sized products; autograd does the backward.
-"""
+"""DAPE's ``chunks`` implementation of f (the CPU default): for each member, f runs over
+chunks of (sequences, rows) whose hidden map fits a core's cache, as plain matrix products on
+channel-major im2col matrices, with a hand-written backward (``ScoreFilter``). See
+``che_bench.model.dape`` for what f computes."""
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from che_bench.errors import CheBenchError
-
-VARIANTS = ("concat_residual", "concat", "add_residual")
-IMPLEMENTATIONS = ("auto", "chunks", "convolution")
 NEGATIVE_SLOPE = 0.01
 #: Target size of one chunk of the hidden map inside f (about a core's L2 cache).
 CACHE_CHUNK_BYTES = 2 << 20
@@ -49,21 +17,6 @@ CACHE_CHUNK_BYTES = 2 << 20
 #: member (the training lengths); above it, it recomputes them chunk by chunk.
 KEEP_BYTES = 64 << 20
 
-
-def check_kernel(kernel: object) -> int:
-    """Validate a DAPE kernel size (1 = DAPE, odd >= 3 = DAPE V2) and return it."""
-    if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
-        raise CheBenchError(
-            f"DAPE kernel must be a positive odd integer (1 = DAPE, 3/5/7 = DAPE V2), got {kernel!r}"
-        )
-    return kernel
-
-
-def check_variant(variant: str) -> str:
-    """Validate a DAPE variant name and return it."""
-    if variant not in VARIANTS:
-        raise CheBenchError(f"unknown dape_variant {variant!r}; valid: {', '.join(VARIANTS)}")
-    return variant
 
 
 def _key_windows(x: torch.Tensor, kernel: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -290,18 +243,28 @@ def _member_backward(
     grad_bias1 = grad_addend.sum((1, 2))
     grad_bias = None
     if bias is not None:
-        grad_addend = grad_addend.flatten(1)
-        bias_windows = _key_windows(bias, kernel)
-        grad_weight1[:, heads:] = (
-            (grad_addend @ bias_windows.t()).view(width, kernel, -1).permute(0, 2, 1)
-        )
-        if needs_bias:
-            grad_bias = torch.empty_like(bias)
-            bias_adjoint = _taps_matrix(_adjoint(weight1[:, heads:]))
-            _add_taps(grad_bias, bias_adjoint @ grad_addend, accumulate=False)
+        grad_bias = _bias_gradients(grad_addend.flatten(1), bias, weight1, grad_weight1, heads,
+                                    needs_bias)
     grad_weight2 = grad_conv2.view(kernel, heads, width).flip(0).permute(1, 2, 0)
     return grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2
 
+
+
+def _bias_gradients(grad_addend: torch.Tensor, bias: torch.Tensor, weight1: torch.Tensor,
+                    grad_weight1: torch.Tensor, heads: int,
+                    needs_bias: bool) -> torch.Tensor | None:
+    """The bias channels' part of ``f``'s backward: their columns of ``grad_weight1`` (filled
+    in) and, if ``needs_bias``, the bias's gradient. The bias is batch-free, so both come
+    from the addend's gradient ``[D, R*T]`` alone."""
+    width, kernel = weight1.shape[0], weight1.shape[-1]
+    bias_windows = _key_windows(bias, kernel)
+    grad_weight1[:, heads:] = (grad_addend @ bias_windows.t()).view(width, kernel, -1).permute(0, 2, 1)
+    if not needs_bias:
+        return None
+    grad_bias = torch.empty_like(bias)
+    bias_adjoint = _taps_matrix(_adjoint(weight1[:, heads:]))
+    _add_taps(grad_bias, bias_adjoint @ grad_addend, accumulate=False)
+    return grad_bias
 
 def _member_bias(bias: torch.Tensor | None, member: int) -> torch.Tensor | None:
     """Member ``member``'s ``[1, C_b, R, T]`` bias of a ``[M or 1, 1, C_b, R, T]`` one."""
@@ -310,7 +273,7 @@ def _member_bias(bias: torch.Tensor | None, member: int) -> torch.Tensor | None:
     return bias[member if bias.shape[0] > 1 else 0]
 
 
-class _ScoreFilter(torch.autograd.Function):
+class ScoreFilter(torch.autograd.Function):
     """``out += Conv2(LeakyReLU(Conv1([content; bias]) + bias1))`` in place for every member
     (``out`` is a fresh map, so no further full-size map is allocated), with a hand-written
     backward; ``bias`` (``[M or 1, 1, C_b, R, T]``, or None) is shared by the batch.
@@ -360,147 +323,3 @@ class _ScoreFilter(torch.autograd.Function):
         if grad_bias is not None and bias.shape[0] == 1:  # one bias shared by the members
             grad_bias = grad_bias.sum(0, keepdim=True)
         return grad, grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2, None
-
-
-def _filter_by_convolution(
-    content: torch.Tensor,
-    bias: torch.Tensor | None,
-    weight1: torch.Tensor,
-    bias1: torch.Tensor,
-    weight2: torch.Tensor,
-) -> torch.Tensor:
-    """f of every member as grouped ``conv2d`` calls (members are the groups), autograd's
-    backward: ``[M, B, C, R, T]`` content and ``[M or 1, 1, C_b, R, T]`` bias -> ``[M, B, H, R, T]``
-    (without f's output bias ``bias2``, which the residual carries)."""
-    members, batch, channels, rows, length = content.shape
-    kernel, heads = weight1.shape[-1], weight2.shape[1]
-    padding = (0, kernel // 2)
-
-    def grouped(weight: torch.Tensor) -> torch.Tensor:  # [M, O, C, k] -> [M*O, C, 1, k]
-        return weight.reshape(-1, weight.shape[2], 1, kernel)
-
-    # [B, M*C, R, T]: the members side by side in the channel axis.
-    stacked = content.transpose(0, 1).reshape(batch, members * channels, rows, length)
-    hidden = F.conv2d(stacked, grouped(weight1[:, :, :channels]), padding=padding, groups=members)
-    addend = bias1.reshape(1, -1, 1, 1)
-    if bias is not None:  # batch-free: through the first convolution once
-        bias_channels = bias.expand(members, -1, -1, -1, -1).reshape(1, -1, rows, length)
-        addend = addend + F.conv2d(bias_channels, grouped(weight1[:, :, channels:]),
-                                   padding=padding, groups=members)
-    hidden = F.leaky_relu(hidden + addend, NEGATIVE_SLOPE)
-    out = F.conv2d(hidden, grouped(weight2), padding=padding, groups=members)
-    return out.view(batch, members, heads, rows, length).transpose(0, 1)
-
-
-class DapeProcessor(nn.Module):
-    """Per-layer DAPE (``kernel=1``) or DAPE V2 (odd ``kernel >= 3``) score processor.
-
-    Args:
-        heads: number of attention heads H (the score channels).
-        kernel: key-axis kernel size k.
-        width: hidden channels D_DAPE of f.
-        variant: ``concat_residual`` (S + Bias + f([S; Bias])), ``concat`` (S + f([S; Bias]))
-            or ``add_residual`` (S + Bias + f(S + Bias)).
-        with_bias: the encoding carries an additive bias, so f sees it (2H channels for the
-            concat variants); without it every variant is ``S + f(S)``.
-        tril: zero the entries with key j > query i of f's input (the residual keeps them);
-            this is what makes DAPE V2 leak-free in a causal model.
-        members: the leading axis of every parameter (the models of a pack).
-
-    ``implementation`` (an attribute, "auto" by default) picks how f is computed: "chunks"
-    (cache-sized products, the faster on a CPU), "convolution" (grouped cuDNN convolutions,
-    the faster on a GPU), or "auto" (by the scores' device).
-    """
-
-    def __init__(
-        self,
-        heads: int,
-        kernel: int,
-        width: int = 32,
-        variant: str = "concat_residual",
-        with_bias: bool = False,
-        tril: bool = False,
-        members: int = 1,
-    ) -> None:
-        super().__init__()
-        self.heads, self.kernel, self.width = heads, check_kernel(kernel), width
-        self.variant, self.with_bias, self.tril = check_variant(variant), with_bias, tril
-        if width < 1:
-            raise CheBenchError(f"dape_width must be >= 1, got {width!r}")
-        self.concat_bias = with_bias and variant != "add_residual"
-        self.implementation = "auto"
-        in_channels = 2 * heads if self.concat_bias else heads
-        self.weight1 = nn.Parameter(torch.empty(members, width, in_channels, kernel))
-        self.bias1 = nn.Parameter(torch.empty(members, width))
-        self.weight2 = nn.Parameter(torch.empty(members, heads, width, kernel))
-        self.bias2 = nn.Parameter(torch.empty(members, heads))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """PyTorch's default Conv2d/Linear initialisation (uniform, fan-in = channels * k),
-        member by member."""
-        with torch.no_grad():
-            for weights, biases in ((self.weight1, self.bias1), (self.weight2, self.bias2)):
-                for weight, bias in zip(weights, biases):
-                    nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
-                    bound = 1 / math.sqrt(weight.shape[1] * weight.shape[2])
-                    nn.init.uniform_(bias, -bound, bound)
-
-    def uses_convolution(self, device: torch.device) -> bool:
-        if self.implementation not in IMPLEMENTATIONS:
-            raise CheBenchError(
-                f"unknown DAPE implementation {self.implementation!r}; valid: "
-                + ", ".join(IMPLEMENTATIONS)
-            )
-        if self.implementation == "auto":
-            return device.type == "cuda"
-        return self.implementation == "convolution"
-
-    def transient_channels(self, device: torch.device) -> int:
-        """Full-size maps ``[M, B, ., R, T]`` alive at once per row chunk (an estimate: scores,
-        filter input, residual, filter output, logits, probabilities; with convolutions also
-        f's hidden map before and after its activation and the members-in-channels copies).
-        In the chunked filter the hidden map only ever exists for a few sequences at a time."""
-        if self.uses_convolution(device):
-            return 8 * self.heads + 2 * self.width
-        return 6 * self.heads
-
-    def forward(
-        self, scores: torch.Tensor, bias: torch.Tensor | None = None, rows: slice | None = None
-    ) -> torch.Tensor:
-        """Logits ``[M, B, H, R, T]`` from scores ``[M, B, H, R, T]`` and bias
-        ``[M or 1, 1, H, R, T]``.
-
-        ``rows`` locates the chunk's query rows (needed only by ``tril``).
-        """
-        if (bias is not None) != self.with_bias:
-            raise CheBenchError(
-                f"DAPE processor built with with_bias={self.with_bias} got bias={bias is not None}"
-            )
-        num_rows, length = scores.shape[-2:]
-        # The residual's batch-free terms are summed first, so one full-size map is built.
-        residual_terms = self.bias2[:, None, :, None, None]
-        if bias is not None and self.variant != "concat":
-            residual_terms = residual_terms + bias
-        content = scores + bias if self.variant == "add_residual" and bias is not None else scores
-        if self.tril:
-            start = 0 if rows is None or rows.start is None else rows.start
-            query = torch.arange(start, start + num_rows, device=scores.device)[:, None]
-            future = torch.arange(length, device=scores.device) > query
-            content = content.masked_fill(future, 0.0)
-            bias = bias.masked_fill(future, 0.0) if self.concat_bias else bias
-
-        bias_channels = bias if self.concat_bias else None
-        if self.uses_convolution(scores.device):
-            filtered = _filter_by_convolution(content, bias_channels, self.weight1, self.bias1,
-                                              self.weight2)
-            return filtered + (scores + residual_terms)
-        return _ScoreFilter.apply(
-            scores + residual_terms,
-            content,
-            bias_channels,
-            self.weight1,
-            self.bias1,
-            self.weight2,
-            torch.is_grad_enabled(),  # (inside the Function grad mode is always off)
-        )
