@@ -164,14 +164,13 @@ def protocol_id(evaluation_protocol: dict[str, Any]) -> str:
 
 
 @dataclass
-class RunResult:
-    """Outcome of ``execute_run`` (picklable). Accuracies are fractions in [0, 1]: token-level
-    (``score``, ``per_length``, ...) and exact match, the share of sequences whose every masked
-    position is right (``exact_score``, ``exact_per_length``, ...)."""
+class Scores:
+    """What an evaluation measured, carried as one object from the evaluation to the store.
+    Accuracies are fractions in [0, 1]: token-level (``score``, ``per_length``, ...) and exact
+    match, the share of sequences whose every masked position is right (``exact_score``,
+    ``exact_per_length``, ...). ``train_*``: at the in-distribution lengths; the curves map a
+    length to its accuracy. A new score is one field here (and its column in the store)."""
 
-    run_id: str
-    config: RunConfig
-    status: str  # "complete" | "failed"
     score: float | None = None
     train_accuracy: float | None = None
     per_length: dict[int, float] = field(default_factory=dict)
@@ -180,6 +179,25 @@ class RunResult:
     train_exact_accuracy: float | None = None
     exact_per_length: dict[int, float] = field(default_factory=dict)
     train_exact_per_length: dict[int, float] = field(default_factory=dict)
+
+    def take_scores(self, other: Scores) -> None:
+        """Copy ``other``'s scores into this object."""
+        for score in dataclasses.fields(Scores):
+            setattr(self, score.name, getattr(other, score.name))
+
+    def has_exact_match(self) -> bool:
+        """Whether exact match was measured (stores of schema 2 have none)."""
+        return (self.exact_score is not None or self.train_exact_accuracy is not None
+                or bool(self.exact_per_length) or bool(self.train_exact_per_length))
+
+
+@dataclass(kw_only=True)
+class RunResult(Scores):
+    """Outcome of ``execute_run`` (picklable): its scores (``Scores``) and how it went."""
+
+    run_id: str
+    config: RunConfig
+    status: str  # "complete" | "failed"
     #: Training history rows (``che_bench.train.history``), also of failed runs.
     history: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
@@ -205,8 +223,9 @@ class RunResult:
         return cls(**data)
 
 
-#: The per-length curves of a RunResult (JSON keys are strings).
-_CURVE_FIELDS = ("per_length", "train_per_length", "exact_per_length", "train_exact_per_length")
+#: The per-length curves of ``Scores`` (JSON keys are strings).
+_CURVE_FIELDS = tuple(score.name for score in dataclasses.fields(Scores)
+                      if score.name.endswith("per_length"))
 
 
 def make_config(

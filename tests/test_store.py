@@ -7,6 +7,7 @@ bookkeeping; they are not results of any model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -21,7 +22,7 @@ import pytest
 from che_bench.store import result_store as store_module
 from che_bench.cli import main
 from che_bench.errors import CheBenchError
-from che_bench.config import RunResult, make_config, protocol_id
+from che_bench.config import RunResult, Scores, make_config, protocol_id
 from che_bench.store.result_store import APPLICATION_ID, SCHEMA_VERSION, ResultStore
 
 
@@ -184,12 +185,16 @@ def reevaluation(result: RunResult, test_lengths=(41, 1000), accuracy: float = 0
     """Keyword arguments of ``record_evaluation`` for a made-up (SYNTHETIC) re-evaluation of
     ``result``'s model under its protocol with ``test_lengths`` and ``changes``."""
     protocol = dict(result.config.evaluation_protocol(), test_lengths=list(test_lengths), **changes)
-    return dict(
-        protocol=protocol, score=accuracy, train_accuracy=0.95,
-        per_length={n: accuracy for n in test_lengths},
-        train_per_length={n: 0.95 for n in protocol["train_eval_lengths"]},
-        device="synthetic-gpu", versions={"che_bench": "synthetic"}, timings={"eval_s": 2.0},
-    )
+    scores = Scores(score=accuracy, train_accuracy=0.95,
+                    per_length={n: accuracy for n in test_lengths},
+                    train_per_length={n: 0.95 for n in protocol["train_eval_lengths"]})
+    return dict(protocol=protocol, scores=scores, device="synthetic-gpu",
+                versions={"che_bench": "synthetic"}, timings={"eval_s": 2.0})
+
+
+def with_scores(arguments: dict, **changes) -> dict:
+    """``arguments`` of ``record_evaluation`` with ``changes`` to their scores."""
+    return dict(arguments, scores=dataclasses.replace(arguments["scores"], **changes))
 
 
 def test_reevaluations_are_kept_beside_the_original(tmp_path):
@@ -242,9 +247,9 @@ def test_bad_reevaluations_are_refused_and_change_nothing(tmp_path):
         "no run": ("nonexistent", reevaluation(done)),
         "not complete": (failed.run_id, reevaluation(done)),
         "original evaluation": (done.run_id, reevaluation(done, done.config.test_lengths)),
-        "lengths": (done.run_id, dict(reevaluation(done), per_length={41: 0.5})),
+        "lengths": (done.run_id, with_scores(reevaluation(done), per_length={41: 0.5})),
         "fields": (done.run_id, dict(reevaluation(done), protocol={"test_lengths": [41]})),
-        r"\[0, 1\]": (done.run_id, dict(reevaluation(done), score=float("nan"))),
+        r"\[0, 1\]": (done.run_id, with_scores(reevaluation(done), score=float("nan"))),
     }
     for match, (run_id, arguments) in bad.items():
         with pytest.raises(CheBenchError, match=match):
@@ -533,3 +538,23 @@ def test_a_store_in_a_directory_the_user_cannot_write_is_read_and_refused_for_wr
     # the writer (evaluate) cannot open the store: one line, read-only, not "corrupt"
     assert err.count("\n") == 1 and "is read-only" in err and "SQLite database" not in err
     assert {path: store_files(path) for path in (current, old)} == before
+
+
+def test_an_evaluations_scores_are_declared_once_and_are_the_stores_columns(tmp_path):
+    """Issue 20, item 2: ``Scores`` is the one description of what an evaluation measured;
+    its single values are columns of ``evaluations`` and its curves those of ``accuracies``
+    (``accuracy`` / ``exact_accuracy`` per split)."""
+    store = ResultStore(tmp_path / "s.sqlite")
+    with sqlite3.connect(store.path) as connection:
+        columns = {table: {row[1] for row in connection.execute(f"PRAGMA table_info({table})")}
+                   for table in ("evaluations", "accuracies")}
+    fields = [field.name for field in dataclasses.fields(Scores)]
+    single = [name for name in fields if not name.endswith("per_length")]
+    curves = [name for name in fields if name.endswith("per_length")]
+    assert set(single) <= columns["evaluations"]
+    assert set(curves) == {"per_length", "train_per_length", "exact_per_length",
+                           "train_exact_per_length"}
+    assert {"split", "length", "accuracy", "exact_accuracy"} <= columns["accuracies"]
+    from che_bench.eval.evaluation import Evaluation
+
+    assert issubclass(Evaluation, Scores) and issubclass(RunResult, Scores)

@@ -118,12 +118,8 @@ def _record_evaluation(store, run_id: str, config, result, device) -> None:
     protocol = config.evaluation_protocol()
     described = describe_device(device)
     evaluation_id = store.record_evaluation(
-        run_id, protocol, score=result.score, train_accuracy=result.train_accuracy,
-        per_length=result.per_length, train_per_length=result.train_per_length,
-        device=described, versions=software_versions(config), timings={"eval_s": result.seconds},
-        exact_score=result.exact_score, train_exact_accuracy=result.train_exact_accuracy,
-        exact_per_length=result.exact_per_length,
-        train_exact_per_length=result.train_exact_per_length,
+        run_id, protocol, result, device=described, versions=software_versions(config),
+        timings={"eval_s": result.seconds},
     )
     print(f"run {run_id}: evaluation {evaluation_id} ({describe_protocol(protocol)}) on "
           f"{described}: score {result.score:.2%}, in-distribution "

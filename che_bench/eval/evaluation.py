@@ -30,7 +30,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from che_bench.config import RunConfig
+from che_bench.config import RunConfig, Scores
 from che_bench.device_memory import free_gpu_memory, release_memory
 from che_bench.model.encoder import Encoder
 from che_bench.tasks.base import Task
@@ -42,19 +42,11 @@ from che_bench.train.metrics import check_token_ids, exact_counts, masked_counts
 GPU_BUDGET_SHARE = 0.5
 
 
-@dataclass
-class Evaluation:
-    """One member's accuracies: token-level and exact match (see the module docstring)."""
+@dataclass(kw_only=True)
+class Evaluation(Scores):
+    """One member's scores (see the module docstring) and the evaluation's seconds."""
 
-    per_length: dict[int, float]
-    train_per_length: dict[int, float]
-    score: float
-    train_accuracy: float
     seconds: float
-    exact_per_length: dict[int, float]
-    train_exact_per_length: dict[int, float]
-    exact_score: float
-    train_exact_accuracy: float
 
 
 def evaluate(

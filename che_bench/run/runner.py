@@ -321,14 +321,7 @@ def _record_outcome(
             result.error = f"diverged at step {diverged_at}: loss is not finite (lr {config.lr:g})"
             continue
         result.status = "complete"
-        result.score = evaluation.score
-        result.train_accuracy = evaluation.train_accuracy
-        result.per_length = evaluation.per_length
-        result.train_per_length = evaluation.train_per_length
-        result.exact_score = evaluation.exact_score
-        result.train_exact_accuracy = evaluation.train_exact_accuracy
-        result.exact_per_length = evaluation.exact_per_length
-        result.train_exact_per_length = evaluation.train_exact_per_length
+        result.take_scores(evaluation)
         tracking.log_evaluation(member, evaluation)
         if models_dir is not None:
             save_model(models_dir, config, member_state_dict(model, member))

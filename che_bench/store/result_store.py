@@ -29,18 +29,17 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from che_bench.config import EVALUATION_FIELDS, RunConfig, RunResult, protocol_id
+from che_bench.config import EVALUATION_FIELDS, RunConfig, RunResult, Scores, protocol_id
 from che_bench.errors import CheBenchError
-from che_bench.train.history import HISTORY_FIELDS
 from che_bench.protocol import EVAL_SEED, format_lengths
 from che_bench.store.access import ReadOnlyAccess, store_error
+from che_bench.train.history import HISTORY_FIELDS
 
 DEFAULT_PATH = Path("results") / "che-bench.sqlite"
 STORE_ENV = "CHE_BENCH_STORE"
@@ -350,53 +349,21 @@ class ResultStore:
             )
             _delete_evaluation(connection, result.run_id, evaluation_id)
             if result.status == "complete" or result.per_length or result.train_per_length:
-                _insert_evaluation(
-                    connection, result.run_id, evaluation_id, protocol, is_original=True,
-                    score=result.score, train_accuracy=result.train_accuracy,
-                    per_length=result.per_length, train_per_length=result.train_per_length,
-                    device=result.device, versions=result.versions, timings=result.timings,
-                    exact=_ExactMatch(result.exact_score, result.train_exact_accuracy,
-                                      result.exact_per_length, result.train_exact_per_length),
-                )
+                _insert_evaluation(connection, result.run_id, evaluation_id, protocol, result,
+                                   is_original=True, device=result.device,
+                                   versions=result.versions, timings=result.timings)
             _replace_history(connection, result.run_id, result.history)
 
-    def record_evaluation(
-        self,
-        run_id: str,
-        protocol: dict[str, Any],
-        *,
-        score: float,
-        train_accuracy: float,
-        per_length: dict[int, float],
-        train_per_length: dict[int, float],
-        device: str,
-        versions: dict[str, str],
-        timings: dict[str, float],
-        exact_score: float | None = None,
-        train_exact_accuracy: float | None = None,
-        exact_per_length: dict[int, float] | None = None,
-        train_exact_per_length: dict[int, float] | None = None,
-    ) -> str:
+    def record_evaluation(self, run_id: str, protocol: dict[str, Any], scores: Scores, *,
+                          device: str, versions: dict[str, str],
+                          timings: dict[str, float]) -> str:
         """Record a re-evaluation of complete run ``run_id`` under ``protocol`` (a dict like
-        ``RunConfig.evaluation_protocol()``) in one transaction, replacing an earlier one under
-        the same protocol; returns the evaluation id (the protocol's id). The curves must cover
-        exactly the protocol's test and in-distribution lengths; the exact-match values come
-        all together or not at all."""
+        ``RunConfig.evaluation_protocol()``) with its ``scores`` in one transaction, replacing
+        an earlier one under the same protocol; returns the evaluation id (the protocol's id).
+        The curves must cover exactly the protocol's test and in-distribution lengths; the
+        exact-match values come all together or not at all."""
         protocol = _checked_protocol(protocol)
-        exact = _ExactMatch(exact_score, train_exact_accuracy, exact_per_length or {},
-                            train_exact_per_length or {})
-        scores = [("score", score), ("train_accuracy", train_accuracy)]
-        curves = [("test", per_length, "test_lengths"),
-                  ("in-distribution", train_per_length, "train_eval_lengths")]
-        if exact.score is not None or exact.train_accuracy is not None or exact.per_length \
-                or exact.train_per_length:
-            scores += [("exact_score", exact.score), ("train_exact_accuracy", exact.train_accuracy)]
-            curves += [("exact-match test", exact.per_length, "test_lengths"),
-                       ("exact-match in-distribution", exact.train_per_length, "train_eval_lengths")]
-        for name, value in scores:
-            _check_accuracy(name, value)
-        for split, curve, lengths in curves:
-            _check_curve(split, curve, protocol[lengths])
+        _check_scores(scores, protocol)
         evaluation_id = protocol_id(protocol)
         with self._transaction() as connection:
             run = connection.execute(
@@ -416,12 +383,9 @@ class ResultStore:
                     "re-evaluate under another protocol"
                 )
             _delete_evaluation(connection, run_id, evaluation_id)
-            _insert_evaluation(
-                connection, run_id, evaluation_id, protocol, is_original=False, score=score,
-                train_accuracy=train_accuracy, per_length=per_length,
-                train_per_length=train_per_length, device=device, versions=versions,
-                timings=timings, exact=exact,
-            )
+            _insert_evaluation(connection, run_id, evaluation_id, protocol, scores,
+                               is_original=False, device=device, versions=versions,
+                               timings=timings)
         return evaluation_id
 
     # -- reading -----------------------------------------------------------------------------
@@ -649,45 +613,39 @@ def _delete_evaluation(connection: sqlite3.Connection, run_id: str, evaluation_i
                        (run_id, evaluation_id))
 
 
-@dataclass(frozen=True)
-class _ExactMatch:
-    """An evaluation's exact-match accuracies (None / empty where not recorded)."""
+def _check_scores(scores: Scores, protocol: dict[str, Any]) -> None:
+    """Every accuracy in [0, 1], every curve over exactly the protocol's lengths."""
+    checked = [("score", scores.score), ("train_accuracy", scores.train_accuracy)]
+    curves = [("test", scores.per_length, "test_lengths"),
+              ("in-distribution", scores.train_per_length, "train_eval_lengths")]
+    if scores.has_exact_match():
+        checked += [("exact_score", scores.exact_score),
+                    ("train_exact_accuracy", scores.train_exact_accuracy)]
+        curves += [("exact-match test", scores.exact_per_length, "test_lengths"),
+                   ("exact-match in-distribution", scores.train_exact_per_length,
+                    "train_eval_lengths")]
+    for name, value in checked:
+        _check_accuracy(name, value)
+    for split, curve, lengths in curves:
+        _check_curve(split, curve, protocol[lengths])
 
-    score: float | None
-    train_accuracy: float | None
-    per_length: dict[int, float]
-    train_per_length: dict[int, float]
 
-
-def _insert_evaluation(
-    connection: sqlite3.Connection,
-    run_id: str,
-    evaluation_id: str,
-    protocol: dict[str, Any],
-    *,
-    is_original: bool,
-    score: float | None,
-    train_accuracy: float | None,
-    per_length: dict[int, float],
-    train_per_length: dict[int, float],
-    device: str,
-    versions: dict[str, str],
-    timings: dict[str, float],
-    exact: _ExactMatch,
-) -> None:
+def _insert_evaluation(connection: sqlite3.Connection, run_id: str, evaluation_id: str,
+                       protocol: dict[str, Any], scores: Scores, *, is_original: bool,
+                       device: str, versions: dict[str, str], timings: dict[str, float]) -> None:
     connection.execute(
         """INSERT INTO evaluations (run_id, evaluation_id, protocol, is_original, score,
                                     train_accuracy, device, versions, timings, created_at,
                                     exact_score, train_exact_accuracy)
            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-        (run_id, evaluation_id, json.dumps(protocol), int(is_original), score, train_accuracy,
-         device, json.dumps(versions), json.dumps(timings), _now(), exact.score,
-         exact.train_accuracy),
+        (run_id, evaluation_id, json.dumps(protocol), int(is_original), scores.score,
+         scores.train_accuracy, device, json.dumps(versions), json.dumps(timings), _now(),
+         scores.exact_score, scores.train_exact_accuracy),
     )
-    accuracies = [(run_id, evaluation_id, "test", n, acc, exact.per_length.get(n))
-                  for n, acc in per_length.items()]
-    accuracies += [(run_id, evaluation_id, "train", n, acc, exact.train_per_length.get(n))
-                   for n, acc in train_per_length.items()]
+    accuracies = [(run_id, evaluation_id, "test", n, acc, scores.exact_per_length.get(n))
+                  for n, acc in scores.per_length.items()]
+    accuracies += [(run_id, evaluation_id, "train", n, acc, scores.train_exact_per_length.get(n))
+                   for n, acc in scores.train_per_length.items()]
     connection.executemany(
         """INSERT INTO accuracies (run_id, evaluation_id, split, length, accuracy, exact_accuracy)
            VALUES (?, ?, ?, ?, ?, ?)""",
