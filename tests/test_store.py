@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from che_bench.store import result_store as store_module
 from che_bench.cli import main
-from che_bench.errors import CheBenchError
 from che_bench.config import RunResult, Scores, make_config, protocol_id
-from che_bench.store.result_store import APPLICATION_ID, SCHEMA_VERSION, ResultStore
+from che_bench.errors import CheBenchError
+from che_bench.store import schema as store_schema
+from che_bench.store.result_store import ResultStore
+from che_bench.store.schema import APPLICATION_ID, SCHEMA_VERSION
 
 
 def synthetic_result(
@@ -370,7 +371,7 @@ def _upgrade_then_crash(path: str) -> None:
     """Child process: die (no rollback, no cleanup) in the middle of the upgrade, when the new
     tables exist and the first run's evaluation is written."""
     calls = []
-    real_protocol_id = store_module.protocol_id
+    real_protocol_id = store_schema.protocol_id
 
     def protocol_id_then_crash(protocol):
         calls.append(protocol)
@@ -378,7 +379,7 @@ def _upgrade_then_crash(path: str) -> None:
             os._exit(9)
         return real_protocol_id(protocol)
 
-    store_module.protocol_id = protocol_id_then_crash
+    store_schema.protocol_id = protocol_id_then_crash
     ResultStore(path)
 
 

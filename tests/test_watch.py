@@ -24,7 +24,8 @@ from che_bench.reports.plots import run_labels
 from che_bench.reports.stuck import stuck_runs
 from che_bench.reports.tables import curves_frame
 from che_bench.run.runner import build_pack_model, execute_run
-from che_bench.store.result_store import SCHEMA_VERSION, ResultStore
+from che_bench.store.result_store import ResultStore
+from che_bench.store.schema import SCHEMA_VERSION
 from che_bench.train.history import TrainingHistory, input_blind_accuracy
 from che_bench.train.loop import train_pack
 from che_bench.train.metrics import exact_counts
@@ -319,7 +320,7 @@ def test_a_version_2_store_made_by_che_bench_is_upgraded_in_place(tmp_path):
 
 
 def test_a_failing_upgrade_leaves_the_version_2_store_intact(tmp_path, monkeypatch):
-    from che_bench.store import result_store as store_module
+    from che_bench.store import schema as store_schema
 
     path = shutil.copy(V2_STORE, tmp_path / "v2.sqlite")
     with sqlite3.connect(path) as connection:
@@ -329,7 +330,7 @@ def test_a_failing_upgrade_leaves_the_version_2_store_intact(tmp_path, monkeypat
         connection.execute("ALTER TABLE evaluations ADD COLUMN exact_score REAL")
         raise sqlite3.OperationalError("disk I/O error (simulated)")
 
-    monkeypatch.setitem(store_module._MIGRATIONS, 2, half_done_then_fail)
+    monkeypatch.setitem(store_schema.MIGRATIONS, 2, half_done_then_fail)
     with pytest.raises(CheBenchError, match="cannot upgrade .* schema version 2 .*unchanged"):
         ResultStore(path)
     with sqlite3.connect(path) as connection:

@@ -60,8 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def evaluate_command(args: argparse.Namespace) -> int:
-    from che_bench.run.kept_models import load_model, models_dir_for
     from che_bench.eval.reevaluation import reevaluate, reevaluation_config
+    from che_bench.run.kept_models import load_model, models_dir_for
     from che_bench.run.runner import (
         configure_numerics,
         prepare_deterministic_cublas,
@@ -113,7 +113,7 @@ def _complete_runs(store, run_ids: list[str]):
 def _record_evaluation(store, run_id: str, config, result, device) -> None:
     """Record a re-evaluation under a new protocol and say what it scored."""
     from che_bench.run.runner import describe_device, software_versions
-    from che_bench.store.result_store import describe_protocol
+    from che_bench.store.reads import describe_protocol
 
     protocol = config.evaluation_protocol()
     described = describe_device(device)

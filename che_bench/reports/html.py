@@ -27,6 +27,7 @@ import pandas as pd
 
 from che_bench import settings
 from che_bench.errors import CheBenchError
+from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
 from che_bench.reports.tables import (
     METRIC_NOTES,
     curves_frame,
@@ -35,9 +36,9 @@ from che_bench.reports.tables import (
     paper_table_or_none,
     run_encoding_label,
 )
-from che_bench.store.result_store import ORIGINAL, ResultStore, describe_protocol
-from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
 from che_bench.reports.unregistered import task_names
+from che_bench.store.reads import ORIGINAL, describe_protocol
+from che_bench.store.result_store import ResultStore
 
 #: Up to this many runs, the page lists one ``che-bench run`` command per run.
 MAX_RUN_COMMANDS = 10

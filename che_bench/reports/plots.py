@@ -16,12 +16,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from che_bench.reports.chance import exact_match_chance
 from che_bench.errors import CheBenchError
+from che_bench.reports.chance import exact_match_chance
 from che_bench.reports.tables import complete_runs, curves_frame, labelled_runs, with_metric
-from che_bench.store.result_store import ORIGINAL, ResultStore
-from che_bench.tasks import Task, get_task
 from che_bench.reports.unregistered import task_known
+from che_bench.store.reads import ORIGINAL
+from che_bench.store.result_store import ResultStore
+from che_bench.tasks import Task, get_task
 
 PANEL_SIZE = (6, 4)  # inches
 

@@ -28,12 +28,12 @@ from typing import Any
 import pandas as pd
 
 from che_bench import protocol
-
+from che_bench.errors import CheBenchError
 from che_bench.reports import unregistered
 from che_bench.reports.chance import run_exact_chance
-from che_bench.errors import CheBenchError
-from che_bench.store.result_store import ORIGINAL, ResultStore, describe_protocol
 from che_bench.reports.unregistered import UNKNOWN_LEVEL, recorded_task_label
+from che_bench.store.reads import ORIGINAL, describe_protocol
+from che_bench.store.result_store import ResultStore
 
 LEVEL_LABELS = {"regular": "R", "dcf": "DCF", "cs": "CS", "recall": "recall"}
 #: Display names of the encodings in the published table (others keep their canonical name).
