@@ -10,13 +10,11 @@ from pathlib import Path
 import pytest
 from test_sweep import write_suite
 
-from che_bench.run import runner
-
-from che_bench.run import sweep
 from che_bench.cli import build_parser, main
 from che_bench.config import make_config
 from che_bench.errors import CheBenchError
 from che_bench.eval.reevaluation import reevaluation_config
+from che_bench.run import runner, sweep
 from che_bench.run.options import RuntimeOptions
 from che_bench.run.suites import parse_suite
 

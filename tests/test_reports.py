@@ -14,15 +14,17 @@ import pandas as pd
 import pytest
 from test_store import reevaluation, store_files, synthetic_result, v1_results, v1_store
 
-from che_bench.reports import tables as reports
-from che_bench.reports.chance import EXACT_CHANCE_SEQUENCES, exact_match_chance, run_exact_chance
 from che_bench.cli import main
 from che_bench.errors import CheBenchError
-from che_bench.run.kept_models import model_path, models_dir_for
+from che_bench.reports import paper
+from che_bench.reports.chance import EXACT_CHANCE_SEQUENCES, exact_match_chance, run_exact_chance
+from che_bench.reports.export import export_frame
+from che_bench.reports.labels import run_encoding_label
 from che_bench.reports.plots import plot_accuracy
-from che_bench.reports.tables import export_frame, format_table, run_encoding_label, summarize
-from che_bench.store.run_prefixes import resolve_run_ids
+from che_bench.reports.tables import format_table, summarize
+from che_bench.run.kept_models import model_path, models_dir_for
 from che_bench.store.result_store import ResultStore
+from che_bench.store.run_prefixes import resolve_run_ids
 from che_bench.tasks import get_task, list_tasks
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -191,9 +193,9 @@ def test_chance_is_one_over_the_classes_as_the_protocol_page_says():
 
 def test_the_packaged_paper_table_is_the_reference_copy(monkeypatch, tmp_path):
     packaged = REPOSITORY / "che_bench" / "data" / "dape_v2_table6.csv"
-    assert packaged.read_bytes() == (REPOSITORY / reports.PAPER_TABLE_FILE).read_bytes()
-    assert reports.load_paper_table().at["even_pairs", "Kerple"] == pytest.approx(57.50)
-    monkeypatch.setattr(reports, "PAPER_TABLE_RESOURCE", ("data", "missing.csv"))
+    assert packaged.read_bytes() == (REPOSITORY / paper.PAPER_TABLE_FILE).read_bytes()
+    assert paper.load_paper_table().at["even_pairs", "Kerple"] == pytest.approx(57.50)
+    monkeypatch.setattr(paper, "PAPER_TABLE_RESOURCE", ("data", "missing.csv"))
     store = ResultStore(tmp_path / "s.sqlite")
     store.record(synthetic_result())
     with pytest.raises(CheBenchError, match="missing from this installation"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from test_store import synthetic_result
 
 from che_bench import settings
 from che_bench.cli import build_parser
@@ -14,9 +15,8 @@ from che_bench.errors import CheBenchError
 from che_bench.model.encoder import build_model
 from che_bench.protocol import PRESETS
 from che_bench.reports.tables import summarize
-from che_bench.store.result_store import ResultStore
 from che_bench.run.suites import parse_suite
-from test_store import synthetic_result
+from che_bench.store.result_store import ResultStore
 
 #: RunConfig fields that are not run settings: the grid point itself, the resolved option
 #: dicts and the fixed parts of the published protocol.

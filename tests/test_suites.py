@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from che_bench.errors import CheBenchError
 from che_bench.config import make_config
+from che_bench.errors import CheBenchError
 from che_bench.run.suites import load_suite, resolve_suite_path
 from che_bench.tasks import list_tasks
 

@@ -20,9 +20,9 @@ import che_bench.run.runner as runner
 from che_bench.cli import main
 from che_bench.config import RunResult, make_config
 from che_bench.errors import CheBenchError
+from che_bench.reports.export import curves_frame
 from che_bench.reports.plots import run_labels
 from che_bench.reports.stuck import stuck_runs
-from che_bench.reports.tables import curves_frame
 from che_bench.run.runner import build_pack_model, execute_run
 from che_bench.store.result_store import ResultStore
 from che_bench.store.schema import SCHEMA_VERSION

@@ -31,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def attention_command(args: argparse.Namespace) -> int:
     from che_bench.eval.attention_maps import attention_maps, plot_attention
+    from che_bench.reports.labels import run_encoding_label
     from che_bench.run.kept_models import load_model, models_dir_for
-    from che_bench.reports.tables import run_encoding_label
     from che_bench.store.run_prefixes import resolve_run_ids
 
     store = existing_store(args.store)

@@ -152,7 +152,7 @@ def table_command(args: argparse.Namespace) -> int:
 
 
 def export_command(args: argparse.Namespace) -> int:
-    from che_bench.reports.tables import curves_frame, export_frame
+    from che_bench.reports.export import curves_frame, export_frame
 
     if args.curves and (args.metric != "token" or args.evaluation != "original"):
         raise CheBenchError("--curves exports training histories: --metric and --evaluation "
@@ -203,9 +203,9 @@ def runs_command(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from che_bench.run.kept_models import model_path, models_dir_for
+    from che_bench.reports.labels import run_encoding_label
     from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
-    from che_bench.reports.tables import run_encoding_label
+    from che_bench.run.kept_models import model_path, models_dir_for
 
     store = existing_store(args.store)
     runs = store.runs()
@@ -243,7 +243,7 @@ def evaluations_command(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from che_bench.reports.tables import run_encoding_label
+    from che_bench.reports.labels import run_encoding_label
 
     store = existing_store(args.store)
     runs = store.runs().set_index("run_id")

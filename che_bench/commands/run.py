@@ -114,8 +114,8 @@ def run_command(args: argparse.Namespace) -> int:
     the one execution path), reported as a run: what is done, each result, the table row."""
     from che_bench.run import runner
     from che_bench.run.packing import parse_pack_width
-    from che_bench.store.result_store import ResultStore
     from che_bench.run.sweep import InProcessBackend, run_sweep
+    from che_bench.store.result_store import ResultStore
 
     configs = cell_configs(args)
     width = parse_pack_width(args.pack)
@@ -148,7 +148,8 @@ def _run_directories(args: argparse.Namespace, store) -> dict[str, Path | None]:
 
 
 def _print_table(store, run_ids: list[str]) -> None:
-    from che_bench.reports.tables import format_table, paper_table_or_none
+    from che_bench.reports.paper import paper_table_or_none
+    from che_bench.reports.tables import format_table
 
     compare = "paper" if paper_table_or_none() is not None else "none"
     print(format_table(store, run_ids=run_ids, compare=compare), end="")
@@ -159,7 +160,7 @@ class RunView:
     already complete, the runs starting (on standard error), then one line per result."""
 
     def __init__(self, store_path: Path, cell: RunConfig) -> None:
-        from che_bench.reports.tables import run_encoding_label
+        from che_bench.reports.labels import run_encoding_label
 
         self.store_path = store_path
         self.label = f"{cell.task} / {run_encoding_label(cell.to_dict())}"
@@ -206,9 +207,9 @@ class RunView:
 
 def _write_run_samples(args: argparse.Namespace, store, run_ids: list[str]) -> None:
     """``--samples``: the predictions of the cell's completed runs, from their kept models."""
+    from che_bench.eval.predictions import write_samples
     from che_bench.run.kept_models import load_model, models_dir_for
     from che_bench.run.runner import resolve_device
-    from che_bench.eval.predictions import write_samples
 
     complete = store.completed_run_ids()
     done = [run_id for run_id in run_ids if run_id in complete]

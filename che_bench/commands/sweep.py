@@ -74,11 +74,11 @@ def run_sweep_command(args: argparse.Namespace) -> int:
 def _run_grid(args: argparse.Namespace, suite, configs, pack: int | str, options,
               console: Console) -> int:
     """The suite's runs through ``run_sweep`` (the one execution path), then its table."""
-    from che_bench.run.kept_models import models_dir_for
     from che_bench.config import unpackable
     from che_bench.reports.tables import format_table
-    from che_bench.store.result_store import ResultStore
+    from che_bench.run.kept_models import models_dir_for
     from che_bench.run.sweep import checkpoint_dir_for, run_sweep
+    from che_bench.store.result_store import ResultStore
 
     store = ResultStore(args.store)
     options = options.with_changes(

@@ -27,15 +27,11 @@ import pandas as pd
 
 from che_bench import settings
 from che_bench.errors import CheBenchError
+from che_bench.reports.export import curves_frame
+from che_bench.reports.labels import labelled_runs, run_encoding_label
+from che_bench.reports.paper import paper_table_or_none
 from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
-from che_bench.reports.tables import (
-    METRIC_NOTES,
-    curves_frame,
-    display_table,
-    labelled_runs,
-    paper_table_or_none,
-    run_encoding_label,
-)
+from che_bench.reports.tables import METRIC_NOTES, display_table
 from che_bench.reports.unregistered import task_names
 from che_bench.store.reads import ORIGINAL, describe_protocol
 from che_bench.store.result_store import ResultStore

@@ -18,7 +18,9 @@ import pandas as pd
 
 from che_bench.errors import CheBenchError
 from che_bench.reports.chance import exact_match_chance
-from che_bench.reports.tables import complete_runs, curves_frame, labelled_runs, with_metric
+from che_bench.reports.export import curves_frame
+from che_bench.reports.labels import labelled_runs
+from che_bench.reports.tables import complete_runs, with_metric
 from che_bench.reports.unregistered import task_known
 from che_bench.store.reads import ORIGINAL
 from che_bench.store.result_store import ResultStore

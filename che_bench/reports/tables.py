@@ -17,51 +17,27 @@ set beside a cell always, but subtracted only where its runs followed the publis
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import math
-from collections.abc import Iterable, Mapping
-from functools import cache
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
 
 import pandas as pd
 
-from che_bench import protocol
 from che_bench.errors import CheBenchError
 from che_bench.reports import unregistered
 from che_bench.reports.chance import run_exact_chance
-from che_bench.reports.unregistered import UNKNOWN_LEVEL, recorded_task_label
+from che_bench.reports.labels import LEVEL_LABELS, PAPER_ENCODING_LABELS, labelled_runs
+from che_bench.reports.paper import (
+    PAPER_NOTE,
+    SHOWN_DIFFERENCES,
+    load_paper_table,
+    paper_protocol_text,
+    paper_table_or_none,
+)
+from che_bench.reports.unregistered import UNKNOWN_LEVEL
 from che_bench.store.reads import ORIGINAL, describe_protocol
 from che_bench.store.result_store import ResultStore
 
-LEVEL_LABELS = {"regular": "R", "dcf": "DCF", "cs": "CS", "recall": "recall"}
-#: Display names of the encodings in the published table (others keep their canonical name).
-PAPER_ENCODING_LABELS = {
-    "rope": "RoPE",
-    "relative": "Relative",
-    "alibi": "ALiBi",
-    "kerple": "Kerple",
-    "fire": "FIRE",
-}
-#: The published table, shipped inside the package (a copy of results/reference/, which the
-#: tests keep identical) so that installed wheels compare too.
-PAPER_TABLE_RESOURCE = ("data", "dape_v2_table6.csv")
-PAPER_TABLE_FILE = Path("results") / "reference" / "dape_v2_table6.csv"
-PAPER_NOTE = (
-    "paper: DAPE V2 (arXiv 2410.04798) Table 6: 200k steps, trained on lengths 1..40, "
-    "score = mean accuracy over 41..500, max over runs"
-)
-#: How many differences from the published protocol a table cell names.
-SHOWN_DIFFERENCES = 3
-#: Words for the model options that differ from the published model: counted ones read
-#: "2 layers", the others "width 32".
-_MODEL_OPTION_WORDS = {"layers": "layer", "dim": "width", "heads": "head", "ffn": "FFN",
-                       "dropout": "dropout"}
-_COUNTED_MODEL_OPTIONS = ("layers", "heads")
-#: Config fields that identify a cell's row and column, or vary within a cell (seeds, lrs).
-_CELL_FIELDS = {"task", "task_params", "pe", "kernel", "seed", "data_seed", "lr",
-                "train_eval_lengths"}
 FORMATS = ("text", "csv", "markdown", "latex")
 #: ``--metric``: token-level accuracy (the paper's) or sequence-level exact match.
 METRICS = ("token", "exact")
@@ -91,159 +67,6 @@ def with_metric(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
                             if source in frame})
     key = "score" if "score" in frame else "accuracy"
     return frame[frame[key].notna()].reset_index(drop=True)
-
-
-def run_encoding_label(config: str | Mapping[str, Any]) -> str:
-    """The column name of a run's encoding, from its config (a dict or its stored JSON), as
-    in the paper: ``Kerple``, ``DAPE_k1_Kerple``, ``DAPE_k3_Kerple``; ``Kerple (causal)`` for
-    decoder-style attention (no published column). Every label of a run comes from here."""
-    if isinstance(config, str):
-        config = json.loads(config)
-    base = PAPER_ENCODING_LABELS.get(config["pe"], config["pe"])
-    label = base if config["kernel"] is None else f"DAPE_k{config['kernel']}_{base}"
-    return f"{label} (causal)" if config.get("causal", False) else label
-
-
-def _task_facts(name: str, params_json: str) -> tuple[str, float, str]:
-    """(level label, chance, table label) of a task with the given parameters (JSON): the
-    chance of the task the run trained on, e.g. 1/7 for cycle_navigation(cycle_length=7). The
-    label names the parameters that differ from the task's defaults. A task whose plugin is
-    not loaded has an unknown level and chance, and its label names every parameter."""
-    if not unregistered.task_known(name):
-        return UNKNOWN_LEVEL, math.nan, recorded_task_label(name, json.loads(params_json))
-    return _registered_task_facts(name, params_json)
-
-
-@cache
-def _registered_task_facts(name: str, params_json: str) -> tuple[str, float, str]:
-    from che_bench.tasks import get_task
-
-    task = get_task(name, **json.loads(params_json))
-    default = get_task(name).params()
-    changed = {key: value for key, value in task.params().items() if default.get(key) != value}
-    label = name if not changed else (
-        f"{name}({', '.join(f'{k}={v}' for k, v in sorted(changed.items()))})"
-    )
-    return LEVEL_LABELS.get(task.level, task.level), task.chance, label
-
-
-def run_settings(config_json: str, protocol_json: str | None) -> dict[str, Any]:
-    """A run's config with the fields of the evaluation shown (its protocol JSON, None for a
-    run without an evaluation) in place of the original ones."""
-    config = json.loads(config_json)
-    if isinstance(protocol_json, str):
-        config.update(json.loads(protocol_json))
-    return config
-
-
-def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
-    """Add ``settings`` (``run_settings``: a dict), ``level``, ``chance``, ``task_label``,
-    ``encoding`` (paper-style label), ``column`` and ``paper_differences`` to a
-    ``ResultStore.runs()`` frame. ``column`` is the encoding label plus, when runs of that
-    encoding differ in other settings (preset, steps, options...), those settings, so that
-    different protocols never share a cell. ``paper_differences`` is
-    ``paper_protocol_differences`` of each run."""
-    frame = frame.copy()
-    configs = [run_settings(c, p) for c, p in zip(frame["config"], frame["protocol"])]
-    frame["settings"] = configs
-    facts = [_task_facts(c["task"], json.dumps(c["task_params"], sort_keys=True)) for c in configs]
-    frame["level"] = [level for level, _, _ in facts]
-    frame["chance"] = [chance for _, chance, _ in facts]
-    frame["task_label"] = [label for _, _, label in facts]
-    frame["encoding"] = [run_encoding_label(config) for config in configs]
-    frame["paper_differences"] = [tuple(paper_protocol_differences(c)) for c in configs]
-    variants = [
-        {key: json.dumps(value, sort_keys=True) for key, value in config.items() if key not in _CELL_FIELDS}
-        for config in configs
-    ]
-    varying: dict[str, list[str]] = {}
-    for encoding in set(frame["encoding"]):
-        group = [v for v, e in zip(variants, frame["encoding"]) if e == encoding]
-        keys = set().union(*group)
-        varying[encoding] = sorted(k for k in keys if len({v.get(k) for v in group}) > 1)
-    frame["column"] = [
-        encoding + _settings_suffix(config, varying[encoding])
-        for encoding, config in zip(frame["encoding"], configs)
-    ]
-    return frame
-
-
-def _settings_suffix(config: dict[str, Any], keys: list[str]) -> str:
-    if not keys:
-        return ""
-    return " [" + ", ".join(f"{key}={_short(config.get(key))}" for key in keys) + "]"
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, list) and len(value) > 3 and all(isinstance(v, int) for v in value):
-        from che_bench.protocol import format_lengths
-
-        return format_lengths(value)
-    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
-
-
-def paper_protocol_differences(settings: dict[str, Any]) -> list[str]:
-    """How a run's settings (``run_settings``) differ from the published protocol, most telling
-    first, e.g. ``["preset quick", "1500 steps", "2 layers", ...]``; empty when the run followed
-    it: preset paper with its steps, batch, optimiser, model, training lengths 1..40, and the
-    score over every test length 41..500 from 512 sequences each. Seeds, learning rates and
-    dropout at evaluation may differ (the reference code keeps dropout on at evaluation)."""
-    paper = protocol.preset_settings("paper")
-    differences = [] if settings["preset"] == "paper" else [f"preset {settings['preset']}"]
-    if settings["steps"] != paper["steps"]:
-        differences.append(f"{settings['steps']} steps")
-    model = settings["model_options"]
-    differences += [_model_option_text(name, model.get(name)) for name in _MODEL_OPTION_WORDS
-                    if model.get(name) != paper[name]]
-    if settings["batch_size"] != paper["batch_size"]:
-        differences.append(f"batch {settings['batch_size']}")
-    if settings["train_max_length"] != paper["train_max_length"]:
-        differences.append(f"training lengths up to {settings['train_max_length']}")
-    if tuple(settings["test_lengths"]) != protocol.parse_lengths(paper["test_lengths"]):
-        differences.append(f"test lengths {protocol.format_lengths(settings['test_lengths'])}")
-    if settings["score_from_42"]:
-        differences.append("score from 42")
-    if settings["eval_samples"] != paper["eval_samples"]:
-        differences.append(f"{settings['eval_samples']} samples")
-    if settings["eval_batch_size"] != paper["eval_batch_size"]:
-        differences.append(f"eval batch {settings['eval_batch_size']}")
-    optimiser = (tuple(settings["adam_betas"]), settings["adam_eps"], settings["grad_clip_norm"])
-    if optimiser != (protocol.ADAM_BETAS, protocol.ADAM_EPS, protocol.GRAD_CLIP_NORM):
-        differences.append("optimiser settings")
-    return differences
-
-
-def _model_option_text(name: str, value: Any) -> str:
-    word = _MODEL_OPTION_WORDS[name]
-    if name in _COUNTED_MODEL_OPTIONS:
-        return f"{value} {word}" + ("" if value == 1 else "s")
-    return f"{word} {value}"
-
-
-def _paper_protocol_text() -> str:
-    paper = protocol.preset_settings("paper")
-    return (
-        f"preset paper: {paper['steps']} steps, batch {paper['batch_size']}, training lengths up "
-        f"to {paper['train_max_length']}, score over test lengths "
-        f"{protocol.format_lengths(protocol.parse_lengths(paper['test_lengths']))} from "
-        f"{paper['eval_samples']} sequences each, model {paper['layers']} layers x "
-        f"{paper['dim']} wide x {paper['heads']} heads"
-    )
-
-
-def load_paper_table() -> pd.DataFrame:
-    """The published table (shipped with the package), indexed by task id, values in percent."""
-    resource = importlib.resources.files("che_bench")
-    for part in PAPER_TABLE_RESOURCE:
-        resource = resource.joinpath(part)
-    try:
-        with resource.open("rb") as handle:
-            return pd.read_csv(handle).set_index("task_id")
-    except OSError:
-        raise CheBenchError(
-            f"the published table che_bench/{'/'.join(PAPER_TABLE_RESOURCE)} is missing from this "
-            "installation (needed for --compare paper); reinstall che-bench"
-        ) from None
 
 
 def summarize(
@@ -336,14 +159,6 @@ def complete_runs(store: ResultStore, tasks: Iterable[str] | None = None,
 def _union(groups: pd.Series) -> tuple:
     """The distinct items of a column of tuples, in order of appearance."""
     return tuple(dict.fromkeys(item for group in groups for item in group))
-
-
-def paper_table_or_none() -> pd.DataFrame | None:
-    """The published table, or None when its file is not available."""
-    try:
-        return load_paper_table()
-    except CheBenchError:
-        return None
 
 
 def _cell_order(cells: pd.DataFrame, paper_tasks: list[str]) -> list[int]:
@@ -491,7 +306,7 @@ def _notes(runs: pd.DataFrame, cells: pd.DataFrame, compare: str, evaluation: st
     if compare == "paper":
         notes.append(
             f"{PAPER_NOTE}; in brackets: ours (max) minus paper where the runs followed the "
-            f"published protocol ({_paper_protocol_text()}), otherwise what differs"
+            f"published protocol ({paper_protocol_text()}), otherwise what differs"
         )
         shown = cells[~cells["paper"].isna()]
         if (shown["comparable"] & ~shown["dropout_at_eval"].astype(bool)).any():
@@ -530,57 +345,3 @@ def _latex(table: pd.DataFrame, notes: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_EXPORT_KEYS = ["task", "pe", "kernel", "encoding", "seed", "lr", "steps", "preset"]
-_EXPORT_PER_LENGTH = _EXPORT_KEYS + ["split", "length", "accuracy", "exact_accuracy", "run_id",
-                                     "evaluation"]
-_EXPORT_RUNS = _EXPORT_KEYS + [
-    "score", "train_accuracy", "exact_score", "train_exact_accuracy", "status", "run_id", "evaluation", "test_lengths", "device",
-    "eval_device", "train_s", "eval_s", "total_s", "attempts", "created_at", "finished_at", "error",
-]
-
-
-def export_frame(store: ResultStore, *, per_length: bool = False,
-                 evaluation: str = ORIGINAL, metric: str = "token") -> pd.DataFrame:
-    """One row per run (every status; with a protocol id as ``evaluation``, the runs evaluated
-    under it) or, with ``per_length``, per complete run, split and length. Scores and
-    accuracies (fractions in [0, 1]), test lengths and ``eval_*`` come from ``evaluation``;
-    ``train_s`` and ``total_s`` are the run's. The exact-match columns are always there;
-    with ``metric="exact"``, ``score`` / ``train_accuracy`` / ``accuracy`` hold exact match
-    too, and only runs that have it are exported (``with_metric``)."""
-    check_metric(metric)
-    runs = store.runs(evaluation=evaluation)
-    if metric == "exact":
-        runs = with_metric(runs, metric)
-    if runs.empty:
-        return pd.DataFrame(columns=_EXPORT_PER_LENGTH if per_length else _EXPORT_RUNS)
-    runs["encoding"] = [run_encoding_label(config) for config in runs["config"]]
-    if per_length:
-        curves = with_metric(store.per_length(evaluation=evaluation), metric)
-        return curves.merge(runs[["run_id", "encoding"]], on="run_id")[_EXPORT_PER_LENGTH]
-    run_timings = [_json_or_empty(text) for text in runs["timings"]]
-    runs["train_s"] = [timing.get("train_s") for timing in run_timings]
-    runs["total_s"] = [timing.get("total_s") for timing in run_timings]
-    runs["eval_s"] = [_json_or_empty(text).get("eval_s") for text in runs["eval_timings"]]
-    runs["test_lengths"] = [
-        _short(run_settings(config, protocol)["test_lengths"])
-        for config, protocol in zip(runs["config"], runs["protocol"])
-    ]
-    return runs[_EXPORT_RUNS]
-
-
-_EXPORT_CURVES = ["task", "encoding", "seed", "lr", "steps", "preset", "status", "step", "loss",
-                  "accuracy", "grad_norm", "elapsed_s", "run_id"]
-
-
-def curves_frame(store: ResultStore, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
-    """The training histories (``ResultStore.history``) of every run or of ``run_ids``, one row
-    per run and logged step, with the run's task, encoding, seed, steps, preset and status."""
-    runs = store.runs(run_ids)
-    runs["encoding"] = [run_encoding_label(config) for config in runs["config"]]
-    identity = runs[["run_id", "task", "encoding", "seed", "steps", "preset", "status"]]
-    return identity.merge(store.history(run_ids), on="run_id")[_EXPORT_CURVES]
-
-
-def _json_or_empty(text: str | None) -> dict[str, Any]:
-    """A stored JSON object, or {} where none is stored (NULL)."""
-    return json.loads(text) if isinstance(text, str) else {}

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from che_bench.train.history import DEFAULT_LOG_EVERY
-from che_bench.settings import BY_NAME
 from che_bench.run.trackers import TrackerOptions
+from che_bench.settings import BY_NAME
+from che_bench.train.history import DEFAULT_LOG_EVERY
 
 #: How often (in steps) training saves a checkpoint when it has a checkpoint directory.
 DEFAULT_CHECKPOINT_EVERY = 1000

@@ -20,8 +20,8 @@ from che_bench import plugins
 from che_bench.config import RunConfig, RunResult
 from che_bench.device_memory import share_gpu
 from che_bench.errors import CheBenchError
-from che_bench.run.runner import execute_runs
 from che_bench.run.options import RuntimeOptions
+from che_bench.run.runner import execute_runs
 
 INSTALL_HINT = 'the Ray backend needs Ray: pip install "che-bench[ray]"'
 #: Default share of a GPU per task when the cluster has GPUs and nothing else is asked for:

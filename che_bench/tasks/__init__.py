@@ -19,7 +19,12 @@ from che_bench.tasks.cs import (
     MissingDuplicateString,
     OddsFirst,
 )
-from che_bench.tasks.dcf import ModularArithmeticBrackets, ReverseString, SolveEquation, StackManipulation
+from che_bench.tasks.dcf import (
+    ModularArithmeticBrackets,
+    ReverseString,
+    SolveEquation,
+    StackManipulation,
+)
 from che_bench.tasks.mqar import MultiQueryAssociativeRecall
 from che_bench.tasks.recall import AssociativeRecall, Induction
 from che_bench.tasks.regular import CycleNavigation, EvenPairs, ModularArithmetic, ParityCheck

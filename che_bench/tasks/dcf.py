@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from che_bench.errors import CheBenchError
-from che_bench.tasks.base import Batch, IidStringTask, Task, check_int_param, single_class, through_first
+from che_bench.tasks.base import (
+    Batch,
+    IidStringTask,
+    Task,
+    check_int_param,
+    single_class,
+    through_first,
+)
 from che_bench.tasks.expressions import Vocabulary, evaluate, sample_bracket_expressions
 
 POP, PUSH_0, PUSH_1 = 2, 3, 4

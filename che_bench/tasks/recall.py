@@ -9,7 +9,14 @@ import math
 import numpy as np
 
 from che_bench.errors import CheBenchError
-from che_bench.tasks.base import Batch, Task, check_choice_param, check_int_param, first_index, single_class
+from che_bench.tasks.base import (
+    Batch,
+    Task,
+    check_choice_param,
+    check_int_param,
+    first_index,
+    single_class,
+)
 
 #: Sequences simulated per length for the iid ceilings; the seed is fixed so the
 #: curve is the same on every call and machine.

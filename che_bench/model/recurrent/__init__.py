@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
+from che_bench.errors import CheBenchError
+from che_bench.members import load_member_states
 from che_bench.model.recurrent.base import RecurrentModel, positive_int
 from che_bench.model.recurrent.rnn import CELLS
 from che_bench.model.recurrent.stack_rnn import StackMemory
 from che_bench.model.recurrent.tape_rnn import TapeMemory
-from che_bench.errors import CheBenchError
-from che_bench.members import load_member_states
 from che_bench.tasks.base import Task
 
 

@@ -1,0 +1,73 @@
+"""Exports of the result store as data frames: one row per run, per length, or per history\nrow (``che-bench export``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+from che_bench.reports.labels import run_encoding_label, run_settings, short_value
+from che_bench.reports.tables import check_metric, with_metric
+from che_bench.store.reads import ORIGINAL
+from che_bench.store.result_store import ResultStore
+
+_EXPORT_KEYS = ["task", "pe", "kernel", "encoding", "seed", "lr", "steps", "preset"]
+
+
+_EXPORT_PER_LENGTH = _EXPORT_KEYS + ["split", "length", "accuracy", "exact_accuracy", "run_id",
+                                     "evaluation"]
+
+
+_EXPORT_RUNS = _EXPORT_KEYS + [
+    "score", "train_accuracy", "exact_score", "train_exact_accuracy", "status", "run_id", "evaluation", "test_lengths", "device",
+    "eval_device", "train_s", "eval_s", "total_s", "attempts", "created_at", "finished_at", "error",
+]
+
+
+def export_frame(store: ResultStore, *, per_length: bool = False,
+                 evaluation: str = ORIGINAL, metric: str = "token") -> pd.DataFrame:
+    """One row per run (every status; with a protocol id as ``evaluation``, the runs evaluated
+    under it) or, with ``per_length``, per complete run, split and length. Scores and
+    accuracies (fractions in [0, 1]), test lengths and ``eval_*`` come from ``evaluation``;
+    ``train_s`` and ``total_s`` are the run's. The exact-match columns are always there;
+    with ``metric="exact"``, ``score`` / ``train_accuracy`` / ``accuracy`` hold exact match
+    too, and only runs that have it are exported (``with_metric``)."""
+    check_metric(metric)
+    runs = store.runs(evaluation=evaluation)
+    if metric == "exact":
+        runs = with_metric(runs, metric)
+    if runs.empty:
+        return pd.DataFrame(columns=_EXPORT_PER_LENGTH if per_length else _EXPORT_RUNS)
+    runs["encoding"] = [run_encoding_label(config) for config in runs["config"]]
+    if per_length:
+        curves = with_metric(store.per_length(evaluation=evaluation), metric)
+        return curves.merge(runs[["run_id", "encoding"]], on="run_id")[_EXPORT_PER_LENGTH]
+    run_timings = [_json_or_empty(text) for text in runs["timings"]]
+    runs["train_s"] = [timing.get("train_s") for timing in run_timings]
+    runs["total_s"] = [timing.get("total_s") for timing in run_timings]
+    runs["eval_s"] = [_json_or_empty(text).get("eval_s") for text in runs["eval_timings"]]
+    runs["test_lengths"] = [
+        short_value(run_settings(config, protocol)["test_lengths"])
+        for config, protocol in zip(runs["config"], runs["protocol"])
+    ]
+    return runs[_EXPORT_RUNS]
+
+
+_EXPORT_CURVES = ["task", "encoding", "seed", "lr", "steps", "preset", "status", "step", "loss",
+                  "accuracy", "grad_norm", "elapsed_s", "run_id"]
+
+
+def curves_frame(store: ResultStore, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
+    """The training histories (``ResultStore.history``) of every run or of ``run_ids``, one row
+    per run and logged step, with the run's task, encoding, seed, steps, preset and status."""
+    runs = store.runs(run_ids)
+    runs["encoding"] = [run_encoding_label(config) for config in runs["config"]]
+    identity = runs[["run_id", "task", "encoding", "seed", "steps", "preset", "status"]]
+    return identity.merge(store.history(run_ids), on="run_id")[_EXPORT_CURVES]
+
+
+def _json_or_empty(text: str | None) -> dict[str, Any]:
+    """A stored JSON object, or {} where none is stored (NULL)."""
+    return json.loads(text) if isinstance(text, str) else {}

@@ -1,0 +1,120 @@
+"""How a stored run is labelled everywhere (table columns, curves, exports, the report): its\nencoding (with DAPE and '(causal)'), its task's level and chance, its settings."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+import pandas as pd
+
+from che_bench.reports import unregistered
+from che_bench.reports.paper import paper_protocol_differences
+from che_bench.reports.unregistered import UNKNOWN_LEVEL, recorded_task_label
+
+#: Config fields that identify a cell's row and column, or vary within a cell (seeds, lrs).
+CELL_FIELDS = {"task", "task_params", "pe", "kernel", "seed", "data_seed", "lr",
+                "train_eval_lengths"}
+
+LEVEL_LABELS = {"regular": "R", "dcf": "DCF", "cs": "CS", "recall": "recall"}
+
+
+#: Display names of the encodings in the published table (others keep their canonical name).
+PAPER_ENCODING_LABELS = {
+    "rope": "RoPE",
+    "relative": "Relative",
+    "alibi": "ALiBi",
+    "kerple": "Kerple",
+    "fire": "FIRE",
+}
+
+
+def run_encoding_label(config: str | Mapping[str, Any]) -> str:
+    """The column name of a run's encoding, from its config (a dict or its stored JSON), as
+    in the paper: ``Kerple``, ``DAPE_k1_Kerple``, ``DAPE_k3_Kerple``; ``Kerple (causal)`` for
+    decoder-style attention (no published column). Every label of a run comes from here."""
+    if isinstance(config, str):
+        config = json.loads(config)
+    base = PAPER_ENCODING_LABELS.get(config["pe"], config["pe"])
+    label = base if config["kernel"] is None else f"DAPE_k{config['kernel']}_{base}"
+    return f"{label} (causal)" if config.get("causal", False) else label
+
+
+def _task_facts(name: str, params_json: str) -> tuple[str, float, str]:
+    """(level label, chance, table label) of a task with the given parameters (JSON): the
+    chance of the task the run trained on, e.g. 1/7 for cycle_navigation(cycle_length=7). The
+    label names the parameters that differ from the task's defaults. A task whose plugin is
+    not loaded has an unknown level and chance, and its label names every parameter."""
+    if not unregistered.task_known(name):
+        return UNKNOWN_LEVEL, math.nan, recorded_task_label(name, json.loads(params_json))
+    return _registered_task_facts(name, params_json)
+
+
+@cache
+def _registered_task_facts(name: str, params_json: str) -> tuple[str, float, str]:
+    from che_bench.tasks import get_task
+
+    task = get_task(name, **json.loads(params_json))
+    default = get_task(name).params()
+    changed = {key: value for key, value in task.params().items() if default.get(key) != value}
+    label = name if not changed else (
+        f"{name}({', '.join(f'{k}={v}' for k, v in sorted(changed.items()))})"
+    )
+    return LEVEL_LABELS.get(task.level, task.level), task.chance, label
+
+
+def run_settings(config_json: str, protocol_json: str | None) -> dict[str, Any]:
+    """A run's config with the fields of the evaluation shown (its protocol JSON, None for a
+    run without an evaluation) in place of the original ones."""
+    config = json.loads(config_json)
+    if isinstance(protocol_json, str):
+        config.update(json.loads(protocol_json))
+    return config
+
+
+def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add ``settings`` (``run_settings``: a dict), ``level``, ``chance``, ``task_label``,
+    ``encoding`` (paper-style label), ``column`` and ``paper_differences`` to a
+    ``ResultStore.runs()`` frame. ``column`` is the encoding label plus, when runs of that
+    encoding differ in other settings (preset, steps, options...), those settings, so that
+    different protocols never share a cell. ``paper_differences`` is
+    ``paper_protocol_differences`` of each run."""
+    frame = frame.copy()
+    configs = [run_settings(c, p) for c, p in zip(frame["config"], frame["protocol"])]
+    frame["settings"] = configs
+    facts = [_task_facts(c["task"], json.dumps(c["task_params"], sort_keys=True)) for c in configs]
+    frame["level"] = [level for level, _, _ in facts]
+    frame["chance"] = [chance for _, chance, _ in facts]
+    frame["task_label"] = [label for _, _, label in facts]
+    frame["encoding"] = [run_encoding_label(config) for config in configs]
+    frame["paper_differences"] = [tuple(paper_protocol_differences(c)) for c in configs]
+    variants = [
+        {key: json.dumps(value, sort_keys=True) for key, value in config.items() if key not in CELL_FIELDS}
+        for config in configs
+    ]
+    varying: dict[str, list[str]] = {}
+    for encoding in set(frame["encoding"]):
+        group = [v for v, e in zip(variants, frame["encoding"]) if e == encoding]
+        keys = set().union(*group)
+        varying[encoding] = sorted(k for k in keys if len({v.get(k) for v in group}) > 1)
+    frame["column"] = [
+        encoding + _settings_suffix(config, varying[encoding])
+        for encoding, config in zip(frame["encoding"], configs)
+    ]
+    return frame
+
+
+def _settings_suffix(config: dict[str, Any], keys: list[str]) -> str:
+    if not keys:
+        return ""
+    return " [" + ", ".join(f"{key}={short_value(config.get(key))}" for key in keys) + "]"
+
+
+def short_value(value: Any) -> str:
+    if isinstance(value, list) and len(value) > 3 and all(isinstance(v, int) for v in value):
+        from che_bench.protocol import format_lengths
+
+        return format_lengths(value)
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
