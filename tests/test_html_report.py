@@ -17,10 +17,11 @@ import pytest
 from test_store import reevaluation, synthetic_result
 
 from che_bench.cli import build_parser, main
+from che_bench.commands.command_lines import run_command_line
 from che_bench.commands.run import overrides_from_args
 from che_bench.config import make_config
 from che_bench.errors import CheBenchError
-from che_bench.reports.html import render_report, run_command_line, write_report
+from che_bench.reports.html import render_report, write_report
 from che_bench.store.result_store import ResultStore
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -50,7 +51,7 @@ def store(tmp_path_factory) -> ResultStore:
 
 @pytest.fixture(scope="module")
 def page(store) -> str:
-    return render_report(store)
+    return render_report(store, command_line=run_command_line)
 
 
 def _images(page: str) -> list[bytes]:

@@ -189,11 +189,13 @@ def curves_command(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
+    from che_bench.commands.command_lines import run_command_line
     from che_bench.reports.html import write_report
 
     store = existing_store(args.store)
     run_ids = None if args.run_ids is None else resolve_run_ids(store, args.run_ids)
-    path = write_report(store, args.out, suite=args.suite, tasks=args.tasks, run_ids=run_ids,
+    path = write_report(store, args.out, command_line=run_command_line, suite=args.suite,
+                        tasks=args.tasks, run_ids=run_ids,
                         evaluation=args.evaluation, metric=args.metric)
     print(f"wrote {path}")
     return 0

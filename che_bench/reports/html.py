@@ -14,21 +14,20 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import hashlib
 import html
 import json
 import shlex
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from che_bench import settings
 from che_bench.errors import CheBenchError
 from che_bench.reports.export import curves_frame
 from che_bench.reports.labels import labelled_runs, run_encoding_label
+from che_bench.reports.page import page_html
 from che_bench.reports.paper import paper_table_or_none
 from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
 from che_bench.reports.tables import METRIC_NOTES, display_table
@@ -38,47 +37,10 @@ from che_bench.store.result_store import ResultStore
 
 #: Up to this many runs, the page lists one ``che-bench run`` command per run.
 MAX_RUN_COMMANDS = 10
+#: ``che-bench run`` arguments that recreate a run from its stored config and id, or None.
+CommandLine = Callable[[dict[str, Any], str], "list[str] | None"]
 #: At most this many table cells get a training-curves figure (the page stays a few MB).
 MAX_CURVE_FIGURES = 48
-
-_STYLE = """
-body { font-family: system-ui, sans-serif; color: #222; max-width: 80em; margin: 2em auto;
-       padding: 0 1em; line-height: 1.4; }
-h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #ccc; }
-.wide { overflow-x: auto; }
-table { border-collapse: collapse; font-size: 0.85em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: right; vertical-align: top; }
-th { background: #f2f2f2; }
-th.text, td.text { text-align: left; }
-figure { display: inline-block; margin: 0.5em; }
-img { max-width: 100%; height: auto; }
-pre { background: #f6f6f6; padding: 0.5em; white-space: pre-wrap; word-break: break-all; }
-.notes { font-size: 0.85em; color: #444; }
-@media print {
-  body { max-width: none; margin: 0; font-size: 9pt; }
-  .wide { overflow: visible; }
-  h2 { break-after: avoid; }
-  figure, tr, pre { break-inside: avoid; }
-}
-"""
-#: Records, once the page has loaded, how many images decoded (``data-images-loaded="3/3"`` on
-#: the body): the browser test reads it. It touches nothing else and needs no network.
-_SCRIPT = (
-    'addEventListener("load", function () { var all = document.images, ok = 0;'
-    " for (var i = 0; i < all.length; i++) { if (all[i].complete && all[i].naturalWidth > 0) ok++; }"
-    ' document.body.setAttribute("data-images-loaded", ok + "/" + all.length); });'
-)
-
-
-def _csp_hash(text: str) -> str:
-    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
-
-
-_CONTENT_SECURITY_POLICY = (
-    f"default-src 'none'; img-src data:; style-src {_csp_hash(_STYLE)}; "
-    f"script-src {_csp_hash(_SCRIPT)}"
-)
-
 
 def select_runs(
     store: ResultStore,
@@ -127,9 +89,13 @@ def render_report(
     evaluation: str = ORIGINAL,
     metric: str = "token",
     out: str | Path = "report.html",
+    command_line: CommandLine | None = None,
 ) -> str:
     """The report page (HTML text), for file ``out``, of a selection (see ``select_runs``)
-    under ``evaluation``, scores in ``metric`` (``reports.METRICS``)."""
+    under ``evaluation``, scores in ``metric`` (``reports.METRICS``). ``command_line(config,
+    run_id)`` gives the ``che-bench run`` arguments that recreate a run (None: no such
+    command); the command line provides it (``che_bench.commands.command_lines``), since
+    only it knows its own flags. Without it the page lists no per-run commands."""
     from che_bench.reports.plots import plot_data, task_labels, task_panel_png
 
     runs, title = select_runs(store, suite=suite, tasks=tasks, run_ids=run_ids)
@@ -166,14 +132,10 @@ def render_report(
         "<h2>What ran</h2>",
         _what_ran_html(store, runs, evaluation),
         "<h2>Reproduce</h2>",
-        _reproduce_html(store, runs, suite, shown, _page_command(store, suite, tasks, run_ids, evaluation, metric, out)),
+        _reproduce_html(store, runs, suite, shown, command_line,
+                        _page_command(store, suite, tasks, run_ids, evaluation, metric, out)),
     ]
-    return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CONTENT_SECURITY_POLICY}\">\n"
-        f"<title>che-bench report: {_e(title)}</title>\n<style>{_STYLE}</style>\n"
-        f"<script>{_SCRIPT}</script>\n</head>\n<body>\n" + "\n".join(sections) + "\n</body>\n</html>\n"
-    )
+    return page_html(f"che-bench report: {title}", sections)
 
 
 def write_report(store: ResultStore, out: str | Path, **selection: Any) -> Path:
@@ -375,7 +337,7 @@ def _what_ran_html(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> s
 
 
 def _reproduce_html(store: ResultStore, runs: pd.DataFrame, suite: str | None, shown: str,
-                    page_command: list[str]) -> str:
+                    command_line: CommandLine | None, page_command: list[str]) -> str:
     """The commands that rerun the selection, and ``page_command``, which rebuilds this page
     (its scores are those of ``shown``)."""
     store_args = ["--store", str(store.path)]
@@ -384,10 +346,10 @@ def _reproduce_html(store: ResultStore, runs: pd.DataFrame, suite: str | None, s
         from che_bench.run.suites import resolve_suite_path
 
         parts.append(_pre([shlex.join(["che-bench", "sweep", str(resolve_suite_path(suite)), *store_args])]))
-    elif len(runs) <= MAX_RUN_COMMANDS:
+    elif command_line is not None and len(runs) <= MAX_RUN_COMMANDS:
         commands, inexpressible = [], []
         for run in runs.itertuples(index=False):
-            argv = run_command_line(json.loads(run.config), run.run_id)
+            argv = command_line(json.loads(run.config), run.run_id)
             if argv is None:
                 inexpressible.append(run.run_id)
             else:
@@ -430,74 +392,3 @@ def _page_command(store: ResultStore, suite: str | None, tasks: Iterable[str] | 
 
 def _pre(lines: list[str]) -> str:
     return "<pre>" + "\n".join(_e(line) for line in lines) + "</pre>"
-
-
-def run_command_line(config: dict[str, Any], run_id: str) -> list[str] | None:
-    """``che-bench run`` arguments that recreate the run with this stored config, or None when
-    no such command exists (settings without a flag). Checked: the arguments are parsed by the
-    CLI's own parser and must give back ``run_id``."""
-    from che_bench.cli import build_parser
-    from che_bench.commands.run import overrides_from_args
-    from che_bench.config import make_config
-
-    try:
-        argv = ["run", "--task", config["task"], "--pe", config["pe"]]
-        if config["kernel"] is not None:
-            argv += ["--kernel", str(config["kernel"])]
-        argv += ["--preset", config["preset"]]
-        lengths = ("test_lengths", "train_eval_lengths")
-        for setting in settings.run_settings():
-            if setting.flag is not None and setting.name not in lengths:
-                argv += _setting_arguments(setting, config)
-        # Lengths last: the preset's "auto" in-distribution lengths follow the other settings.
-        args = build_parser().parse_args(argv)
-        resolved = make_config(args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args))
-        for name in lengths:
-            if list(getattr(resolved, name)) != config[name]:
-                argv += [settings.BY_NAME[name].flag, _lengths_spec(config[name])]
-        args = build_parser().parse_args(argv)
-        rebuilt = make_config(args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args))
-    except (CheBenchError, KeyError, TypeError, SystemExit):
-        return None  # an old or hand-edited config that today's CLI cannot express
-    return argv if rebuilt.run_id() == run_id else None
-
-
-def _setting_arguments(setting: settings.Setting, config: dict[str, Any]) -> list[str]:
-    """The flag (and value) that gives ``setting`` its stored value, or nothing when the
-    preset (or the setting it follows) already gives it."""
-    from che_bench.tasks import get_task
-
-    value = settings.stored_value(config, setting)
-    if setting.kind == settings.KEY_VALUES:
-        defaults = get_task(config["task"]).params() if setting.name == "task_params" else {}
-        return [item for key, item_value in sorted(value.items()) if defaults.get(key) != item_value
-                for item in (setting.flag, f"{key}={_flag_value(item_value)}")]
-    if setting.follows is not None:
-        default = config[setting.follows]
-    elif setting.task_default is not None:
-        default = settings.task_default(setting, get_task(config["task"], **config["task_params"]))
-    else:
-        default = setting.default_for(config["preset"])
-    if setting.where == settings.DAPE and setting.name not in config["dape_options"]:
-        return []  # no kernel, no DAPE options
-    if value == default:
-        return []
-    if setting.kind == settings.SWITCH:
-        return [setting.flag if value else "--no-" + setting.flag[2:]]
-    return [setting.flag, str(value)]
-
-
-def _flag_value(value: Any) -> str:
-    """A ``KEY=VALUE`` value as ``parse_key_values`` reads it back (strings stay bare)."""
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def _lengths_spec(lengths: list[int]) -> str:
-    """``--test-lengths`` text of a length list: runs of consecutive lengths as START:END."""
-    parts, start = [], 0
-    for index in range(1, len(lengths) + 1):
-        if index == len(lengths) or lengths[index] != lengths[index - 1] + 1:
-            first, last = lengths[start], lengths[index - 1]
-            parts.append(str(first) if first == last else f"{first}:{last}")
-            start = index
-    return ",".join(parts)

@@ -1,0 +1,82 @@
+"""``che-bench run`` command lines that recreate stored runs: built from the settings'
+declarations and checked by parsing them with the command line's own parser (the report
+prints them, ``che_bench.reports.html``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from che_bench import settings
+from che_bench.errors import CheBenchError
+
+
+def run_command_line(config: dict[str, Any], run_id: str) -> list[str] | None:
+    """``che-bench run`` arguments that recreate the run with this stored config, or None when
+    no such command exists (settings without a flag). Checked: the arguments are parsed by the
+    CLI's own parser and must give back ``run_id``."""
+    from che_bench.cli import build_parser
+    from che_bench.commands.run import overrides_from_args
+    from che_bench.config import make_config
+
+    try:
+        argv = ["run", "--task", config["task"], "--pe", config["pe"]]
+        if config["kernel"] is not None:
+            argv += ["--kernel", str(config["kernel"])]
+        argv += ["--preset", config["preset"]]
+        lengths = ("test_lengths", "train_eval_lengths")
+        for setting in settings.run_settings():
+            if setting.flag is not None and setting.name not in lengths:
+                argv += _setting_arguments(setting, config)
+        # Lengths last: the preset's "auto" in-distribution lengths follow the other settings.
+        args = build_parser().parse_args(argv)
+        resolved = make_config(args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args))
+        for name in lengths:
+            if list(getattr(resolved, name)) != config[name]:
+                argv += [settings.BY_NAME[name].flag, _lengths_spec(config[name])]
+        args = build_parser().parse_args(argv)
+        rebuilt = make_config(args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args))
+    except (CheBenchError, KeyError, TypeError, SystemExit):
+        return None  # an old or hand-edited config that today's CLI cannot express
+    return argv if rebuilt.run_id() == run_id else None
+
+
+def _setting_arguments(setting: settings.Setting, config: dict[str, Any]) -> list[str]:
+    """The flag (and value) that gives ``setting`` its stored value, or nothing when the
+    preset (or the setting it follows) already gives it."""
+    from che_bench.tasks import get_task
+
+    value = settings.stored_value(config, setting)
+    if setting.kind == settings.KEY_VALUES:
+        defaults = get_task(config["task"]).params() if setting.name == "task_params" else {}
+        return [item for key, item_value in sorted(value.items()) if defaults.get(key) != item_value
+                for item in (setting.flag, f"{key}={_flag_value(item_value)}")]
+    if setting.follows is not None:
+        default = config[setting.follows]
+    elif setting.task_default is not None:
+        default = settings.task_default(setting, get_task(config["task"], **config["task_params"]))
+    else:
+        default = setting.default_for(config["preset"])
+    if setting.where == settings.DAPE and setting.name not in config["dape_options"]:
+        return []  # no kernel, no DAPE options
+    if value == default:
+        return []
+    if setting.kind == settings.SWITCH:
+        return [setting.flag if value else "--no-" + setting.flag[2:]]
+    return [setting.flag, str(value)]
+
+
+def _flag_value(value: Any) -> str:
+    """A ``KEY=VALUE`` value as ``parse_key_values`` reads it back (strings stay bare)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _lengths_spec(lengths: list[int]) -> str:
+    """``--test-lengths`` text of a length list: runs of consecutive lengths as START:END."""
+    parts, start = [], 0
+    for index in range(1, len(lengths) + 1):
+        if index == len(lengths) or lengths[index] != lengths[index - 1] + 1:
+            first, last = lengths[start], lengths[index - 1]
+            parts.append(str(first) if first == last else f"{first}:{last}")
+            start = index
+    return ",".join(parts)
