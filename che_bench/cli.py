@@ -38,14 +38,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Length generalization of positional encodings (and DAPE) on the "
         "Chomsky-hierarchy tasks: train at lengths <= 40, test at 41..500.",
     )
-    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                        help="import MODULE first, so that the encodings and tasks it registers "
-                             "can be used (repeatable; also after the command, or "
-                             "CHE_BENCH_PLUGINS=mod1,mod2; installed plugins load by themselves)")
-    parser.add_argument("--no-plugins", action="store_true",
-                        help="load no plugin, not even installed ones (also after the command, "
-                             "or CHE_BENCH_NO_PLUGINS=1): when a broken plugin stops che-bench; "
-                             "stores holding plugin runs stay readable")
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first, so that the encodings and tasks it registers "
+        "can be used (repeatable; also after the command, or "
+        "CHE_BENCH_PLUGINS=mod1,mod2; installed plugins load by themselves)",
+    )
+    parser.add_argument(
+        "--no-plugins",
+        action="store_true",
+        help="load no plugin, not even installed ones (also after the command, "
+        "or CHE_BENCH_NO_PLUGINS=1): when a broken plugin stops che-bench; "
+        "stores holding plugin runs stay readable",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     for module_name in COMMAND_MODULES:

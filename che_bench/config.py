@@ -26,14 +26,23 @@ from che_bench.errors import CheBenchError
 MODEL_OPTION_NAMES = tuple(setting.name for setting in settings.settings_where(settings.MODEL))
 #: DAPE options; only meaningful with a kernel.
 DAPE_OPTION_NAMES = tuple(setting.name for setting in settings.settings_where(settings.DAPE))
-DAPE_DEFAULTS = {setting.name: setting.default for setting in settings.settings_where(settings.DAPE)}
+DAPE_DEFAULTS = {
+    setting.name: setting.default for setting in settings.settings_where(settings.DAPE)
+}
 #: Fields added after results were first stored: left out of ``to_dict`` (and so of the run
 #: id) while they hold their default, so that earlier run ids stay valid.
 OMITTED_AT_DEFAULT = settings.omitted_at_default()
 #: Fields that define how a run is evaluated (its evaluation protocol); everything else
 #: defines the trained model.
-EVALUATION_FIELDS = ("test_lengths", "train_eval_lengths", "eval_samples", "eval_batch_size",
-                     "eval_seed", "dropout_at_eval", "score_from_42")
+EVALUATION_FIELDS = (
+    "test_lengths",
+    "train_eval_lengths",
+    "eval_samples",
+    "eval_batch_size",
+    "eval_seed",
+    "dropout_at_eval",
+    "score_from_42",
+)
 #: Fields in which the members of one pack may differ (everything else shapes every step).
 MEMBER_FIELDS = ("seed", "data_seed", "lr")
 
@@ -147,8 +156,11 @@ def group_into_packs(configs: Sequence[RunConfig], width: int | None) -> list[li
         if not cell:
             packs.append(cell)
         cell.append(config)
-    return [pack[start : start + (width or len(pack))]
-            for pack in packs for start in range(0, len(pack), width or len(pack))]
+    return [
+        pack[start : start + (width or len(pack))]
+        for pack in packs
+        for start in range(0, len(pack), width or len(pack))
+    ]
 
 
 def unpackable(configs: Sequence[RunConfig]) -> int:
@@ -187,8 +199,12 @@ class Scores:
 
     def has_exact_match(self) -> bool:
         """Whether exact match was measured (stores of schema 2 have none)."""
-        return (self.exact_score is not None or self.train_exact_accuracy is not None
-                or bool(self.exact_per_length) or bool(self.train_exact_per_length))
+        return (
+            self.exact_score is not None
+            or self.train_exact_accuracy is not None
+            or bool(self.exact_per_length)
+            or bool(self.train_exact_per_length)
+        )
 
 
 @dataclass(kw_only=True)
@@ -224,8 +240,9 @@ class RunResult(Scores):
 
 
 #: The per-length curves of ``Scores`` (JSON keys are strings).
-_CURVE_FIELDS = tuple(score.name for score in dataclasses.fields(Scores)
-                      if score.name.endswith("per_length"))
+_CURVE_FIELDS = tuple(
+    score.name for score in dataclasses.fields(Scores) if score.name.endswith("per_length")
+)
 
 
 def make_config(
@@ -284,8 +301,9 @@ def _checked_kernel(kernel: Any) -> int | None:
     return check_kernel(int(kernel) if isinstance(kernel, np.integer) else kernel)
 
 
-def _dape_options(values: dict[str, Any], overrides: dict[str, Any],
-                  kernel: int | None) -> dict[str, Any]:
+def _dape_options(
+    values: dict[str, Any], overrides: dict[str, Any], kernel: int | None
+) -> dict[str, Any]:
     """The DAPE options, empty without a kernel (where giving one is an error)."""
     if kernel is None:
         given = [name for name in DAPE_OPTION_NAMES if name in overrides]
@@ -318,8 +336,9 @@ def _run_fields(values: dict[str, Any], task) -> dict[str, Any]:
         )
     fields["test_lengths"] = protocol.parse_lengths(fields["test_lengths"])
     if fields["train_eval_lengths"] == "auto":
-        fields["train_eval_lengths"] = protocol.auto_train_eval_lengths(task.min_length,
-                                                                        train_max_length)
+        fields["train_eval_lengths"] = protocol.auto_train_eval_lengths(
+            task.min_length, train_max_length
+        )
     else:
         fields["train_eval_lengths"] = protocol.parse_lengths(fields["train_eval_lengths"])
     return fields
@@ -336,8 +355,10 @@ def check_evaluation(config: RunConfig) -> None:
     for name in ("eval_samples", "eval_batch_size"):
         settings.BY_NAME[name].validate(getattr(config, name))
     task = config.build_task()
-    for label, lengths in (("test", config.test_lengths),
-                           ("in-distribution", config.train_eval_lengths)):
+    for label, lengths in (
+        ("test", config.test_lengths),
+        ("in-distribution", config.train_eval_lengths),
+    ):
         if lengths[0] < task.min_length:
             raise CheBenchError(
                 f"{label} length {lengths[0]} is below the minimum length {task.min_length} "
@@ -349,8 +370,9 @@ def check_evaluation(config: RunConfig) -> None:
         )
     lengths = config.test_lengths
     task.check_length(max(lengths))
-    max_tokens = max_input_tokens(config.task, config.task_params, config.pe, config.kernel,
-                                  config.model_kwargs())
+    max_tokens = max_input_tokens(
+        config.task, config.task_params, config.pe, config.kernel, config.model_kwargs()
+    )
     longest = max(task.model_length(n) for n in lengths)
     if max_tokens is not None and longest > max_tokens:
         raise CheBenchError(

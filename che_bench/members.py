@@ -98,7 +98,9 @@ class MemberLayerNorm(nn.Module):
         if x.shape[0] == 1:  # one member: the fused affine kernel
             return F.layer_norm(x, (self.dim,), self.weight[0], self.bias[0], self.eps)
         normalised = F.layer_norm(x, (self.dim,), eps=self.eps)
-        return torch.addcmul(per_member(self.bias, x.dim()), normalised, per_member(self.weight, x.dim()))
+        return torch.addcmul(
+            per_member(self.bias, x.dim()), normalised, per_member(self.weight, x.dim())
+        )
 
 
 class MemberEmbedding(nn.Module):

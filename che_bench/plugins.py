@@ -54,8 +54,12 @@ def load_configured() -> None:
         version = distribution.version if distribution is not None else None
         _load(entry_point.module, label, version, hint=SKIP_HINT)
     for module_name in _environment_modules():
-        _load(module_name, module_name, None,
-              hint=f"it is named in {ENVIRONMENT_VARIABLE}; {SKIP_HINT}")
+        _load(
+            module_name,
+            module_name,
+            None,
+            hint=f"it is named in {ENVIRONMENT_VARIABLE}; {SKIP_HINT}",
+        )
 
 
 def disabled() -> bool:
@@ -71,8 +75,10 @@ def disable() -> None:
 def add_modules(module_names: list[str]) -> None:
     """Load plugin modules named on the command line, and pass them on to child processes."""
     if module_names and disabled():
-        raise CheBenchError(f"--plugin {module_names[0]} and --no-plugins ({DISABLE_VARIABLE}) "
-                            "contradict each other: give one of them")
+        raise CheBenchError(
+            f"--plugin {module_names[0]} and --no-plugins ({DISABLE_VARIABLE}) "
+            "contradict each other: give one of them"
+        )
     if module_names:
         named = [name for name in _environment_modules() if name not in module_names]
         os.environ[ENVIRONMENT_VARIABLE] = ",".join(named + module_names)
@@ -89,8 +95,11 @@ def loaded() -> dict[str, str | None]:
 def versions_of(*origins: str | None) -> dict[str, str]:
     """What a run records of the plugins it used (the origins of its task and encoding):
     ``{"plugin LABEL": version or "(module)"}``; nothing for che-bench's own names."""
-    return {f"plugin {label}": _loaded.get(label) or "(module)"
-            for label in origins if label is not None}
+    return {
+        f"plugin {label}": _loaded.get(label) or "(module)"
+        for label in origins
+        if label is not None
+    }
 
 
 def _environment_modules() -> list[str]:
@@ -109,7 +118,9 @@ def _load(module_name: str, label: str, version: str | None, hint: str | None = 
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # anything a foreign module raises is one line naming it
-        raise CheBenchError(_failure(module_name, label, exc) + (f" ({hint})" if hint else "")) from None
+        raise CheBenchError(
+            _failure(module_name, label, exc) + (f" ({hint})" if hint else "")
+        ) from None
     finally:
         _loading.pop()
     _loaded[label] = version or getattr(module, "__version__", None)
@@ -127,7 +138,9 @@ def _failure(module_name: str, label: str, exc: Exception) -> str:
     if isinstance(exc, CheBenchError):
         return f"plugin {label}: {one_line(exc)}"
     if isinstance(exc, ModuleNotFoundError) and (module_name + ".").startswith(f"{exc.name}."):
-        return (f"plugin {label} failed to import: no module {exc.name!r} in the current folder "
-                "or on the Python path (a plugin must be importable: install it, or add its "
-                "folder to PYTHONPATH)")
+        return (
+            f"plugin {label} failed to import: no module {exc.name!r} in the current folder "
+            "or on the Python path (a plugin must be importable: install it, or add its "
+            "folder to PYTHONPATH)"
+        )
     return f"plugin {label} failed to import: {type(exc).__name__}: {one_line(exc)}"

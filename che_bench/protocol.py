@@ -68,7 +68,9 @@ def _parse_length_part(part: str, spec: object) -> list[int]:
     start, end = _as_length(fields[0], spec), _as_length(fields[1], spec)
     stride = _as_length(fields[2], spec) if len(fields) == 3 else 1
     if stride < 1 or start > end:
-        raise CheBenchError(f"bad length range {part!r} in {spec!r}; need START <= END, STRIDE >= 1")
+        raise CheBenchError(
+            f"bad length range {part!r} in {spec!r}; need START <= END, STRIDE >= 1"
+        )
     return list(range(start, end + 1, stride))
 
 
@@ -92,8 +94,9 @@ def auto_train_eval_lengths(min_length: int, train_max_length: int) -> tuple[int
     return tuple(sorted({min_length + round(i * span / (count - 1)) for i in range(count)}))
 
 
-def score_lengths(test_lengths: Iterable[int], train_max_length: int,
-                  score_from_42: bool) -> tuple[int, ...]:
+def score_lengths(
+    test_lengths: Iterable[int], train_max_length: int, score_from_42: bool
+) -> tuple[int, ...]:
     """The test lengths a run's score averages over: all, or with ``score_from_42`` those
     beyond ``train_max_length + 1``."""
     if not score_from_42:

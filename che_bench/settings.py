@@ -42,11 +42,12 @@ Validator = Callable[[str, Any], Any]
 
 def at_least(minimum: int) -> Validator:
     """An integer >= ``minimum`` (numpy integers too; bools are not numbers here)."""
+
     def check(label: str, value: Any) -> int:
-        if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
-                or value < minimum):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
             raise CheBenchError(f"{label} must be an integer >= {minimum}, got {value!r}")
         return int(value)
+
     return check
 
 
@@ -111,80 +112,204 @@ def _per_preset(paper: Any, quick: Any, smoke: Any) -> dict[str, Any]:
 
 SETTINGS: tuple[Setting, ...] = (
     # Training.
-    Setting("steps", int, "optimizer steps", presets=_per_preset(200_000, 1500, 20),
-            check=at_least(0)),
-    Setting("batch_size", int, "training sequences per step", presets=_per_preset(128, 32, 8),
-            check=at_least(1)),
-    Setting("lr", float, "learning rate", presets=_per_preset(1e-4, 1e-3, 1e-3),
-            check=positive_number),
+    Setting(
+        "steps", int, "optimizer steps", presets=_per_preset(200_000, 1500, 20), check=at_least(0)
+    ),
+    Setting(
+        "batch_size",
+        int,
+        "training sequences per step",
+        presets=_per_preset(128, 32, 8),
+        check=at_least(1),
+    ),
+    Setting(
+        "lr", float, "learning rate", presets=_per_preset(1e-4, 1e-3, 1e-3), check=positive_number
+    ),
     Setting("seed", int, "model-initialisation seed (default 0)", default=0, check=at_least(0)),
-    Setting("data_seed", int, "training-data seed (default: --seed)", follows="seed",
-            check=at_least(0)),
-    Setting("length_seed", int,
-            "seed of the training-length schedule (default: one run draws its lengths from its "
-            "data seed; --seeds/--lrs use 0, so that the runs share one schedule and can train "
-            "as a pack)", in_id=IN_ID_UNLESS_DEFAULT, check=at_least(0)),
-    Setting("train_max_length", int, "longest training length n",
-            presets=_per_preset(40, 40, 40), check=at_least(1)),
+    Setting(
+        "data_seed", int, "training-data seed (default: --seed)", follows="seed", check=at_least(0)
+    ),
+    Setting(
+        "length_seed",
+        int,
+        "seed of the training-length schedule (default: one run draws its lengths from its "
+        "data seed; --seeds/--lrs use 0, so that the runs share one schedule and can train "
+        "as a pack)",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        check=at_least(0),
+    ),
+    Setting(
+        "train_max_length",
+        int,
+        "longest training length n",
+        presets=_per_preset(40, 40, 40),
+        check=at_least(1),
+    ),
     # Evaluation protocol.
-    Setting("test_lengths", str, "e.g. 41:500, 41:500:20,500 or 41,100,500",
-            presets=_per_preset("41:500", "41:500:20,500", "41,100,200")),
-    Setting("train_eval_lengths", str, "in-distribution lengths, or 'auto'",
-            presets=_per_preset("auto", "auto", "auto")),
-    Setting("eval_samples", int, "test sequences per length", presets=_per_preset(512, 64, 8),
-            check=at_least(1)),
-    Setting("eval_batch_size", int, "sequences per accuracy sub-batch",
-            presets=_per_preset(64, 32, 8), check=at_least(1)),
-    Setting("dropout_at_eval", SWITCH,
-            "keep dropout on during evaluation (as the reference code does)", default=False,
-            check=true_or_false),
-    Setting("score_from_42", SWITCH,
-            "average the score over 42..500 like the reference scripts", default=False,
-            check=true_or_false),
+    Setting(
+        "test_lengths",
+        str,
+        "e.g. 41:500, 41:500:20,500 or 41,100,500",
+        presets=_per_preset("41:500", "41:500:20,500", "41,100,200"),
+    ),
+    Setting(
+        "train_eval_lengths",
+        str,
+        "in-distribution lengths, or 'auto'",
+        presets=_per_preset("auto", "auto", "auto"),
+    ),
+    Setting(
+        "eval_samples",
+        int,
+        "test sequences per length",
+        presets=_per_preset(512, 64, 8),
+        check=at_least(1),
+    ),
+    Setting(
+        "eval_batch_size",
+        int,
+        "sequences per accuracy sub-batch",
+        presets=_per_preset(64, 32, 8),
+        check=at_least(1),
+    ),
+    Setting(
+        "dropout_at_eval",
+        SWITCH,
+        "keep dropout on during evaluation (as the reference code does)",
+        default=False,
+        check=true_or_false,
+    ),
+    Setting(
+        "score_from_42",
+        SWITCH,
+        "average the score over 42..500 like the reference scripts",
+        default=False,
+        check=true_or_false,
+    ),
     # The model.
     Setting("layers", int, "encoder layers", where=MODEL, presets=_per_preset(5, 2, 1)),
     Setting("dim", int, "model width", where=MODEL, presets=_per_preset(64, 64, 16)),
     Setting("heads", int, "attention heads", where=MODEL, presets=_per_preset(8, 8, 2)),
-    Setting("ffn", int, "FFN width (default 4 x dim when --dim is given)", where=MODEL,
-            presets=_per_preset(256, 256, 32)),
+    Setting(
+        "ffn",
+        int,
+        "FFN width (default 4 x dim when --dim is given)",
+        where=MODEL,
+        presets=_per_preset(256, 256, 32),
+    ),
     Setting("dropout", float, "dropout rate", where=MODEL, presets=_per_preset(0.1, 0.1, 0.1)),
-    Setting("causal", SWITCH,
-            "decoder-style attention: each position sees only itself and earlier ones; "
-            "--no-causal: bidirectional (default: the task's, bidirectional for the CHE "
-            "encoder's tasks, causal for mqar, Zoology's causal task)",
-            in_id=IN_ID_UNLESS_DEFAULT, default=False, task_default="causal", check=true_or_false),
-    Setting("pe_options", KEY_VALUES, "encoding option (repeatable); VALUE parsed as JSON when "
-            "possible", flag="--pe-option", metavar="KEY=VALUE", default={}),
-    Setting("task_params", KEY_VALUES, "task parameter (repeatable); VALUE parsed as JSON when "
-            "possible", flag="--task-param", metavar="KEY=VALUE", default={}),
+    Setting(
+        "causal",
+        SWITCH,
+        "decoder-style attention: each position sees only itself and earlier ones; "
+        "--no-causal: bidirectional (default: the task's, bidirectional for the CHE "
+        "encoder's tasks, causal for mqar, Zoology's causal task)",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        default=False,
+        task_default="causal",
+        check=true_or_false,
+    ),
+    Setting(
+        "pe_options",
+        KEY_VALUES,
+        "encoding option (repeatable); VALUE parsed as JSON when possible",
+        flag="--pe-option",
+        metavar="KEY=VALUE",
+        default={},
+    ),
+    Setting(
+        "task_params",
+        KEY_VALUES,
+        "task parameter (repeatable); VALUE parsed as JSON when possible",
+        flag="--task-param",
+        metavar="KEY=VALUE",
+        default={},
+    ),
     # DAPE (only with a kernel).
     Setting("dape_width", int, "DAPE hidden width", where=DAPE, default=32),
-    Setting("dape_variant", str, "concat_residual, concat or add_residual", where=DAPE,
-            default="concat_residual"),
-    Setting("dape_tril", str, "DAPE lower-triangular mask: auto (with causal attention), true "
-            "or false", where=DAPE, default="auto", flag=None),
+    Setting(
+        "dape_variant",
+        str,
+        "concat_residual, concat or add_residual",
+        where=DAPE,
+        default="concat_residual",
+    ),
+    Setting(
+        "dape_tril",
+        str,
+        "DAPE lower-triangular mask: auto (with causal attention), true or false",
+        where=DAPE,
+        default="auto",
+        flag=None,
+    ),
     # Runtime options: how a run executes, recorded with it, never in its run id.
-    Setting("device", str, "auto (default: a CUDA GPU when torch sees one, else the CPU), cpu, "
-            "cuda or cuda:N; several processes may share one GPU", where=RUNTIME,
-            in_id=NOT_IN_ID, default="auto"),
-    Setting("threads", int, "torch CPU threads per process (default: 1 in this process, as "
-            "these small models ran many-fold slower with more on a busy machine; sweep's local "
-            "workers: cores / workers)", where=RUNTIME, in_id=NOT_IN_ID, metavar="N",
-            check=at_least(1)),
-    Setting("tf32", SWITCH, "on a GPU, let matrix products and convolutions use TF32 (faster, "
-            "~1e-3 relative error; off by default, recorded with the runs)", where=RUNTIME,
-            in_id=NOT_IN_ID, default=False),
-    Setting("deterministic", SWITCH, "deterministic algorithms only (cuDNN, cuBLAS, attention): "
-            "on a GPU the same seeds give the same numbers again, a little slower; recorded with "
-            "the runs", where=RUNTIME, in_id=NOT_IN_ID, default=False),
-    Setting("log_every", int, "a training-history row (loss, accuracy, gradient norm, lr, time) "
-            "every K steps and at the last step (default 100)", where=RUNTIME, in_id=NOT_IN_ID,
-            default=100, metavar="K", check=at_least(1)),
-    Setting("tensorboard", str, "also log to TensorBoard event files in DIR/<run id>/ (extra "
-            "[tensorboard])", where=RUNTIME, in_id=NOT_IN_ID, metavar="DIR"),
-    Setting("wandb", str, "also log to this Weights & Biases project (extra [wandb]; "
-            "WANDB_MODE=offline keeps it on disk)", where=RUNTIME, in_id=NOT_IN_ID,
-            metavar="PROJECT"),
+    Setting(
+        "device",
+        str,
+        "auto (default: a CUDA GPU when torch sees one, else the CPU), cpu, "
+        "cuda or cuda:N; several processes may share one GPU",
+        where=RUNTIME,
+        in_id=NOT_IN_ID,
+        default="auto",
+    ),
+    Setting(
+        "threads",
+        int,
+        "torch CPU threads per process (default: 1 in this process, as "
+        "these small models ran many-fold slower with more on a busy machine; sweep's local "
+        "workers: cores / workers)",
+        where=RUNTIME,
+        in_id=NOT_IN_ID,
+        metavar="N",
+        check=at_least(1),
+    ),
+    Setting(
+        "tf32",
+        SWITCH,
+        "on a GPU, let matrix products and convolutions use TF32 (faster, "
+        "~1e-3 relative error; off by default, recorded with the runs)",
+        where=RUNTIME,
+        in_id=NOT_IN_ID,
+        default=False,
+    ),
+    Setting(
+        "deterministic",
+        SWITCH,
+        "deterministic algorithms only (cuDNN, cuBLAS, attention): "
+        "on a GPU the same seeds give the same numbers again, a little slower; recorded with "
+        "the runs",
+        where=RUNTIME,
+        in_id=NOT_IN_ID,
+        default=False,
+    ),
+    Setting(
+        "log_every",
+        int,
+        "a training-history row (loss, accuracy, gradient norm, lr, time) "
+        "every K steps and at the last step (default 100)",
+        where=RUNTIME,
+        in_id=NOT_IN_ID,
+        default=100,
+        metavar="K",
+        check=at_least(1),
+    ),
+    Setting(
+        "tensorboard",
+        str,
+        "also log to TensorBoard event files in DIR/<run id>/ (extra [tensorboard])",
+        where=RUNTIME,
+        in_id=NOT_IN_ID,
+        metavar="DIR",
+    ),
+    Setting(
+        "wandb",
+        str,
+        "also log to this Weights & Biases project (extra [wandb]; "
+        "WANDB_MODE=offline keeps it on disk)",
+        where=RUNTIME,
+        in_id=NOT_IN_ID,
+        metavar="PROJECT",
+    ),
 )
 
 BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
@@ -207,8 +332,11 @@ def preset_values(preset: str) -> dict[str, Any]:
 
 def omitted_at_default() -> dict[str, Any]:
     """Run-config fields left out of the run id while they hold these values."""
-    return {setting.name: setting.default for setting in SETTINGS
-            if setting.in_id == IN_ID_UNLESS_DEFAULT}
+    return {
+        setting.name: setting.default
+        for setting in SETTINGS
+        if setting.in_id == IN_ID_UNLESS_DEFAULT
+    }
 
 
 def task_default(setting: Setting, task: Any) -> Any:

@@ -48,8 +48,14 @@ Check = Callable[..., list[str]]
 # --- encodings ------------------------------------------------------------------------------
 
 
-def _model(pe: str, kernel: int | None, options: dict[str, Any], seed: int = 0,
-           task: str = SHORT_TASK, **settings: Any) -> Encoder:
+def _model(
+    pe: str,
+    kernel: int | None,
+    options: dict[str, Any],
+    seed: int = 0,
+    task: str = SHORT_TASK,
+    **settings: Any,
+) -> Encoder:
     torch.manual_seed(seed)
     return build_model(get_task(task), pe, kernel, **TINY, **settings, **options)
 
@@ -72,15 +78,20 @@ def check_shapes_and_finite(pe: str, options: dict[str, Any]) -> list[str]:
         expected = (1, 2, task.output_length(n), task.output_size)
         where = f"{LONG_TASK} n={n} ({task.input_length(n) + task.output_length(n)} tokens, {mode})"
         if tuple(logits.shape) != expected:
-            failures.append(f"output shape ({where}): expected {list(expected)}, got {list(logits.shape)}")
+            failures.append(
+                f"output shape ({where}): expected {list(expected)}, got {list(logits.shape)}"
+            )
         elif not torch.isfinite(logits).all():
-            failures.append(f"finite outputs ({where}): expected finite logits, got "
-                            f"{int((~torch.isfinite(logits)).sum())} non-finite values")
+            failures.append(
+                f"finite outputs ({where}): expected finite logits, got "
+                f"{int((~torch.isfinite(logits)).sum())} non-finite values"
+            )
     return failures
 
 
-def check_pack_equals_members(pe: str, options: dict[str, Any],
-                              kernels: tuple[int | None, ...] = KERNELS) -> list[str]:
+def check_pack_equals_members(
+    pe: str, options: dict[str, Any], kernels: tuple[int | None, ...] = KERNELS
+) -> list[str]:
     """A pack of 3 members computes, per member, what that member computes alone (shared and
     per-member inputs, each member with its own random draws), and gives back each member's
     weights; with DAPE kernels none, 1 and 3."""
@@ -91,20 +102,28 @@ def check_pack_equals_members(pe: str, options: dict[str, Any],
         shared = _inputs(SHORT_TASK, 9, 3)
         own = torch.stack([_inputs(SHORT_TASK, 9, 3, seed=seed) for seed in (0, 1, 2)])
         with torch.no_grad():
-            for label, inputs, member_inputs in (("shared inputs", shared, [shared] * 3),
-                                                 ("own inputs", own, list(own))):
+            for label, inputs, member_inputs in (
+                ("shared inputs", shared, [shared] * 3),
+                ("own inputs", own, list(own)),
+            ):
                 pack.seed_draws([10, 11, 12])
                 packed = pack(inputs)
                 for m, member in enumerate(members):
                     member.seed_draws([10 + m])
                     difference = differ(packed[m], member(member_inputs[m])[0])
                     if difference:
-                        failures.append(f"pack of 3 equals its members alone (kernel {kernel}, "
-                                        f"{label}, member {m}): expected equal logits, got {difference}")
+                        failures.append(
+                            f"pack of 3 equals its members alone (kernel {kernel}, "
+                            f"{label}, member {m}): expected equal logits, got {difference}"
+                        )
         state = member_state_dict(pack, 1)
-        if any(not torch.equal(state[name], tensor) for name, tensor in members[1].state_dict().items()):
-            failures.append(f"pack of 3 equals its members alone (kernel {kernel}): expected "
-                            "member 1's weights back from the pack, got other values")
+        if any(
+            not torch.equal(state[name], tensor) for name, tensor in members[1].state_dict().items()
+        ):
+            failures.append(
+                f"pack of 3 equals its members alone (kernel {kernel}): expected "
+                "member 1's weights back from the pack, got other values"
+            )
     return failures
 
 
@@ -123,8 +142,10 @@ def check_chunked_equals_unchunked(pe: str, options: dict[str, Any]) -> list[str
                 model.seed_draws([7])
                 difference = differ(model(inputs), whole)
                 if difference:
-                    failures.append(f"row-chunked evaluation equals unchunked (kernel {kernel}, "
-                                    f"budget {budget} bytes): expected equal logits, got {difference}")
+                    failures.append(
+                        f"row-chunked evaluation equals unchunked (kernel {kernel}, "
+                        f"budget {budget} bytes): expected equal logits, got {difference}"
+                    )
     return failures
 
 
@@ -138,16 +159,22 @@ def check_state_dict_round_trip(pe: str, options: dict[str, Any]) -> list[str]:
     restored = _model(pe, None, options, seed=1).eval()
     try:
         restored.load_state_dict(torch.load(buffer, weights_only=True))
-    except Exception as exc:  # noqa: BLE001 - any failure to load is the finding
-        return [f"state_dict round trip: expected the saved weights to load, got {type(exc).__name__}: "
-                + one_line(exc)]
+    except Exception as exc:
+        return [
+            f"state_dict round trip: expected the saved weights to load, got {type(exc).__name__}: "
+            + one_line(exc)
+        ]
     inputs = _inputs(SHORT_TASK, 30, 2)
     with torch.no_grad():
         model.seed_draws([5])
         expected = model(inputs)
         restored.seed_draws([5])
         difference = differ(restored(inputs), expected)
-    return [f"state_dict round trip: expected the same logits after loading, got {difference}"] if difference else []
+    return (
+        [f"state_dict round trip: expected the same logits after loading, got {difference}"]
+        if difference
+        else []
+    )
 
 
 def check_options_recorded(pe: str, options: dict[str, Any]) -> list[str]:
@@ -158,7 +185,9 @@ def check_options_recorded(pe: str, options: dict[str, Any]) -> list[str]:
     failures = []
     missing = sorted(set(encoding.option_names()) - set(recorded))
     if missing:
-        failures.append(f"options recorded: expected every option in options(), missing {', '.join(missing)}")
+        failures.append(
+            f"options recorded: expected every option in options(), missing {', '.join(missing)}"
+        )
     try:
         json.dumps(recorded)
     except TypeError as exc:
@@ -166,7 +195,9 @@ def check_options_recorded(pe: str, options: dict[str, Any]) -> list[str]:
     given = {key: value for key, value in recorded.items() if key in encoding.option_names()}
     rebuilt = _model(pe, None, given).encoding.options()
     if rebuilt != recorded:
-        failures.append(f"options recorded: expected {recorded} when built with them, got {rebuilt}")
+        failures.append(
+            f"options recorded: expected {recorded} when built with them, got {rebuilt}"
+        )
     return failures
 
 
@@ -179,17 +210,24 @@ def check_training_step(pe: str, options: dict[str, Any]) -> list[str]:
         model = _model(pe, kernel, options, task=LONG_TASK)
         logits = model(_inputs(LONG_TASK, 40, 2))
         logits.float().logsumexp(-1).mean().backward()
-        bad = [name for name, parameter in model.encoding.named_parameters()
-               if parameter.grad is None or not torch.isfinite(parameter.grad).all()]
+        bad = [
+            name
+            for name, parameter in model.encoding.named_parameters()
+            if parameter.grad is None or not torch.isfinite(parameter.grad).all()
+        ]
         if not torch.isfinite(logits).all() or bad:
-            failures.append(f"training step (kernel {kernel}, n=40): expected finite logits and "
-                            f"gradients, got non-finite or missing ones ({', '.join(bad) or 'logits'})")
+            failures.append(
+                f"training step (kernel {kernel}, n=40): expected finite logits and "
+                f"gradients, got non-finite or missing ones ({', '.join(bad) or 'logits'})"
+            )
         model.encoding.project_()
         with torch.no_grad():
             far = model.eval()(_inputs(LONG_TASK, 100, 2))
         if not torch.isfinite(far).all():
-            failures.append(f"training step (kernel {kernel}), then evaluation at n=100: expected "
-                            "finite logits, got non-finite values")
+            failures.append(
+                f"training step (kernel {kernel}), then evaluation at n=100: expected "
+                "finite logits, got non-finite values"
+            )
     return failures
 
 
@@ -204,9 +242,11 @@ def check_memory_budget(pe: str, options: dict[str, Any]) -> list[str]:
         model(_inputs(LONG_TASK, 500, 4))
     if largest["bytes"] <= SMALL_BUDGET_BYTES:
         return []
-    return [f"memory budget at n=500 ({LONG_TASK}, batch 4): expected no tensor above "
-            f"{SMALL_BUDGET_BYTES} bytes, got {largest['bytes']} bytes from {largest['op']} "
-            f"{largest['shape']}"]
+    return [
+        f"memory budget at n=500 ({LONG_TASK}, batch 4): expected no tensor above "
+        f"{SMALL_BUDGET_BYTES} bytes, got {largest['bytes']} bytes from {largest['op']} "
+        f"{largest['shape']}"
+    ]
 
 
 def check_draws_reproducible(pe: str, options: dict[str, Any]) -> list[str]:
@@ -224,12 +264,16 @@ def check_draws_reproducible(pe: str, options: dict[str, Any]) -> list[str]:
                 runs.append(model(inputs, evaluating=evaluating))
         difference = differ(runs[1], runs[0])
         if difference:
-            failures.append(f"draws reproducible per seed ({mode}): expected equal logits for "
-                            f"seed 21 twice, got {difference}")
+            failures.append(
+                f"draws reproducible per seed ({mode}): expected equal logits for "
+                f"seed 21 twice, got {difference}"
+            )
         active = model.encoding.draws_active(evaluating)
         if randomized and active and differ(runs[2], runs[0]) is None:
-            failures.append(f"draws reproducible per seed ({mode}): expected other logits for "
-                            "another seed (a randomized encoding draws positions), got the same")
+            failures.append(
+                f"draws reproducible per seed ({mode}): expected other logits for "
+                "another seed (a randomized encoding draws positions), got the same"
+            )
     return failures
 
 
@@ -262,7 +306,7 @@ class _LargestTensor(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for tensor in (out if isinstance(out, (tuple, list)) else (out,)):
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(tensor, torch.Tensor):
                 size = tensor.numel() * tensor.element_size()
                 if size > self.record["bytes"]:
@@ -295,7 +339,7 @@ def _guarded(check: str, run: Callable[[], list[str]]) -> list[str]:
     try:
         with torch.random.fork_rng(devices=[]):
             return run()
-    except Exception as exc:  # noqa: BLE001 - a crashing check is a failed check
+    except Exception as exc:
         return [f"{check}: expected to run, got {type(exc).__name__}: {one_line(exc)}"]
     finally:
         torch.set_num_threads(threads)

@@ -38,8 +38,15 @@ def differ(got: torch.Tensor, expected: torch.Tensor) -> str | None:
 
 def _encoding(pe: str, options: dict[str, Any], members: int) -> PositionalEncoding:
     torch.manual_seed(0)
-    encoding = build_encoding(pe, dim=HEADS * HEAD_DIM, heads=HEADS, layers=LAYERS,
-                              train_max_tokens=TRAIN_MAX_TOKENS, members=members, **options)
+    encoding = build_encoding(
+        pe,
+        dim=HEADS * HEAD_DIM,
+        heads=HEADS,
+        layers=LAYERS,
+        train_max_tokens=TRAIN_MAX_TOKENS,
+        members=members,
+        **options,
+    )
     return encoding.eval()
 
 
@@ -55,8 +62,11 @@ def check_bias_shape(pe: str, options: dict[str, Any]) -> list[str]:
     takes the bias as H extra channels), and None when it does not; with three members,
     whole and part row chunks, and the training draws of a randomized encoding."""
     encoding = _encoding(pe, options, MEMBERS)
-    draws = (encoding.sample_draws(LENGTH, [torch.Generator().manual_seed(2)] * MEMBERS)
-             if encoding.draws_active(False) else Draws())
+    draws = (
+        encoding.sample_draws(LENGTH, [torch.Generator().manual_seed(2)] * MEMBERS)
+        if encoding.draws_active(False)
+        else Draws()
+    )
     q, k = _queries_and_keys(MEMBERS)
     failures = []
     with torch.no_grad():
@@ -64,8 +74,9 @@ def check_bias_shape(pe: str, options: dict[str, Any]) -> list[str]:
             _, _, ctx = hook.prepare(q, k, draws.layer(layer))
             for rows in ROW_CHUNKS:
                 where = f"layer {layer}, rows {rows.start}:{rows.stop} of {LENGTH} keys"
-                problem = _bias_problem(hook.bias(rows, LENGTH, ctx), encoding.carries_bias,
-                                        rows.stop - rows.start)
+                problem = _bias_problem(
+                    hook.bias(rows, LENGTH, ctx), encoding.carries_bias, rows.stop - rows.start
+                )
                 if problem:
                     failures.append(f"bias shape ({where}, {MEMBERS} members): {problem}")
     return failures
@@ -74,11 +85,16 @@ def check_bias_shape(pe: str, options: dict[str, Any]) -> list[str]:
 def _bias_problem(bias: torch.Tensor | None, carries_bias: bool, rows: int) -> str | None:
     expected = f"[{MEMBERS} or 1, 1, {HEADS}, {rows}, {LENGTH}]"
     if bias is None:
-        return (f"expected a bias {expected} (the encoding class sets carries_bias), got None"
-                if carries_bias else None)
+        return (
+            f"expected a bias {expected} (the encoding class sets carries_bias), got None"
+            if carries_bias
+            else None
+        )
     if not carries_bias:
-        return (f"expected None (the encoding class does not set carries_bias, so DAPE would "
-                f"not take the bias), got a bias {list(bias.shape)}")
+        return (
+            f"expected None (the encoding class does not set carries_bias, so DAPE would "
+            f"not take the bias), got a bias {list(bias.shape)}"
+        )
     shape = tuple(bias.shape)
     if len(shape) != 5 or shape[0] not in (1, MEMBERS) or shape[1:] != (1, HEADS, rows, LENGTH):
         return f"expected {expected}, got {list(shape)}"
@@ -101,9 +117,11 @@ def check_translation_invariance(pe: str, options: dict[str, Any]) -> list[str]:
         embedded = encoding.embed(same_token)
         difference = differ(embedded, embedded[:, :, :1].expand_as(embedded))
         if difference:
-            failures.append(f"translation invariance (embeddings): expected no position in the "
-                            f"embeddings of a relative encoding, got {difference} between "
-                            "positions of the same token")
+            failures.append(
+                f"translation invariance (embeddings): expected no position in the "
+                f"embeddings of a relative encoding, got {difference} between "
+                "positions of the same token"
+            )
         for layer, hook in enumerate(encoding.hooks):
             here = _logits(hook, q, k)[..., : LENGTH - SHIFT, : LENGTH - SHIFT]
             later = _logits(hook, *shifted)[..., SHIFT:, SHIFT:]
@@ -112,7 +130,8 @@ def check_translation_invariance(pe: str, options: dict[str, Any]) -> list[str]:
                 failures.append(
                     f"translation invariance (layer {layer}): expected the logits of query i and "
                     f"key j to depend on j - i only (kind 'relative'), got {difference} between "
-                    f"(i, j) and (i + {SHIFT}, j + {SHIFT})")
+                    f"(i, j) and (i + {SHIFT}, j + {SHIFT})"
+                )
     return failures
 
 

@@ -131,8 +131,10 @@ QUICK_LAYERS = 2
 
 def model_sizes(quick: bool) -> dict[str, int]:
     """The models of checks (a)-(c): tiny in quick mode, else the paper's size."""
-    sizes = {name: BY_NAME[name].default_for("smoke" if quick else "paper")
-             for name in ("layers", "dim", "heads", "ffn")}
+    sizes = {
+        name: BY_NAME[name].default_for("smoke" if quick else "paper")
+        for name in ("layers", "dim", "heads", "ffn")
+    }
     return {**sizes, "layers": QUICK_LAYERS} if quick else sizes
 
 
@@ -143,18 +145,22 @@ def use_device_dape(model: Encoder, device: torch.device) -> None:
             module.implementation = "auto" if device.type == "cuda" else "convolution"
 
 
-def forward_backward(model: Encoder, inputs: torch.Tensor, targets: torch.Tensor,
-                     draws: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_backward(
+    model: Encoder, inputs: torch.Tensor, targets: torch.Tensor, draws: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits ``[M, B, L, C]`` and every member's gradient ``[M, P]`` of the summed token
     losses, on the CPU."""
     model.zero_grad(set_to_none=True)
     logits = model(inputs, draws)
     token_loss(logits, targets).sum().backward()
     members = model.members
-    gradients = torch.cat([
-        (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(members, -1)
-        for p in model.parameters()
-    ], dim=1)
+    gradients = torch.cat(
+        [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(members, -1)
+            for p in model.parameters()
+        ],
+        dim=1,
+    )
     return logits.detach().cpu(), gradients.cpu()
 
 
@@ -166,8 +172,9 @@ def _batch(task_name: str, length: int, batch: int, seed: int = 0):
     return task, torch.from_numpy(sample.inputs.copy()), torch.from_numpy(sample.targets.copy())
 
 
-def agreement_cases(encoding: str, kernel: int | None, device: torch.device,
-                    quick: bool) -> list[Case]:
+def agreement_cases(
+    encoding: str, kernel: int | None, device: torch.device, quick: bool
+) -> list[Case]:
     """(a) for one encoding and kernel: a copy on ``device`` vs the CPU model, with the same
     weights, inputs and draws."""
     length, batch = (12, 4) if quick else (40, 16)
@@ -178,19 +185,41 @@ def agreement_cases(encoding: str, kernel: int | None, device: torch.device,
     use_device_dape(tested, device)
     draws = reference.sample_draws(length)
     expected = forward_backward(reference, inputs, targets[None], draws)
-    got = forward_backward(tested, inputs.to(device), targets[None].to(device),
-                           None if draws is None else draws.to(device))
+    got = forward_backward(
+        tested,
+        inputs.to(device),
+        targets[None].to(device),
+        None if draws is None else draws.to(device),
+    )
     name = f"{encoding} k={kernel or '-'}"
-    return [Case("a", name, "logits", relative_error(got[0], expected[0]), LOGITS_TOLERANCE,
-                 "relative error vs CPU"),
-            Case("a", name, "gradients", relative_error(got[1], expected[1]),
-                 GRADIENT_TOLERANCE, "relative error vs CPU")]
+    return [
+        Case(
+            "a",
+            name,
+            "logits",
+            relative_error(got[0], expected[0]),
+            LOGITS_TOLERANCE,
+            "relative error vs CPU",
+        ),
+        Case(
+            "a",
+            name,
+            "gradients",
+            relative_error(got[1], expected[1]),
+            GRADIENT_TOLERANCE,
+            "relative error vs CPU",
+        ),
+    ]
 
 
 def check_agreement(device: torch.device, quick: bool) -> list[Case]:
     """(a) device vs CPU for every encoding x kernel."""
-    return [case for encoding in list_encodings() for kernel in KERNELS
-            for case in agreement_cases(encoding.name, kernel, device, quick)]
+    return [
+        case
+        for encoding in list_encodings()
+        for kernel in KERNELS
+        for case in agreement_cases(encoding.name, kernel, device, quick)
+    ]
 
 
 def check_packs(device: torch.device, quick: bool, members: int = 4) -> list[Case]:
@@ -205,8 +234,11 @@ def check_packs(device: torch.device, quick: bool, members: int = 4) -> list[Cas
             alone = []
             for seed in range(members):
                 torch.manual_seed(seed)
-                alone.append(build_model(task, encoding.name, kernel, dropout=0.0,
-                                         **model_sizes(quick)).to(device).train())
+                alone.append(
+                    build_model(task, encoding.name, kernel, dropout=0.0, **model_sizes(quick))
+                    .to(device)
+                    .train()
+                )
             pack = stack_members(alone).train()
             pack.seed_draws(range(members))
             packed = forward_backward(pack, inputs, targets.expand(members, -1, -1), None)
@@ -215,28 +247,65 @@ def check_packs(device: torch.device, quick: bool, members: int = 4) -> list[Cas
                 model.seed_draws([member])
                 logits, gradients = forward_backward(model, inputs, targets[None], None)
                 worst_logits = max(worst_logits, relative_error(packed[0][member], logits[0]))
-                worst_gradients = max(worst_gradients,
-                                      relative_error(packed[1][member], gradients[0]))
+                worst_gradients = max(
+                    worst_gradients, relative_error(packed[1][member], gradients[0])
+                )
             name = f"{encoding.name} k={kernel or '-'}"
-            cases.append(Case("b", name, "logits", worst_logits, LOGITS_TOLERANCE,
-                              f"relative error, pack of {members} vs alone, worst member"))
-            cases.append(Case("b", name, "gradients", worst_gradients, GRADIENT_TOLERANCE,
-                              f"relative error, pack of {members} vs alone, worst member"))
+            cases.append(
+                Case(
+                    "b",
+                    name,
+                    "logits",
+                    worst_logits,
+                    LOGITS_TOLERANCE,
+                    f"relative error, pack of {members} vs alone, worst member",
+                )
+            )
+            cases.append(
+                Case(
+                    "b",
+                    name,
+                    "gradients",
+                    worst_gradients,
+                    GRADIENT_TOLERANCE,
+                    f"relative error, pack of {members} vs alone, worst member",
+                )
+            )
     return cases
 
 
 def _training_configs(quick: bool, steps: int, dropout: float) -> list[RunConfig]:
-    return [make_config(TASK, "kerple", 3, "smoke", steps=steps, batch_size=16, dropout=dropout,
-                        lr=1e-3, length_seed=0, **model_sizes(quick))]
+    return [
+        make_config(
+            TASK,
+            "kerple",
+            3,
+            "smoke",
+            steps=steps,
+            batch_size=16,
+            dropout=dropout,
+            lr=1e-3,
+            length_seed=0,
+            **model_sizes(quick),
+        )
+    ]
 
 
-def train_losses(configs: Sequence[RunConfig], device: torch.device) -> tuple[list[float], torch.Tensor]:
+def train_losses(
+    configs: Sequence[RunConfig], device: torch.device
+) -> tuple[list[float], torch.Tensor]:
     """Per-step losses (first member) of a fresh training on ``device``, and its final weights."""
     losses: list[float] = []
     task = configs[0].build_task()
     model = build_pack_model(task, configs).to(device)
-    train_pack(model, task, configs, device, progress=False,
-               on_step=lambda step, step_losses: losses.append(step_losses[0]))
+    train_pack(
+        model,
+        task,
+        configs,
+        device,
+        progress=False,
+        on_step=lambda step, step_losses: losses.append(step_losses[0]),
+    )
     weights = torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
     return losses, weights
 
@@ -248,8 +317,16 @@ def check_training(device: torch.device, quick: bool, steps: int = 100) -> list[
     expected, _ = train_losses(configs, torch.device("cpu"))
     got, _ = train_losses(configs, device)
     gap = max(abs(a - b) for a, b in zip(got, expected)) if len(got) == len(expected) else math.inf
-    return [Case("c", f"{steps} steps, kerple k=3", "losses", gap, LOSS_TOLERANCE,
-                 "largest loss difference vs CPU, nats")]
+    return [
+        Case(
+            "c",
+            f"{steps} steps, kerple k=3",
+            "losses",
+            gap,
+            LOSS_TOLERANCE,
+            "largest loss difference vs CPU, nats",
+        )
+    ]
 
 
 def check_determinism(device: torch.device, quick: bool, steps: int = 20) -> list[Case]:
@@ -265,8 +342,10 @@ def check_determinism(device: torch.device, quick: bool, steps: int = 20) -> lis
     loss_gap = max(abs(a - b) for a, b in zip(first_losses, second_losses))
     weight_gap = float((first_weights - second_weights).abs().max())
     subject = f"{steps} steps twice, kerple k=3"
-    return [Case("e", subject, "losses", loss_gap, 0.0, "largest difference"),
-            Case("e", subject, "weights", weight_gap, 0.0, "largest difference")]
+    return [
+        Case("e", subject, "losses", loss_gap, 0.0, "largest difference"),
+        Case("e", subject, "weights", weight_gap, 0.0, "largest difference"),
+    ]
 
 
 def synchronize(device: torch.device) -> None:
@@ -287,8 +366,13 @@ def step_seconds(configs: Sequence[RunConfig], device: torch.device, repeats: in
     warm-up step)."""
     task = configs[0].build_task()
     model = build_pack_model(task, configs).to(device).train()
-    optimizer = PackOptimizer(model, [c.lr for c in configs], configs[0].adam_betas,
-                              configs[0].adam_eps, configs[0].grad_clip_norm)
+    optimizer = PackOptimizer(
+        model,
+        [c.lr for c in configs],
+        configs[0].adam_betas,
+        configs[0].adam_eps,
+        configs[0].grad_clip_norm,
+    )
     projected = projected_modules(model)
     rngs = [np.random.default_rng(config.data_seed) for config in configs]
     samples = [task.sample(configs[0].train_max_length, configs[0].batch_size, rng) for rng in rngs]
@@ -316,23 +400,43 @@ def measure_speed(device: torch.device, quick: bool) -> list[Measurement]:
     repeats = 2 if quick else 10
     one = step_seconds(single, device, repeats)
     width = resolve_width(AUTO, single[0], device)
-    pack = [make_config(TASK, pe, kernel, SPEED_PRESET, seed=seed, length_seed=0)
-            for seed in range(width)]
+    pack = [
+        make_config(TASK, pe, kernel, SPEED_PRESET, seed=seed, length_seed=0)
+        for seed in range(width)
+    ]
     wide = one if width == 1 else step_seconds(pack, device, repeats)
     packs_per_cell = math.ceil(RUNS_PER_CELL / width)
     return [
-        Measurement(f"step, one run ({label}, batch {single[0].batch_size}, "
-                    f"n = {single[0].train_max_length})", 1e3 * one, "ms", "measured"),
+        Measurement(
+            f"step, one run ({label}, batch {single[0].batch_size}, "
+            f"n = {single[0].train_max_length})",
+            1e3 * one,
+            "ms",
+            "measured",
+        ),
         Measurement(f"step, --pack auto = {width} runs", 1e3 * wide, "ms", "measured"),
-        Measurement("peak memory", peak_memory_bytes(device) / 2**30, "GiB", "measured",
-                    "tensors on a GPU; on a CPU the process's peak resident set"),
-        Measurement("one paper run, training", PAPER_STEPS * one / 3600, "h", "estimate",
-                    f"{PAPER_STEPS:,} steps x the step at n = 40 (an upper bound); "
-                    "evaluation not included"),
-        Measurement(f"one table cell ({RUNS_PER_CELL} runs), training",
-                    packs_per_cell * PAPER_STEPS * wide / 3600, "h", "estimate",
-                    f"{packs_per_cell} pack(s) of <= {width} one after another, "
-                    f"{PAPER_STEPS:,} steps each; evaluation not included"),
+        Measurement(
+            "peak memory",
+            peak_memory_bytes(device) / 2**30,
+            "GiB",
+            "measured",
+            "tensors on a GPU; on a CPU the process's peak resident set",
+        ),
+        Measurement(
+            "one paper run, training",
+            PAPER_STEPS * one / 3600,
+            "h",
+            "estimate",
+            f"{PAPER_STEPS:,} steps x the step at n = 40 (an upper bound); evaluation not included",
+        ),
+        Measurement(
+            f"one table cell ({RUNS_PER_CELL} runs), training",
+            packs_per_cell * PAPER_STEPS * wide / 3600,
+            "h",
+            "estimate",
+            f"{packs_per_cell} pack(s) of <= {width} one after another, "
+            f"{PAPER_STEPS:,} steps each; evaluation not included",
+        ),
     ]
 
 
@@ -345,8 +449,9 @@ CHECKS: tuple[tuple[str, str, Callable[[torch.device, bool], list[Case]]], ...] 
 )
 
 
-def run_selftest(device: torch.device, quick: bool,
-                 on_check: Callable[[str], None] | None = None) -> SelftestReport:
+def run_selftest(
+    device: torch.device, quick: bool, on_check: Callable[[str], None] | None = None
+) -> SelftestReport:
     """Every check on ``device`` (TF32 off); ``on_check(title)`` is called as each starts."""
     from che_bench.run.runner import describe_device
 

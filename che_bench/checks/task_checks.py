@@ -20,8 +20,11 @@ AGREEMENT_LENGTHS = (*range(1, 61), 64, 100, 128, 255, 256, 499, 500)
 
 
 def _lengths(task: Task) -> list[int]:
-    return [n for n in AGREEMENT_LENGTHS
-            if n >= task.min_length and (task.max_length is None or n <= task.max_length)]
+    return [
+        n
+        for n in AGREEMENT_LENGTHS
+        if n >= task.min_length and (task.max_length is None or n <= task.max_length)
+    ]
 
 
 def check_oracle_agrees(task: Task) -> list[str]:
@@ -32,12 +35,18 @@ def check_oracle_agrees(task: Task) -> list[str]:
     for n in _lengths(task):
         batch = task.sample(n, 64, rng)
         targets, mask = task.solve(batch.inputs)
-        for what, got, expected in (("targets", targets, batch.targets), ("mask", mask, batch.mask)):
+        for what, got, expected in (
+            ("targets", targets, batch.targets),
+            ("mask", mask, batch.mask),
+        ):
             if np.shape(got) != np.shape(expected) or not np.array_equal(got, expected):
-                rows = (np.shape(got) == np.shape(expected)
-                        and int((np.asarray(got) != expected).any(axis=1).sum()))
-                failures.append(f"sampler and oracle agree (n={n}): expected the sampled {what}, "
-                                f"got {'other ones in ' + str(rows) + ' of 64 rows' if rows else 'shape ' + str(np.shape(got))}")
+                rows = np.shape(got) == np.shape(expected) and int(
+                    (np.asarray(got) != expected).any(axis=1).sum()
+                )
+                failures.append(
+                    f"sampler and oracle agree (n={n}): expected the sampled {what}, "
+                    f"got {'other ones in ' + str(rows) + ' of 64 rows' if rows else 'shape ' + str(np.shape(got))}"
+                )
     return failures
 
 
@@ -46,10 +55,16 @@ def check_ids_shapes_masks(task: Task) -> list[str]:
     ``[B, output_length(n)]`` with ids in 0..output_size-1, int64, a counted position in
     every row, and the sizes the model needs."""
     failures = []
-    if not (isinstance(task.input_size, int) and isinstance(task.output_size, int)
-            and task.input_size >= 1 and task.output_size >= 2):
-        failures.append(f"sizes: expected integer input_size >= 1 and output_size >= 2, got "
-                        f"{task.input_size!r}, {task.output_size!r}")
+    if not (
+        isinstance(task.input_size, int)
+        and isinstance(task.output_size, int)
+        and task.input_size >= 1
+        and task.output_size >= 2
+    ):
+        failures.append(
+            f"sizes: expected integer input_size >= 1 and output_size >= 2, got "
+            f"{task.input_size!r}, {task.output_size!r}"
+        )
         return failures
     rng = np.random.default_rng(5)
     for n in _lengths(task)[::7] + _lengths(task)[-1:]:
@@ -57,15 +72,25 @@ def check_ids_shapes_masks(task: Task) -> list[str]:
         expected_in, expected_out = (16, task.input_length(n)), (16, task.output_length(n))
         found = []
         if batch.inputs.shape != expected_in or batch.inputs.dtype != np.int64:
-            found.append(f"inputs {batch.inputs.dtype} {list(batch.inputs.shape)} (expected int64 {list(expected_in)})")
+            found.append(
+                f"inputs {batch.inputs.dtype} {list(batch.inputs.shape)} (expected int64 {list(expected_in)})"
+            )
         elif batch.inputs.min() < 0 or batch.inputs.max() >= task.input_size:
-            found.append(f"input ids {batch.inputs.min()}..{batch.inputs.max()} (expected 0..{task.input_size - 1})")
+            found.append(
+                f"input ids {batch.inputs.min()}..{batch.inputs.max()} (expected 0..{task.input_size - 1})"
+            )
         if batch.targets.shape != expected_out or batch.targets.dtype != np.int64:
-            found.append(f"targets {batch.targets.dtype} {list(batch.targets.shape)} (expected int64 {list(expected_out)})")
+            found.append(
+                f"targets {batch.targets.dtype} {list(batch.targets.shape)} (expected int64 {list(expected_out)})"
+            )
         elif batch.targets.min() < 0 or batch.targets.max() >= task.output_size:
-            found.append(f"target ids {batch.targets.min()}..{batch.targets.max()} (expected 0..{task.output_size - 1})")
+            found.append(
+                f"target ids {batch.targets.min()}..{batch.targets.max()} (expected 0..{task.output_size - 1})"
+            )
         if batch.mask.shape != expected_out or batch.mask.dtype != bool:
-            found.append(f"mask {batch.mask.dtype} {list(batch.mask.shape)} (expected bool {list(expected_out)})")
+            found.append(
+                f"mask {batch.mask.dtype} {list(batch.mask.shape)} (expected bool {list(expected_out)})"
+            )
         elif not batch.mask.any(axis=1).all():
             found.append("a row with no counted position (expected at least one per row)")
         failures += [f"ids, shapes and masks (n={n}): {what}" for what in found]
@@ -76,11 +101,15 @@ def check_same_seed_same_data(task: Task) -> list[str]:
     """The same numpy seed gives the same batch; another seed gives other inputs."""
     n = max(task.min_length, min(20, task.max_length or 20))
     first, again, other = (task.sample(n, 16, np.random.default_rng(seed)) for seed in (5, 5, 6))
-    failures = [f"same seed same data (n={n}): expected equal {field} for seed 5 twice, got different ones"
-                for field in ("inputs", "targets", "mask")
-                if not np.array_equal(getattr(first, field), getattr(again, field))]
+    failures = [
+        f"same seed same data (n={n}): expected equal {field} for seed 5 twice, got different ones"
+        for field in ("inputs", "targets", "mask")
+        if not np.array_equal(getattr(first, field), getattr(again, field))
+    ]
     if np.array_equal(first.inputs, other.inputs):
-        failures.append(f"same seed same data (n={n}): expected other inputs for seed 6, got the same")
+        failures.append(
+            f"same seed same data (n={n}): expected other inputs for seed 6, got the same"
+        )
     return failures
 
 
@@ -96,8 +125,10 @@ def check_bad_lengths_refused(task: Task) -> list[str]:
             task.sample(n, 4, np.random.default_rng(0))
         except CheBenchError:
             continue
-        except Exception as exc:  # noqa: BLE001 - the wrong kind of error is the finding
-            failures.append(f"bad lengths refused (n={n!r}): expected a CheBenchError, got {type(exc).__name__}")
+        except Exception as exc:
+            failures.append(
+                f"bad lengths refused (n={n!r}): expected a CheBenchError, got {type(exc).__name__}"
+            )
             continue
         failures.append(f"bad lengths refused (n={n!r}): expected a CheBenchError, got a batch")
     return failures
@@ -111,7 +142,11 @@ def check_params_round_trip(task: Task) -> list[str]:
         rebuilt = get_task(task.name, **params).params()
     except (TypeError, CheBenchError) as exc:
         return [f"params recorded: expected JSON parameters that rebuild the task, got {exc}"]
-    return [] if rebuilt == params else [f"params recorded: expected {params} when rebuilt, got {rebuilt}"]
+    return (
+        []
+        if rebuilt == params
+        else [f"params recorded: expected {params} when rebuilt, got {rebuilt}"]
+    )
 
 
 TASK_CHECKS: dict[str, Callable[[Task], list[str]]] = {
@@ -121,5 +156,3 @@ TASK_CHECKS: dict[str, Callable[[Task], list[str]]] = {
     "lengths": check_bad_lengths_refused,
     "params": check_params_round_trip,
 }
-
-

@@ -39,18 +39,29 @@ def attention_command(args: argparse.Namespace) -> int:
     run_ids = resolve_run_ids(store, [args.run_id] + ([args.compare] if args.compare else []))
     loaded = [load_model(models_dir_for(store.path), run_id) for run_id in run_ids]
     if len({(config.task, str(config.task_params), config.eval_seed) for config, _ in loaded}) > 1:
-        raise CheBenchError("--compare needs a run of the same task and evaluation seed "
-                            "(so that both see the same input)")
+        raise CheBenchError(
+            "--compare needs a run of the same task and evaluation seed "
+            "(so that both see the same input)"
+        )
     maps = [
-        attention_maps(model, config, f"{run_encoding_label(config.to_dict())} ({run_id})",
-                       length=args.length, sample=args.sample, layer=args.layer)
+        attention_maps(
+            model,
+            config,
+            f"{run_encoding_label(config.to_dict())} ({run_id})",
+            length=args.length,
+            sample=args.sample,
+            layer=args.layer,
+        )
         for run_id, (config, model) in zip(run_ids, loaded)
     ]
     config = loaded[0][0]
-    heads = (list(range(maps[0].probabilities.shape[0])) if args.heads == "all"
-             else _heads(args.heads))
-    title = (f"{config.task}, n = {args.length} (T = {maps[0].tokens}), test sequence "
-             f"{args.sample}, layer {args.layer}")
+    heads = (
+        list(range(maps[0].probabilities.shape[0])) if args.heads == "all" else _heads(args.heads)
+    )
+    title = (
+        f"{config.task}, n = {args.length} (T = {maps[0].tokens}), test sequence "
+        f"{args.sample}, layer {args.layer}"
+    )
     print(f"wrote {plot_attention(maps, heads, args.out, title)}")
     return 0
 
@@ -59,5 +70,7 @@ def _heads(text: str) -> list[int]:
     try:
         heads = [int(part) for part in text.split(",")]
     except ValueError:
-        raise CheBenchError(f"--heads takes a comma list of head numbers or 'all', got {text!r}") from None
+        raise CheBenchError(
+            f"--heads takes a comma list of head numbers or 'all', got {text!r}"
+        ) from None
     return heads

@@ -13,7 +13,8 @@ from che_bench.commands.key_values import parse_key_values
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     encoding = subparsers.add_parser(
-        "check-encoding", help="check that an encoding works as che-bench needs (exit 1 if not)",
+        "check-encoding",
+        help="check that an encoding works as che-bench needs (exit 1 if not)",
         description="Shapes and finite outputs at training lengths and test lengths up to 500, "
         "the bias shape [M or 1, 1, H, R, T] (and None without carries_bias), translation "
         "invariance of a relative encoding's logits and embeddings, "
@@ -23,19 +24,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "budget at n = 500, random draws reproducible per seed. One line per failure.",
     )
     encoding.add_argument("name", help="encoding name (see `che-bench encodings`)")
-    encoding.add_argument("--pe-option", action="append", default=[], metavar="KEY=VALUE",
-                          help="encoding option to check with (repeatable)")
+    encoding.add_argument(
+        "--pe-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="encoding option to check with (repeatable)",
+    )
     encoding.set_defaults(handler=check_encoding_command)
 
     task = subparsers.add_parser(
-        "check-task", help="check that a task works as che-bench needs (exit 1 if not)",
+        "check-task",
+        help="check that a task works as che-bench needs (exit 1 if not)",
         description="Sampler and oracle agree at lengths 1..60 and up to 500, same seed same "
         "data, ids, shapes and masks in range, bad lengths refused, parameters recorded. "
         "One line per failure.",
     )
     task.add_argument("name", help="task name (see `che-bench tasks`)")
-    task.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                      help="task parameter to check with (repeatable)")
+    task.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="task parameter to check with (repeatable)",
+    )
     task.set_defaults(handler=check_task_command)
 
 
@@ -47,8 +59,11 @@ def check_encoding_command(args: argparse.Namespace) -> int:
     options = parse_key_values(args.pe_option, "--pe-option")
     # Bad options are a usage error (exit 2), not a failed check.
     build_encoding(name, dim=16, heads=4, layers=1, train_max_tokens=40, **options)
-    return _report(f"encoding {name}", conformance.ENCODING_CHECKS,
-                   lambda check: conformance.run_encoding_check(check, name, options))
+    return _report(
+        f"encoding {name}",
+        conformance.ENCODING_CHECKS,
+        lambda check: conformance.run_encoding_check(check, name, options),
+    )
 
 
 def check_task_command(args: argparse.Namespace) -> int:
@@ -56,8 +71,11 @@ def check_task_command(args: argparse.Namespace) -> int:
     from che_bench.tasks import get_task
 
     task = get_task(args.name, **parse_key_values(args.param, "--param"))
-    return _report(f"task {task.name}", conformance.TASK_CHECKS,
-                   lambda check: conformance.run_task_check(check, task))
+    return _report(
+        f"task {task.name}",
+        conformance.TASK_CHECKS,
+        lambda check: conformance.run_task_check(check, task),
+    )
 
 
 def _report(subject: str, checks: dict, run: Callable[[str], list[str]]) -> int:
@@ -71,6 +89,8 @@ def _report(subject: str, checks: dict, run: Callable[[str], list[str]]) -> int:
         for line in failures:
             print(f"     {line}")
         failed += bool(failures)
-    verdict = f"{failed} of {len(checks)} checks failed" if failed else f"all {len(checks)} checks passed"
+    verdict = (
+        f"{failed} of {len(checks)} checks failed" if failed else f"all {len(checks)} checks passed"
+    )
     print(f"{subject}: {verdict}", file=sys.stderr if failed else sys.stdout)
     return 1 if failed else 0

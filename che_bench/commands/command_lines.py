@@ -30,12 +30,16 @@ def run_command_line(config: dict[str, Any], run_id: str) -> list[str] | None:
                 argv += _setting_arguments(setting, config)
         # Lengths last: the preset's "auto" in-distribution lengths follow the other settings.
         args = build_parser().parse_args(argv)
-        resolved = make_config(args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args))
+        resolved = make_config(
+            args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args)
+        )
         for name in lengths:
             if list(getattr(resolved, name)) != config[name]:
                 argv += [settings.BY_NAME[name].flag, _lengths_spec(config[name])]
         args = build_parser().parse_args(argv)
-        rebuilt = make_config(args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args))
+        rebuilt = make_config(
+            args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args)
+        )
     except (CheBenchError, KeyError, TypeError, SystemExit):
         return None  # an old or hand-edited config that today's CLI cannot express
     return argv if rebuilt.run_id() == run_id else None
@@ -49,8 +53,12 @@ def _setting_arguments(setting: settings.Setting, config: dict[str, Any]) -> lis
     value = settings.stored_value(config, setting)
     if setting.kind == settings.KEY_VALUES:
         defaults = get_task(config["task"]).params() if setting.name == "task_params" else {}
-        return [item for key, item_value in sorted(value.items()) if defaults.get(key) != item_value
-                for item in (setting.flag, f"{key}={_flag_value(item_value)}")]
+        return [
+            item
+            for key, item_value in sorted(value.items())
+            if defaults.get(key) != item_value
+            for item in (setting.flag, f"{key}={_flag_value(item_value)}")
+        ]
     if setting.follows is not None:
         default = config[setting.follows]
     elif setting.task_default is not None:

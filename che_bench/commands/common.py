@@ -23,27 +23,45 @@ from che_bench.run.trackers import TrackerOptions
 def add_setting_argument(parser, setting: settings.Setting) -> None:
     """The command-line flag of one declared setting."""
     if setting.kind == settings.SWITCH and setting.where == settings.RUNTIME:
-        parser.add_argument(setting.flag, dest=setting.name, action="store_true",
-                            default=False, help=setting.help)
+        parser.add_argument(
+            setting.flag, dest=setting.name, action="store_true", default=False, help=setting.help
+        )
     elif setting.kind == settings.SWITCH:
         # --X / --no-X; None when neither is given, so that a preset's, a suite's or the
         # task's value is kept.
-        parser.add_argument(setting.flag, dest=setting.name,
-                            action=argparse.BooleanOptionalAction, default=None,
-                            help=setting.help)
+        parser.add_argument(
+            setting.flag,
+            dest=setting.name,
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=setting.help,
+        )
     elif setting.kind == settings.KEY_VALUES:
-        parser.add_argument(setting.flag, dest=setting.name, action="append", default=[],
-                            metavar=setting.metavar, help=setting.help)
+        parser.add_argument(
+            setting.flag,
+            dest=setting.name,
+            action="append",
+            default=[],
+            metavar=setting.metavar,
+            help=setting.help,
+        )
     else:
         # Runtime options have no preset: their flag's default is the declared one.
-        parser.add_argument(setting.flag, dest=setting.name, type=setting.kind,
-                            default=setting.default if setting.where == settings.RUNTIME else None,
-                            metavar=setting.metavar, help=setting.help)
+        parser.add_argument(
+            setting.flag,
+            dest=setting.name,
+            type=setting.kind,
+            default=setting.default if setting.where == settings.RUNTIME else None,
+            metavar=setting.metavar,
+            help=setting.help,
+        )
 
 
-def add_override_arguments(parser: argparse.ArgumentParser,
-                           names: tuple[str, ...] | None = None,
-                           title: str = "overrides of the preset") -> None:
+def add_override_arguments(
+    parser: argparse.ArgumentParser,
+    names: tuple[str, ...] | None = None,
+    title: str = "overrides of the preset",
+) -> None:
     """The flags that override preset fields (``make_config`` keywords): one per run setting
     of ``che_bench.settings`` that has a flag, or those of ``names``."""
     group = parser.add_argument_group(title)
@@ -52,8 +70,9 @@ def add_override_arguments(parser: argparse.ArgumentParser,
             add_setting_argument(group, setting)
 
 
-def add_runtime_arguments(parser: argparse.ArgumentParser,
-                          names: tuple[str, ...] | None = None) -> None:
+def add_runtime_arguments(
+    parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None
+) -> None:
     """The flags of the runtime options of ``che_bench.settings`` (how runs execute): all of
     them, or those of ``names``."""
     for setting in settings.settings_where(settings.RUNTIME):
@@ -78,9 +97,11 @@ def runtime_options_from_args(args: argparse.Namespace, **fields: Any) -> Runtim
     """The command's ``RuntimeOptions``: its runtime flags (checked by the settings'
     validators), ``--no-progress`` and ``fields`` (directories). A missing tracker extra is
     a one-line error here, before anything runs."""
-    values = {setting.name: getattr(args, setting.name)
-              for setting in settings.settings_where(settings.RUNTIME)
-              if hasattr(args, setting.name)}
+    values = {
+        setting.name: getattr(args, setting.name)
+        for setting in settings.settings_where(settings.RUNTIME)
+        if hasattr(args, setting.name)
+    }
     tensorboard, wandb = values.pop("tensorboard", None), values.pop("wandb", None)
     if tensorboard is not None or wandb is not None:
         values["trackers"] = TrackerOptions(tensorboard=tensorboard, wandb=wandb)
@@ -99,27 +120,41 @@ def use_threads(options: RuntimeOptions) -> None:
 
 
 def add_store_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", metavar="PATH",
-                        help="result store (default $CHE_BENCH_STORE or results/che-bench.sqlite; "
-                             "checkpoints and kept models go beside it)")
+    parser.add_argument(
+        "--store",
+        metavar="PATH",
+        help="result store (default $CHE_BENCH_STORE or results/che-bench.sqlite; "
+        "checkpoints and kept models go beside it)",
+    )
 
 
 def add_no_progress_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-progress", action="store_true",
-                        help="no progress bars (results are still printed, one line each)")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bars (results are still printed, one line each)",
+    )
 
 
 def add_keep_model_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-keep-model", action="store_true",
-                        help="do not keep the trained weights (default: models/<run id>.pt beside "
-                             "the store, for `che-bench evaluate` and `attention`)")
+    parser.add_argument(
+        "--no-keep-model",
+        action="store_true",
+        help="do not keep the trained weights (default: models/<run id>.pt beside "
+        "the store, for `che-bench evaluate` and `attention`)",
+    )
 
 
 def add_samples_arguments(parser: argparse.ArgumentParser, help: str) -> None:
     """``--samples FILE`` (``che_bench.eval.predictions``) and how many sequences per length."""
     parser.add_argument("--samples", metavar="FILE.jsonl", help=help)
-    parser.add_argument("--samples-per-length", type=int, default=8, metavar="N",
-                        help="sequences per length with --samples (default 8)")
+    parser.add_argument(
+        "--samples-per-length",
+        type=int,
+        default=8,
+        metavar="N",
+        help="sequences per length with --samples (default 8)",
+    )
 
 
 def check_samples_arguments(args: argparse.Namespace) -> None:

@@ -28,8 +28,13 @@ CONFIRM_SECONDS_ABOVE = 3600.0
 CONFIRM_RATIO_ABOVE = 20.0
 #: The evaluation settings a re-evaluation can change (the run's own value when not given);
 #: their flags are ``che-bench run``'s.
-CHANGEABLE_SETTINGS = ("test_lengths", "eval_samples", "eval_batch_size", "dropout_at_eval",
-                       "score_from_42")
+CHANGEABLE_SETTINGS = (
+    "test_lengths",
+    "eval_samples",
+    "eval_batch_size",
+    "dropout_at_eval",
+    "score_from_42",
+)
 #: The runtime options that apply to an evaluation.
 RUNTIME_SETTINGS = ("device", "threads", "deterministic")
 
@@ -44,15 +49,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--evaluation ID`). Unchanged settings keep the run's own; with none changed, the "
         "run's original evaluation is repeated and compared with the stored curve.",
     )
-    parser.add_argument("run_ids", nargs="+", metavar="RUN_ID",
-                        help="run ids, or any prefixes that name one run each")
-    add_override_arguments(parser, CHANGEABLE_SETTINGS,
-                           title="the evaluation protocol (default: each run's own)")
-    add_samples_arguments(parser, "also write each model's predictions on the first test "
-                                  "sequences of every test length (input, target, prediction, "
-                                  "mask, per-token correctness), one JSON line each")
-    parser.add_argument("--yes", action="store_true",
-                        help="start even an evaluation estimated at over an hour per run")
+    parser.add_argument(
+        "run_ids",
+        nargs="+",
+        metavar="RUN_ID",
+        help="run ids, or any prefixes that name one run each",
+    )
+    add_override_arguments(
+        parser, CHANGEABLE_SETTINGS, title="the evaluation protocol (default: each run's own)"
+    )
+    add_samples_arguments(
+        parser,
+        "also write each model's predictions on the first test "
+        "sequences of every test length (input, target, prediction, "
+        "mask, per-token correctness), one JSON line each",
+    )
+    parser.add_argument(
+        "--yes",
+        action="store_true",
+        help="start even an evaluation estimated at over an hour per run",
+    )
     add_runtime_arguments(parser, RUNTIME_SETTINGS)
     add_no_progress_argument(parser)
     add_store_argument(parser)
@@ -93,8 +109,9 @@ def evaluate_command(args: argparse.Namespace) -> int:
     if args.samples is not None:
         from che_bench.eval.predictions import write_samples
 
-        written = write_samples(args.samples, run_ids, models, configs, device,
-                                args.samples_per_length)
+        written = write_samples(
+            args.samples, run_ids, models, configs, device, args.samples_per_length
+        )
         print(f"wrote {written} sample predictions to {args.samples}")
     return 0
 
@@ -118,13 +135,19 @@ def _record_evaluation(store, run_id: str, config, result, device) -> None:
     protocol = config.evaluation_protocol()
     described = describe_device(device)
     evaluation_id = store.record_evaluation(
-        run_id, protocol, result, device=described, versions=software_versions(config),
+        run_id,
+        protocol,
+        result,
+        device=described,
+        versions=software_versions(config),
         timings={"eval_s": result.seconds},
     )
-    print(f"run {run_id}: evaluation {evaluation_id} ({describe_protocol(protocol)}) on "
-          f"{described}: score {result.score:.2%}, in-distribution "
-          f"{result.train_accuracy:.2%}, exact match {result.exact_score:.2%}; "
-          f"{result.seconds:.0f} s")
+    print(
+        f"run {run_id}: evaluation {evaluation_id} ({describe_protocol(protocol)}) on "
+        f"{described}: score {result.score:.2%}, in-distribution "
+        f"{result.train_accuracy:.2%}, exact match {result.exact_score:.2%}; "
+        f"{result.seconds:.0f} s"
+    )
 
 
 def _recorded_tf32(details: dict[str, dict]) -> bool:
@@ -147,10 +170,13 @@ def _state_cost(originals, configs, runs, confirmed: bool) -> None:
     timings = [json.loads(text or "{}").get("eval_s") for text in runs["timings"]]
     seconds = max((t for t in timings if t), default=None)
     estimate = "" if seconds is None else f" (~{_duration(ratio * seconds)} at the recorded speed)"
-    message = (f"estimated cost: {ratio:,.1f}x the runs' own evaluation per run{estimate}, "
-               f"{len(configs)} run(s)")
-    too_long = (ratio > CONFIRM_RATIO_ABOVE if seconds is None
-                else ratio * seconds > CONFIRM_SECONDS_ABOVE)
+    message = (
+        f"estimated cost: {ratio:,.1f}x the runs' own evaluation per run{estimate}, "
+        f"{len(configs)} run(s)"
+    )
+    too_long = (
+        ratio > CONFIRM_RATIO_ABOVE if seconds is None else ratio * seconds > CONFIRM_SECONDS_ABOVE
+    )
     if too_long and not confirmed:
         raise CheBenchError(f"{message}; pass --yes to start it")
     print(f"che-bench: {message}", file=sys.stderr)
@@ -174,5 +200,7 @@ def _compare_with_stored(store, run_id: str, result) -> None:
         verdict = "reproduces the stored curve exactly"
     else:
         verdict = f"differs from the stored curve by up to {max(differences):.2%}"
-    print(f"run {run_id}: the original protocol again: score {result.score:.2%}; {verdict} "
-          "(nothing recorded)")
+    print(
+        f"run {run_id}: the original protocol again: score {result.score:.2%}; {verdict} "
+        "(nothing recorded)"
+    )

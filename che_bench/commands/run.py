@@ -29,34 +29,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "run",
         help="train and evaluate one task/encoding/kernel (one run, or a table cell of seeds x "
-             "learning rates) and record the result",
+        "learning rates) and record the result",
         description="Train on lengths <= train-max-length, evaluate on the test lengths, record "
         "the runs in the store and print their table row. With --seeds and/or --lrs the runs of "
         "one table cell train side by side as packs. Re-running an interrupted command "
         "resumes from its checkpoints.",
     )
     parser.add_argument("--task", required=True, help="task name (see `che-bench tasks`)")
-    parser.add_argument("--pe", default="none", help="positional encoding (see `che-bench encodings`)")
+    parser.add_argument(
+        "--pe", default="none", help="positional encoding (see `che-bench encodings`)"
+    )
     parser.add_argument("--kernel", type=int, help="DAPE kernel: 1 = DAPE, odd >= 3 = DAPE V2")
-    parser.add_argument("--preset", default="quick", choices=list(PRESETS),
-                        help="paper: published protocol (GPU); quick: CPU minutes; smoke: seconds")
+    parser.add_argument(
+        "--preset",
+        default="quick",
+        choices=list(PRESETS),
+        help="paper: published protocol (GPU); quick: CPU minutes; smoke: seconds",
+    )
     add_override_arguments(parser)
     cell = parser.add_argument_group("a table cell: several runs")
-    cell.add_argument("--seeds", metavar="START:STOP|S,S,...",
-                      help="initialisation seeds, e.g. 0:10 (seeds 0..9, STOP excluded) or 0,3,7; "
-                           "each run's data seed is its seed")
+    cell.add_argument(
+        "--seeds",
+        metavar="START:STOP|S,S,...",
+        help="initialisation seeds, e.g. 0:10 (seeds 0..9, STOP excluded) or 0,3,7; "
+        "each run's data seed is its seed",
+    )
     cell.add_argument("--lrs", metavar="LR,LR,...", help="learning rates, e.g. 1e-4,3e-4,5e-4")
-    cell.add_argument("--pack", default="auto", metavar="N|auto",
-                      help="runs trained side by side in one process (default auto: on a GPU as "
-                           "many as fit in its memory, on a CPU 1)")
+    cell.add_argument(
+        "--pack",
+        default="auto",
+        metavar="N|auto",
+        help="runs trained side by side in one process (default auto: on a GPU as "
+        "many as fit in its memory, on a CPU 1)",
+    )
     add_keep_model_argument(parser)
     add_runtime_arguments(parser)
-    add_samples_arguments(parser, "after the runs, write each completed run's predictions on "
-                                  "the first test sequences of every test length (needs the "
-                                  "kept model)")
+    add_samples_arguments(
+        parser,
+        "after the runs, write each completed run's predictions on "
+        "the first test sequences of every test length (needs the "
+        "kept model)",
+    )
     add_store_argument(parser)
-    parser.add_argument("--checkpoint-dir",
-                        help="checkpoint directory (default: checkpoints/ next to the store)")
+    parser.add_argument(
+        "--checkpoint-dir", help="checkpoint directory (default: checkpoints/ next to the store)"
+    )
     add_no_progress_argument(parser)
     parser.set_defaults(handler=run_command)
 
@@ -72,14 +89,17 @@ def cell_configs(args: argparse.Namespace) -> list[RunConfig]:
     overrides = overrides_from_args(args)
     if len(seeds) * len(lrs) > 1:
         if args.data_seed is not None:
-            raise CheBenchError("--data-seed applies to one run; with --seeds each run's data "
-                                "seed is its seed")
+            raise CheBenchError(
+                "--data-seed applies to one run; with --seeds each run's data seed is its seed"
+            )
         if overrides["length_seed"] is None:
             overrides["length_seed"] = 0
     return [
-        make_config(args.task, args.pe, args.kernel, args.preset,
-                    **{**overrides, "seed": seed, "lr": lr})
-        for seed in seeds for lr in lrs
+        make_config(
+            args.task, args.pe, args.kernel, args.preset, **{**overrides, "seed": seed, "lr": lr}
+        )
+        for seed in seeds
+        for lr in lrs
     ]
 
 
@@ -94,8 +114,9 @@ def parse_seeds(text: str) -> list[int]:
     except ValueError:
         seeds = []
     if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
-        raise CheBenchError(f"--seeds takes START:STOP (e.g. 0:10) or distinct seeds S,S,...; "
-                            f"got {text!r}")
+        raise CheBenchError(
+            f"--seeds takes START:STOP (e.g. 0:10) or distinct seeds S,S,...; got {text!r}"
+        )
     return seeds
 
 
@@ -127,8 +148,13 @@ def run_command(args: argparse.Namespace) -> int:
     use_threads(options)
     store = ResultStore(args.store)
     options = options.with_changes(**_run_directories(args, store))
-    outcome = run_sweep(configs, store, partial(InProcessBackend, options), pack=width,
-                        view=RunView(store.path, configs[0]))
+    outcome = run_sweep(
+        configs,
+        store,
+        partial(InProcessBackend, options),
+        pack=width,
+        view=RunView(store.path, configs[0]),
+    )
     if args.samples is not None:
         _write_run_samples(args, store, outcome.run_ids)
     _print_table(store, outcome.run_ids)
@@ -143,8 +169,10 @@ def _run_directories(args: argparse.Namespace, store) -> dict[str, Path | None]:
         Path(args.checkpoint_dir) if args.checkpoint_dir else store.path.parent / "checkpoints",
         "checkpoint directory",
     )
-    return {"checkpoint_dir": checkpoint_dir,
-            "models_dir": None if args.no_keep_model else models_dir_for(store.path)}
+    return {
+        "checkpoint_dir": checkpoint_dir,
+        "models_dir": None if args.no_keep_model else models_dir_for(store.path),
+    }
 
 
 def _print_table(store, run_ids: list[str]) -> None:
@@ -167,8 +195,10 @@ class RunView:
 
     def start(self, already_complete: list[str], todo: list[RunConfig]) -> None:
         if already_complete:
-            print(f"already complete in {self.store_path}: {', '.join(already_complete)} "
-                  f"({self.label})")
+            print(
+                f"already complete in {self.store_path}: {', '.join(already_complete)} "
+                f"({self.label})"
+            )
         if not todo:
             return
         first = todo[0]
@@ -214,7 +244,12 @@ def _write_run_samples(args: argparse.Namespace, store, run_ids: list[str]) -> N
     complete = store.completed_run_ids()
     done = [run_id for run_id in run_ids if run_id in complete]
     kept = [load_model(models_dir_for(store.path), run_id) for run_id in done]
-    written = write_samples(args.samples, done, [model for _, model in kept],
-                            [config for config, _ in kept], resolve_device(args.device),
-                            args.samples_per_length)
+    written = write_samples(
+        args.samples,
+        done,
+        [model for _, model in kept],
+        [config for config, _ in kept],
+        resolve_device(args.device),
+        args.samples_per_length,
+    )
     print(f"wrote {written} sample predictions to {args.samples}")

@@ -24,10 +24,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "table-cell times, (e) --deterministic twice. Exit 1 if any check disagrees.",
     )
     add_runtime_arguments(parser, ("device", "threads"))
-    parser.add_argument("--quick", action="store_true",
-                        help="small models and fewer cases (about a minute on a CPU)")
-    parser.add_argument("--json", type=Path, metavar="PATH",
-                        help="write the full report here (to attach to a bug report)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small models and fewer cases (about a minute on a CPU)",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help="write the full report here (to attach to a bug report)",
+    )
     parser.set_defaults(handler=selftest_command)
 
 
@@ -44,10 +51,13 @@ def selftest_command(args: argparse.Namespace) -> int:
         raise CheBenchError(f"cannot write {args.json}: no directory {args.json.parent}")
     console = Console()
     if options.device == "auto" and device.type == "cpu":
-        console.print("no GPU found (--device auto): this is the CPU self-test, which checks "
-                      "che-bench's code paths against the CPU itself, not a GPU")
-    report = run_selftest(device, args.quick,
-                          on_check=lambda title: console.print(f"[dim]{title} ...[/]"))
+        console.print(
+            "no GPU found (--device auto): this is the CPU self-test, which checks "
+            "che-bench's code paths against the CPU itself, not a GPU"
+        )
+    report = run_selftest(
+        device, args.quick, on_check=lambda title: console.print(f"[dim]{title} ...[/]")
+    )
 
     console.print(_cases_table(report))
     console.print(_speed_table(report))
@@ -55,8 +65,11 @@ def selftest_command(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
         console.print(f"report written to {args.json}")
-    verdict = (f"[bold red]{len(failed)} of {len(report.cases)} cases DIFFER[/]" if failed
-               else f"[green]all {len(report.cases)} cases agree[/]")
+    verdict = (
+        f"[bold red]{len(failed)} of {len(report.cases)} cases DIFFER[/]"
+        if failed
+        else f"[green]all {len(report.cases)} cases agree[/]"
+    )
     console.print(f"{verdict} ({report.seconds:.0f} s)")
     return 1 if failed else 0
 
@@ -65,18 +78,22 @@ def _cases_table(report):
     """One row per check and subject, its quantities side by side: ``measured (<= tolerance)``."""
     from rich.table import Table
 
-    table = Table(title=f"che-bench selftest on {report.device}{' (quick)' if report.quick else ''}")
+    table = Table(
+        title=f"che-bench selftest on {report.device}{' (quick)' if report.quick else ''}"
+    )
     for column in ("check", "subject", "measured (<= tolerance)", "result"):
         table.add_column(column)
     rows: dict[tuple[str, str], list] = {}
     for case in report.cases:
         rows.setdefault((case.check, case.subject), []).append(case)
     for (check, subject), cases in rows.items():
-        measured = ", ".join(f"{case.quantity} {case.measured:.1e} (<= {case.tolerance:.0e})"
-                             for case in cases)
+        measured = ", ".join(
+            f"{case.quantity} {case.measured:.1e} (<= {case.tolerance:.0e})" for case in cases
+        )
         passed = all(case.passed for case in cases)
-        table.add_row(check, subject, measured,
-                      "[green]ok[/]" if passed else "[bold red]DIFFERS[/]")
+        table.add_row(
+            check, subject, measured, "[green]ok[/]" if passed else "[bold red]DIFFERS[/]"
+        )
     legends = dict.fromkeys(f"({case.check}) {case.what}" for case in report.cases)
     table.caption = "; ".join(legends)
     return table

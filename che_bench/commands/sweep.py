@@ -23,35 +23,73 @@ def register(subparsers) -> None:
         "sweep",
         help="run a suite of runs (tasks x encodings x kernels x seeds x lrs) in parallel",
         description="Expand a suite file into runs, skip those already complete in the store, "
-                    "run the rest in parallel and print the suite's table. Safe to kill and "
-                    "restart at any point: the grid finishes with no completed run repeated.",
+        "run the rest in parallel and print the suite's table. Safe to kill and "
+        "restart at any point: the grid finishes with no completed run repeated.",
     )
-    parser.add_argument("suite", metavar="SUITE",
-                        help="suite file (TOML), or the name of one in tasks/ (e.g. smoke)")
-    parser.add_argument("--backend", choices=("local", "ray"), default="local",
-                        help="local: a pool of worker processes (default); ray: Ray tasks")
-    parser.add_argument("--workers", type=_positive_int, default=None, metavar="N",
-                        help="local: worker processes (default 1); "
-                             "ray: runs in flight at once (default: what fits the cluster)")
-    parser.add_argument("--pack", default="1", metavar="N|auto",
-                        help="train up to N runs of a table cell (seeds x learning rates) side "
-                             "by side in one process; auto: as many as fit on a GPU, 1 on a "
-                             "CPU (default 1; runs need a length_seed to pack)")
+    parser.add_argument(
+        "suite",
+        metavar="SUITE",
+        help="suite file (TOML), or the name of one in tasks/ (e.g. smoke)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        help="local: a pool of worker processes (default); ray: Ray tasks",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="local: worker processes (default 1); "
+        "ray: runs in flight at once (default: what fits the cluster)",
+    )
+    parser.add_argument(
+        "--pack",
+        default="1",
+        metavar="N|auto",
+        help="train up to N runs of a table cell (seeds x learning rates) side "
+        "by side in one process; auto: as many as fit on a GPU, 1 on a "
+        "CPU (default 1; runs need a length_seed to pack)",
+    )
     add_keep_model_argument(parser)
     add_runtime_arguments(parser)
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the grid (count and runs, with their status) and run nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the grid (count and runs, with their status) and run nothing",
+    )
     add_store_argument(parser)
-    parser.add_argument("--max-runs", type=_positive_int, default=None, metavar="N",
-                        help="start at most N of the runs still to do")
-    parser.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
-                        help="ray: cluster to join (default: start a local Ray instance)")
-    parser.add_argument("--num-cpus", type=_non_negative_float, default=None, metavar="X",
-                        help="ray: CPUs per run (default: suite [resources], else 1)")
-    parser.add_argument("--num-gpus", type=_non_negative_float, default=None, metavar="X",
-                        help="ray: GPUs per task (a run, or a pack with --pack), fractions "
-                             "allowed (default on a cluster with GPUs: a run the suite's "
-                             "[resources] or 0.25, a pack 1; else 0)")
+    parser.add_argument(
+        "--max-runs",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="start at most N of the runs still to do",
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        metavar="auto|ray://HOST:PORT",
+        help="ray: cluster to join (default: start a local Ray instance)",
+    )
+    parser.add_argument(
+        "--num-cpus",
+        type=_non_negative_float,
+        default=None,
+        metavar="X",
+        help="ray: CPUs per run (default: suite [resources], else 1)",
+    )
+    parser.add_argument(
+        "--num-gpus",
+        type=_non_negative_float,
+        default=None,
+        metavar="X",
+        help="ray: GPUs per task (a run, or a pack with --pack), fractions "
+        "allowed (default on a cluster with GPUs: a run the suite's "
+        "[resources] or 0.25, a pack 1; else 0)",
+    )
     add_no_progress_argument(parser)
     parser.set_defaults(handler=run_sweep_command)
 
@@ -71,8 +109,9 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     return _run_grid(args, suite, configs, pack, runtime_options_from_args(args), console)
 
 
-def _run_grid(args: argparse.Namespace, suite, configs, pack: int | str, options,
-              console: Console) -> int:
+def _run_grid(
+    args: argparse.Namespace, suite, configs, pack: int | str, options, console: Console
+) -> int:
     """The suite's runs through ``run_sweep`` (the one execution path), then its table."""
     from che_bench.config import unpackable
     from che_bench.reports.tables import format_table
@@ -83,7 +122,8 @@ def _run_grid(args: argparse.Namespace, suite, configs, pack: int | str, options
     store = ResultStore(args.store)
     options = options.with_changes(
         checkpoint_dir=checkpoint_dir_for(store),
-        models_dir=None if args.no_keep_model else models_dir_for(store.path))
+        models_dir=None if args.no_keep_model else models_dir_for(store.path),
+    )
     if args.backend == "local":
         make_backend = partial(_local_backend, args, options)
     else:
@@ -91,10 +131,19 @@ def _run_grid(args: argparse.Namespace, suite, configs, pack: int | str, options
     console.print(f"suite [bold]{suite.name}[/]: {len(configs)} runs, store {store.path}")
     alone = unpackable(configs) if pack != 1 else 0
     if alone:
-        console.print(f"note: {alone} runs have no length_seed and train alone; set "
-                      "length_seed in the suite's [overrides] to pack them")
-    outcome = run_sweep(configs, store, make_backend, pack=pack, max_runs=args.max_runs,
-                        console=console, live=options.progress)
+        console.print(
+            f"note: {alone} runs have no length_seed and train alone; set "
+            "length_seed in the suite's [overrides] to pack them"
+        )
+    outcome = run_sweep(
+        configs,
+        store,
+        make_backend,
+        pack=pack,
+        max_runs=args.max_runs,
+        console=console,
+        live=options.progress,
+    )
     complete = sum(result.status == "complete" for result in outcome.results)
     console.print(
         f"{outcome.total} runs: {outcome.already_complete} already complete, "
@@ -116,8 +165,9 @@ def _store_if_any(path: str | None):
 
 
 def _check_backend_flags(args: argparse.Namespace) -> None:
-    if args.backend == "local" and (args.address or args.num_cpus is not None
-                                    or args.num_gpus is not None):
+    if args.backend == "local" and (
+        args.address or args.num_cpus is not None or args.num_gpus is not None
+    ):
         raise CheBenchError("--address, --num-cpus and --num-gpus apply to --backend ray only")
     if args.backend == "ray" and args.threads is not None:
         raise CheBenchError("--threads applies to --backend local; Ray runs get --num-cpus threads")
@@ -137,8 +187,14 @@ def _ray_backend(args: argparse.Namespace, suite, options, packed: bool):
     # A suite's GPU share is per run; a pack sizes itself to a whole GPU unless told otherwise.
     suite_gpus = None if packed else suite.resources.num_gpus
     num_gpus = args.num_gpus if args.num_gpus is not None else suite_gpus
-    return RayBackend(address=args.address, run_cpus=num_cpus, run_gpus=num_gpus,
-                      max_in_flight=args.workers, packed=packed, options=options)
+    return RayBackend(
+        address=args.address,
+        run_cpus=num_cpus,
+        run_gpus=num_gpus,
+        max_in_flight=args.workers,
+        packed=packed,
+        options=options,
+    )
 
 
 def _print_grid(console: Console, suite, configs, store) -> None:
@@ -149,16 +205,23 @@ def _print_grid(console: Console, suite, configs, store) -> None:
     if store is not None:
         runs = store.runs(run_ids)
         statuses = dict(zip(runs["run_id"], runs["status"]))
-    console.print(f"suite {suite.name} ({suite.path}): {len(configs)} runs, preset {suite.preset}",
-                  markup=False)
+    console.print(
+        f"suite {suite.name} ({suite.path}): {len(configs)} runs, preset {suite.preset}",
+        markup=False,
+    )
     width = len(str(len(configs)))
     for index, (run_id, config) in enumerate(zip(run_ids, configs), start=1):
         status = statuses.get(run_id, "to do")
-        console.print(f"{index:>{width}}  {run_id}  {status:<8}  {describe_run(config)}",
-                      soft_wrap=True, markup=False)
+        console.print(
+            f"{index:>{width}}  {run_id}  {status:<8}  {describe_run(config)}",
+            soft_wrap=True,
+            markup=False,
+        )
     done = sum(status == "complete" for status in statuses.values())
-    console.print(f"{len(configs)} runs: {done} complete in the store, {len(configs) - done} "
-                  "to run (dry run: nothing ran)")
+    console.print(
+        f"{len(configs)} runs: {done} complete in the store, {len(configs) - done} "
+        "to run (dry run: nothing ran)"
+    )
 
 
 def _positive_int(text: str) -> int:

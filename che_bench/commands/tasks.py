@@ -18,7 +18,9 @@ from che_bench.tasks.base import MASKED
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    listing = subparsers.add_parser("tasks", help="list the tasks with their sizes and chance levels")
+    listing = subparsers.add_parser(
+        "tasks", help="list the tasks with their sizes and chance levels"
+    )
     listing.set_defaults(handler=list_handler)
 
     sample = subparsers.add_parser("sample", help="print samples of one task")
@@ -28,7 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sample.add_argument("--seed", type=int, default=0, help="numpy seed (default 0)")
     sample.add_argument("--format", choices=("text", "jsonl"), default="text")
     sample.add_argument(
-        "--param", action="append", default=[], metavar="KEY=VALUE",
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="task parameter, e.g. --param value_mode=iid (repeatable)",
     )
     sample.set_defaults(handler=sample_handler)
@@ -36,16 +41,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def list_handler(args: argparse.Namespace) -> int:
     table = Table(title="che-bench tasks (reference parameters)", box=box.SIMPLE_HEAD)
-    for column in ("task", "level", "in size", "out size", "out length", "chance", "perm-inv",
-                   "min n"):
+    for column in (
+        "task",
+        "level",
+        "in size",
+        "out size",
+        "out length",
+        "chance",
+        "perm-inv",
+        "min n",
+    ):
         left = column in ("task", "level", "out length")
         table.add_column(column, justify="left" if left else "right", no_wrap=True)
     for name in list_tasks():
         task = get_task(name)
         table.add_row(
-            name, task.level, str(task.input_size), str(task.output_size),
-            task.output_length_formula, f"{task.chance:.2%}",
-            "yes" if task.permutation_invariant else "no", str(task.min_length),
+            name,
+            task.level,
+            str(task.input_size),
+            str(task.output_size),
+            task.output_length_formula,
+            f"{task.chance:.2%}",
+            "yes" if task.permutation_invariant else "no",
+            str(task.min_length),
         )
     console = Console()
     if not console.is_terminal:  # piped: print the full table, not one cut to 80 columns
@@ -62,13 +80,20 @@ def sample_handler(args: argparse.Namespace) -> int:
     batch = task.sample(args.length, args.count, np.random.default_rng(args.seed))
     if args.format == "jsonl":
         for inputs, targets, mask in zip(batch.inputs, batch.targets, batch.mask):
-            record = {"task": task.name, "length": args.length, "input": inputs.tolist(),
-                      "target": targets.tolist(), "mask": mask.astype(int).tolist()}
+            record = {
+                "task": task.name,
+                "length": args.length,
+                "input": inputs.tolist(),
+                "target": targets.tolist(),
+                "mask": mask.astype(int).tolist(),
+            }
             print(json.dumps(record))
         return 0
     symbols = task.input_symbols
-    print(f"{task!r}  n={args.length}  input tokens={task.input_length(args.length)}  "
-          f"output positions={task.output_length(args.length)}  ({MASKED} = not scored)")
+    print(
+        f"{task!r}  n={args.length}  input tokens={task.input_length(args.length)}  "
+        f"output positions={task.output_length(args.length)}  ({MASKED} = not scored)"
+    )
     for index, (inputs, targets, mask) in enumerate(zip(batch.inputs, batch.targets, batch.mask)):
         shown = [str(t) if keep else MASKED for t, keep in zip(targets.tolist(), mask.tolist())]
         print(f"[{index}] {' '.join(symbols[t] for t in inputs.tolist())}")

@@ -138,7 +138,9 @@ class RandomALiBiEncoding(RandomizedLayers, PositionalEncoding):
         )
         check_choice("alibi_mode", alibi_mode, MODES)
         self.layer_draws = LayerDraws(
-            RandomOptions(noise_max_length, randomize_at_eval), random_per_layer, layers,
+            RandomOptions(noise_max_length, randomize_at_eval),
+            random_per_layer,
+            layers,
             partial(sample_distances, both_sides=randomize_both_sides),
         )
         self.hooks = nn.ModuleList(ALiBiHook(heads, alibi_mode) for _ in range(layers))

@@ -220,6 +220,11 @@ def build_encoding(
     if dim % heads:
         raise CheBenchError(f"model width {dim} is not divisible by {heads} heads")
     return ENCODINGS.instantiate(
-        cls, dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens,
-        members=members, **options,
+        cls,
+        dim=dim,
+        heads=heads,
+        layers=layers,
+        train_max_tokens=train_max_tokens,
+        members=members,
+        **options,
     )

@@ -99,4 +99,3 @@ class LengthCache:
 
     def clear(self) -> None:
         self._key, self._entries = None, {}
-

@@ -94,7 +94,8 @@ class _KerpleEncoding(PositionalEncoding):
         check_choice("kerple_bidir", kerple_bidir, BIDIRECTIONAL)
         # Shared: the KERPLE repo; per layer: the DAPE repo (which produced the DAPE tables).
         self.hooks = layer_hooks(
-            lambda: KerpleHook(heads, self.kernel, kerple_bidir, members), layers,
+            lambda: KerpleHook(heads, self.kernel, kerple_bidir, members),
+            layers,
             share_across_layers,
         )
         self.resolved_options = {

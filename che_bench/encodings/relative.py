@@ -162,7 +162,9 @@ class RandomRelativeEncoding(RandomizedLayers, PositionalEncoding):
         )
         check_positive("max_time", max_time)
         self.layer_draws = LayerDraws(
-            RandomOptions(noise_max_length, randomize_at_eval), random_per_layer, layers,
+            RandomOptions(noise_max_length, randomize_at_eval),
+            random_per_layer,
+            layers,
             partial(sample_distances, both_sides=randomize_both_sides),
         )
         bug_limit = noise_max_length if relative_reference_bug else None

@@ -129,7 +129,9 @@ class RandomRotaryEncoding(RandomizedLayers, PositionalEncoding):
         )
         check_rope_options(self.head_dim, rope_base, rope_pairing)
         self.layer_draws = LayerDraws(
-            RandomOptions(noise_max_length, randomize_at_eval), random_per_layer, layers,
+            RandomOptions(noise_max_length, randomize_at_eval),
+            random_per_layer,
+            layers,
             sample_sorted,
         )
         self.hooks = nn.ModuleList(

@@ -62,11 +62,14 @@ def attention_maps(
         return torch.cat([chunk[name] for chunk in chunks], dim=-2)[0, 0].numpy()
 
     probabilities = joined("probabilities")
-    return AttentionMaps(label, joined("scores"), joined("logits"), probabilities,
-                         probabilities.shape[-1])
+    return AttentionMaps(
+        label, joined("scores"), joined("logits"), probabilities, probabilities.shape[-1]
+    )
 
 
-def plot_attention(maps: list[AttentionMaps], heads: list[int], out: str | Path, title: str) -> Path:
+def plot_attention(
+    maps: list[AttentionMaps], heads: list[int], out: str | Path, title: str
+) -> Path:
     """A grid: one row per head, for each run its scores, DAPE logits and softmax columns."""
     import matplotlib
 
@@ -77,8 +80,12 @@ def plot_attention(maps: list[AttentionMaps], heads: list[int], out: str | Path,
     if any(not 0 <= head < total_heads for head in heads):
         raise CheBenchError(f"--heads must lie in 0..{total_heads - 1}")
     columns = [(run, name) for run in maps for name in MAP_TITLES if getattr(run, name) is not None]
-    figure, axes = plt.subplots(len(heads), len(columns), squeeze=False,
-                                figsize=(2.6 * len(columns), 2.4 * len(heads) + 0.6))
+    figure, axes = plt.subplots(
+        len(heads),
+        len(columns),
+        squeeze=False,
+        figsize=(2.6 * len(columns), 2.4 * len(heads) + 0.6),
+    )
     for row, head in enumerate(heads):
         for column, (run, name) in enumerate(columns):
             ax = axes[row, column]

@@ -70,22 +70,26 @@ def evaluate(
     for member in range(model.members):
         test, train, test_exact, train_exact = (
             {n: values[n][member] for n in lengths}
-            for values, lengths in ((accuracies, config.test_lengths),
-                                    (accuracies, config.train_eval_lengths),
-                                    (exact, config.test_lengths),
-                                    (exact, config.train_eval_lengths))
+            for values, lengths in (
+                (accuracies, config.test_lengths),
+                (accuracies, config.train_eval_lengths),
+                (exact, config.test_lengths),
+                (exact, config.train_eval_lengths),
+            )
         )
-        evaluations.append(Evaluation(
-            per_length=test,
-            train_per_length=train,
-            score=float(np.mean([test[n] for n in config.score_lengths])),
-            train_accuracy=float(np.mean(list(train.values()))),
-            seconds=seconds,
-            exact_per_length=test_exact,
-            train_exact_per_length=train_exact,
-            exact_score=float(np.mean([test_exact[n] for n in config.score_lengths])),
-            train_exact_accuracy=float(np.mean(list(train_exact.values()))),
-        ))
+        evaluations.append(
+            Evaluation(
+                per_length=test,
+                train_per_length=train,
+                score=float(np.mean([test[n] for n in config.score_lengths])),
+                train_accuracy=float(np.mean(list(train.values()))),
+                seconds=seconds,
+                exact_per_length=test_exact,
+                train_exact_per_length=train_exact,
+                exact_score=float(np.mean([test_exact[n] for n in config.score_lengths])),
+                train_exact_accuracy=float(np.mean(list(train_exact.values()))),
+            )
+        )
     return evaluations
 
 
@@ -158,16 +162,20 @@ def _count_correct(model: Encoder, batch, device: torch.device) -> tuple[torch.T
     check_token_ids(batch.inputs, model.task)
     # Copies: task arrays may be reversed views, whose negative strides torch rejects (and
     # numpy calls such an array contiguous when the reversed axis has size 1).
-    inputs, targets, mask = (host_to_device(torch.from_numpy(array.copy()), device)
-                             for array in (batch.inputs, batch.targets, batch.mask))
+    inputs, targets, mask = (
+        host_to_device(torch.from_numpy(array.copy()), device)
+        for array in (batch.inputs, batch.targets, batch.mask)
+    )
     draws = model.sample_draws(inputs.shape[-1], evaluating=True)
     dropout_seeds = model.sample_dropout_seeds(inputs.shape[0])
     while True:
         try:
             with torch.inference_mode():
                 logits = model(inputs, draws, evaluating=True, dropout_seeds=dropout_seeds)
-                counts = (*masked_counts(logits, targets, mask),
-                          *exact_counts(logits, targets, mask))
+                counts = (
+                    *masked_counts(logits, targets, mask),
+                    *exact_counts(logits, targets, mask),
+                )
             return tuple(count.double() for count in counts)
         except torch.cuda.OutOfMemoryError:
             if model.memory_budget_bytes <= model.query_row_bytes(inputs.shape[-1], device):
@@ -194,4 +202,3 @@ def _progress_bar(enabled: bool, total: int) -> Iterator[Progress | None]:
     with bar:
         bar.add_task("eval", total=total)
         yield bar
-

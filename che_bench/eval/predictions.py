@@ -29,8 +29,13 @@ from che_bench.tasks.base import MASKED
 DEFAULT_SAMPLES_PER_LENGTH = 8
 
 
-def sample_predictions(model: Encoder, config: RunConfig, run_id: str, device: torch.device,
-                       count: int = DEFAULT_SAMPLES_PER_LENGTH) -> Iterator[dict[str, Any]]:
+def sample_predictions(
+    model: Encoder,
+    config: RunConfig,
+    run_id: str,
+    device: torch.device,
+    count: int = DEFAULT_SAMPLES_PER_LENGTH,
+) -> Iterator[dict[str, Any]]:
     """The records (see the module docstring) of a one-member ``model``, the kept model of
     stored run ``run_id``, under ``config``'s evaluation protocol (the run's own, or a
     re-evaluation's), length by length."""
@@ -42,28 +47,46 @@ def sample_predictions(model: Encoder, config: RunConfig, run_id: str, device: t
         data_rng, seed = seed_for_length(model, config, length)
         batch = task.sample(length, sub_batch, data_rng)
         inputs = torch.from_numpy(batch.inputs[:shown].copy()).to(device)
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
-                torch.inference_mode():
+        with (
+            torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+            torch.inference_mode(),
+        ):
             torch.manual_seed(seed)  # dropout at evaluation, as the evaluation seeds it
             draws = model.sample_draws(inputs.shape[-1], evaluating=True)
             predictions = model(inputs, draws, evaluating=True)[0].argmax(-1).cpu().numpy()
         for index in range(shown):
-            yield _record(task, run_id, length, index, batch.inputs[index],
-                          batch.targets[index], batch.mask[index], predictions[index])
+            yield _record(
+                task,
+                run_id,
+                length,
+                index,
+                batch.inputs[index],
+                batch.targets[index],
+                batch.mask[index],
+                predictions[index],
+            )
 
 
-def _record(task, run_id: str, length: int, index: int, inputs, targets, mask,
-            prediction) -> dict[str, Any]:
+def _record(
+    task, run_id: str, length: int, index: int, inputs, targets, mask, prediction
+) -> dict[str, Any]:
     mask = mask.astype(bool).tolist()
     target, predicted = targets.tolist(), prediction.tolist()
     correct = [t == p if keep else None for t, p, keep in zip(target, predicted, mask)]
     return {
-        "run_id": run_id, "task": task.name, "length": length, "index": index,
-        "input": inputs.tolist(), "target": target, "prediction": predicted,
-        "mask": [int(keep) for keep in mask], "correct": correct,
+        "run_id": run_id,
+        "task": task.name,
+        "length": length,
+        "index": index,
+        "input": inputs.tolist(),
+        "target": target,
+        "prediction": predicted,
+        "mask": [int(keep) for keep in mask],
+        "correct": correct,
         "exact": all(c for c in correct if c is not None),
         "input_text": " ".join(task.input_symbols[t] for t in inputs.tolist()),
-        "target_text": _shown(target, mask), "prediction_text": _shown(predicted, mask),
+        "target_text": _shown(target, mask),
+        "prediction_text": _shown(predicted, mask),
     }
 
 
@@ -76,9 +99,14 @@ def check_samples_per_length(count: int) -> None:
         raise CheBenchError(f"--samples-per-length must be at least 1, got {count}")
 
 
-def write_samples(out: str | Path, run_ids: Sequence[str], models: Sequence[Encoder],
-                  configs: Sequence[RunConfig], device: torch.device,
-                  count: int = DEFAULT_SAMPLES_PER_LENGTH) -> int:
+def write_samples(
+    out: str | Path,
+    run_ids: Sequence[str],
+    models: Sequence[Encoder],
+    configs: Sequence[RunConfig],
+    device: torch.device,
+    count: int = DEFAULT_SAMPLES_PER_LENGTH,
+) -> int:
     """Write the records of every (run id, model, config) to JSON-lines file ``out``; returns
     how many."""
     check_samples_per_length(count)

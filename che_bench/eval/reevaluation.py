@@ -25,8 +25,9 @@ def reevaluation_config(config: RunConfig, **changes: Any) -> RunConfig:
     """``config`` with the given evaluation fields changed (None: keep the run's own);
     ``test_lengths`` is a length spec (see ``protocol.parse_lengths``). Lengths the task or
     the encoding cannot take are refused here, before any work."""
-    changes = {name: BY_NAME[name].validate(value) for name, value in changes.items()
-               if value is not None}
+    changes = {
+        name: BY_NAME[name].validate(value) for name, value in changes.items() if value is not None
+    }
     if "test_lengths" in changes:
         changes["test_lengths"] = protocol.parse_lengths(changes["test_lengths"])
     updated = dataclasses.replace(config, **changes)
@@ -43,7 +44,10 @@ def evaluation_cost(config: RunConfig) -> float:
 
 
 def reevaluate(
-    models: Sequence[Encoder], configs: Sequence[RunConfig], device: torch.device, *,
+    models: Sequence[Encoder],
+    configs: Sequence[RunConfig],
+    device: torch.device,
+    *,
     progress: bool = True,
 ) -> list[Evaluation]:
     """Evaluate each one-member ``models[i]`` under ``configs[i]``'s protocol; the models of
@@ -54,7 +58,8 @@ def reevaluate(
     for cell in group_into_packs(configs, None):
         members = [by_run[config.run_id()][1] for config in cell]
         model = members[0] if len(members) == 1 else stack_members(members)
-        evaluations = evaluate(model.to(device), cell[0].build_task(), cell[0], device,
-                               progress=progress)
+        evaluations = evaluate(
+            model.to(device), cell[0].build_task(), cell[0], device, progress=progress
+        )
         results.update({config.run_id(): result for config, result in zip(cell, evaluations)})
     return [results[config.run_id()] for config in configs]

@@ -61,7 +61,9 @@ class Attention(nn.Module):
     def transient_channels(self, device: torch.device) -> int:
         """Float maps of shape ``[M, B, ., R, T]`` alive per row chunk (an estimate): those the
         encoding's ``scores`` holds (many for CoPE and Transformer-XL) plus those after it."""
-        after_scores = self.dape.transient_channels(device) if self.dape is not None else 2 * self.heads
+        after_scores = (
+            self.dape.transient_channels(device) if self.dape is not None else 2 * self.heads
+        )
         return self.hook.score_maps * self.heads + after_scores
 
     def forward(self, x: torch.Tensor, draw: Any = None) -> torch.Tensor:
@@ -116,11 +118,13 @@ class Attention(nn.Module):
             logits = logits.masked_fill(future, -math.inf)
         probabilities = torch.softmax(logits, dim=-1)
         if self.capture is not None:
-            self.capture.append({
-                "scores": raw,
-                "logits": logits if self.dape is not None else None,
-                "probabilities": probabilities,
-            })
+            self.capture.append(
+                {
+                    "scores": raw,
+                    "logits": logits if self.dape is not None else None,
+                    "probabilities": probabilities,
+                }
+            )
         return probabilities
 
 
@@ -139,8 +143,13 @@ class Block(nn.Module):
         self.ffn_norm = MemberLayerNorm(members, dim)
         self.dropout = SequenceDropout(dropout)
 
-    def forward(self, h: torch.Tensor, draw: Any = None, dropout_seeds: torch.Tensor | None = None,
-                layer: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        h: torch.Tensor,
+        draw: Any = None,
+        dropout_seeds: torch.Tensor | None = None,
+        layer: int = 0,
+    ) -> torch.Tensor:
         """``dropout_seeds``: evaluation dropout's per-sequence seeds (``che_bench.model.dropout``);
         ``layer`` tells this block's two dropout sites from the other blocks'."""
         attended = self.dropout(self.attention(h, draw), dropout_seeds, site=2 * layer + 1)

@@ -13,13 +13,19 @@ from che_bench.model.encoder import build_model
 from che_bench.tasks import get_task
 
 
-def max_input_tokens(task: str, task_params: dict[str, Any], pe: str, kernel: int | None,
-                     model_kwargs: dict[str, Any]) -> int | None:
+def max_input_tokens(
+    task: str,
+    task_params: dict[str, Any],
+    pe: str,
+    kernel: int | None,
+    model_kwargs: dict[str, Any],
+) -> int | None:
     """The longest input the encoding of a model built with these arguments takes (None: no
     limit), from that model built once (cached: the seeds and learning rates of a grid share
     one build)."""
-    return _build_model_once(json.dumps([task, task_params, pe, kernel, model_kwargs],
-                                        sort_keys=True))
+    return _build_model_once(
+        json.dumps([task, task_params, pe, kernel, model_kwargs], sort_keys=True)
+    )
 
 
 @functools.lru_cache(maxsize=1024)

@@ -40,8 +40,9 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shift_right(z, 31)
 
 
-def keep_mask(seeds: torch.Tensor, site: int, positions: int, channels: int,
-              rate: float) -> torch.Tensor:
+def keep_mask(
+    seeds: torch.Tensor, site: int, positions: int, channels: int, rate: float
+) -> torch.Tensor:
     """Which elements of ``[M, B, positions, channels]`` a dropout at ``site`` keeps, a
     function of each sequence's seed (``[M, B]``) and the element's place only."""
     device = seeds.device
@@ -60,8 +61,9 @@ class SequenceDropout(nn.Module):
         super().__init__()
         self.p = p
 
-    def forward(self, x: torch.Tensor, seeds: torch.Tensor | None = None,
-                site: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, seeds: torch.Tensor | None = None, site: int = 0
+    ) -> torch.Tensor:
         """``x`` is ``[M, B, T, D]``; ``seeds`` (``[M, B]``) select the per-sequence masks."""
         if not self.training or self.p == 0:
             return x

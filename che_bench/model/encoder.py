@@ -46,12 +46,15 @@ from che_bench.tasks.base import Task
 #: the model and DAPE settings of the published protocol (``che_bench.settings``), plus
 #: what only the model knows.
 MODEL_DEFAULTS: dict[str, Any] = {
-    **{setting.name: setting.default_for("paper")
-       for setting in (*settings_where(MODEL), *settings_where(DAPE))},
+    **{
+        setting.name: setting.default_for("paper")
+        for setting in (*settings_where(MODEL), *settings_where(DAPE))
+    },
     "causal": BY_NAME["causal"].default,
     "train_length": BY_NAME["train_max_length"].default_for("paper"),
     "memory_budget_bytes": 1 << 30,
 }
+
 
 class Encoder(nn.Module):
     """The CHE encoder for one task, ``members`` models side by side; ``forward(inputs)``
@@ -103,11 +106,21 @@ class Encoder(nn.Module):
         self.embedding = MemberEmbedding(members, task.input_size + 1, dim, std=0.02)
         self.embedding_dropout = SequenceDropout(dropout if encoding.adds_to_embedding else 0.0)
         self.blocks = nn.ModuleList(
-            Block(Attention(dim, heads, encoding.hooks[layer],
-                            _dape(encoding, kernel, heads, dape_width, dape_variant, dape_tril,
-                                  members),
-                            causal, memory_budget_bytes, members),
-                  dim, ffn, dropout, members)
+            Block(
+                Attention(
+                    dim,
+                    heads,
+                    encoding.hooks[layer],
+                    _dape(encoding, kernel, heads, dape_width, dape_variant, dape_tril, members),
+                    causal,
+                    memory_budget_bytes,
+                    members,
+                ),
+                dim,
+                ffn,
+                dropout,
+                members,
+            )
             for layer in range(layers)
         )
         self.head = MemberLinear(members, dim, task.output_size)
@@ -160,7 +173,11 @@ class Encoder(nn.Module):
         return sequence_seeds(self.members, batch).to(self.embedding.weight.device)
 
     def forward(
-        self, inputs: torch.Tensor, draws: Draws | None = None, *, evaluating: bool | None = None,
+        self,
+        inputs: torch.Tensor,
+        draws: Draws | None = None,
+        *,
+        evaluating: bool | None = None,
         dropout_seeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[M, B, output_length(n), output_size]`` for int64 ``inputs`` ``[B, n]``
@@ -188,10 +205,18 @@ class Encoder(nn.Module):
         batch = inputs.shape[1]
         sub_batch = self._sub_batch_size(batch, input_tokens, inputs.device)
         if sub_batch < batch:
-            seeds = (dropout_seeds.split(sub_batch, 1) if dropout_seeds is not None
-                     else [None] * math.ceil(batch / sub_batch))
-            return torch.cat([self._forward(part, draws, part_seeds) for part, part_seeds
-                              in zip(inputs.split(sub_batch, 1), seeds, strict=True)], 1)
+            seeds = (
+                dropout_seeds.split(sub_batch, 1)
+                if dropout_seeds is not None
+                else [None] * math.ceil(batch / sub_batch)
+            )
+            return torch.cat(
+                [
+                    self._forward(part, draws, part_seeds)
+                    for part, part_seeds in zip(inputs.split(sub_batch, 1), seeds, strict=True)
+                ],
+                1,
+            )
         return self._forward(inputs, draws, dropout_seeds)
 
     def _sub_batch_size(self, batch: int, input_tokens: int, device: torch.device) -> int:
@@ -208,8 +233,9 @@ class Encoder(nn.Module):
         channels = max(block.attention.transient_channels(device) for block in self.blocks)
         return FLOAT_BYTES * self.members * channels * length
 
-    def _forward(self, inputs: torch.Tensor, draws: Draws | None,
-                 dropout_seeds: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward(
+        self, inputs: torch.Tensor, draws: Draws | None, dropout_seeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
         input_tokens = inputs.shape[-1]
         placeholders = inputs.new_full(
             (*inputs.shape[:2], self.placeholders(input_tokens)), self.task.input_size
@@ -257,15 +283,29 @@ class Encoder(nn.Module):
         }
 
 
-
-def _dape(encoding: PositionalEncoding, kernel: int | None, heads: int, width: int,
-          variant: str, tril: bool, members: int) -> DapeProcessor | None:
+def _dape(
+    encoding: PositionalEncoding,
+    kernel: int | None,
+    heads: int,
+    width: int,
+    variant: str,
+    tril: bool,
+    members: int,
+) -> DapeProcessor | None:
     """A layer's DAPE processor (None without a kernel); it sees the encoding's bias as
     extra channels when the encoding carries one."""
     if kernel is None:
         return None
-    return DapeProcessor(heads, kernel, width=width, variant=variant,
-                         with_bias=encoding.carries_bias, tril=tril, members=members)
+    return DapeProcessor(
+        heads,
+        kernel,
+        width=width,
+        variant=variant,
+        with_bias=encoding.carries_bias,
+        tril=tril,
+        members=members,
+    )
+
 
 def build_model(
     task: Task, pe: str = "none", kernel: int | None = None, *, members: int = 1, **options: Any
@@ -328,17 +368,28 @@ def stack_members(models: Sequence[Encoder]) -> Encoder:
     by side, in order; its parameters are copies. The draw generators start from member 0's
     seed: seed them (``seed_draws``) before training or evaluating."""
     first = models[0]
-    if any(model.build_options != first.build_options or model.task.params() != first.task.params()
-           or (model.task.name, model.encoding.name, model.kernel)
-           != (first.task.name, first.encoding.name, first.kernel) for model in models):
+    if any(
+        model.build_options != first.build_options
+        or model.task.params() != first.task.params()
+        or (model.task.name, model.encoding.name, model.kernel)
+        != (first.task.name, first.encoding.name, first.kernel)
+        for model in models
+    ):
         raise CheBenchError("only models built with the same task, encoding and options stack")
     with torch.random.fork_rng(devices=[]):  # the pack's own initialisation is overwritten
-        pack = build_model(first.task, first.encoding.name, first.kernel,
-                           members=sum(model.members for model in models), **first.build_options)
+        pack = build_model(
+            first.task,
+            first.encoding.name,
+            first.kernel,
+            members=sum(model.members for model in models),
+            **first.build_options,
+        )
     return load_member_states(pack, models).to(first.embedding.weight.device)
 
 
 def member_state_dict(model: Encoder, member: int) -> dict[str, torch.Tensor]:
     """The weights of one member, as a one-member model's ``state_dict`` (fresh copies, so
     that saving one never writes the whole pack's storage)."""
-    return {name: tensor[member : member + 1].clone() for name, tensor in model.state_dict().items()}
+    return {
+        name: tensor[member : member + 1].clone() for name, tensor in model.state_dict().items()
+    }

@@ -57,8 +57,10 @@ def _members_attention(
     ``[B, M * H, ., d_h]``, so that a pack never falls back to the math path."""
     members, batch, heads, rows, head_dim = q.shape
     if mask is not None and mask.dim() == 5 and mask.shape[0] > 1:
-        folded = [x.transpose(0, 1).reshape(batch, members * heads, x.shape[-2], head_dim)
-                  for x in (q, k, v)]
+        folded = [
+            x.transpose(0, 1).reshape(batch, members * heads, x.shape[-2], head_dim)
+            for x in (q, k, v)
+        ]
         mask = mask.expand(members, mask.shape[1], heads, rows, mask.shape[-1])
         mask = mask.transpose(0, 1).reshape(mask.shape[1], members * heads, rows, mask.shape[-1])
         out = F.scaled_dot_product_attention(*folded, attn_mask=_last_dim_contiguous(mask))

@@ -36,7 +36,7 @@ def _exact_match_chance(task_name: str, task_params_json: str, length: int) -> f
     task = get_task(task_name, **json.loads(task_params_json))
     scored = task.sample(length, EXACT_CHANCE_SEQUENCES, np.random.default_rng(0)).mask.sum(1)
     scored = scored[scored > 0]
-    return float(np.mean(task.chance ** scored)) if scored.size else math.nan
+    return float(np.mean(task.chance**scored)) if scored.size else math.nan
 
 
 def run_exact_chance(settings: dict[str, Any]) -> float:
@@ -48,6 +48,7 @@ def run_exact_chance(settings: dict[str, Any]) -> float:
     if not unregistered.task_known(settings["task"]):
         return math.nan
     task = get_task(settings["task"], **settings["task_params"])
-    lengths = protocol.score_lengths(settings["test_lengths"], settings["train_max_length"],
-                                     settings["score_from_42"])
+    lengths = protocol.score_lengths(
+        settings["test_lengths"], settings["train_max_length"], settings["score_from_42"]
+    )
     return float(np.mean([exact_match_chance(task, n) for n in lengths]))

@@ -16,18 +16,44 @@ from che_bench.store.result_store import ResultStore
 _EXPORT_KEYS = ["task", "pe", "kernel", "encoding", "seed", "lr", "steps", "preset"]
 
 
-_EXPORT_PER_LENGTH = _EXPORT_KEYS + ["split", "length", "accuracy", "exact_accuracy", "run_id",
-                                     "evaluation"]
-
-
-_EXPORT_RUNS = _EXPORT_KEYS + [
-    "score", "train_accuracy", "exact_score", "train_exact_accuracy", "status", "run_id", "evaluation", "test_lengths", "device",
-    "eval_device", "train_s", "eval_s", "total_s", "attempts", "created_at", "finished_at", "error",
+_EXPORT_PER_LENGTH = _EXPORT_KEYS + [
+    "split",
+    "length",
+    "accuracy",
+    "exact_accuracy",
+    "run_id",
+    "evaluation",
 ]
 
 
-def export_frame(store: ResultStore, *, per_length: bool = False,
-                 evaluation: str = ORIGINAL, metric: str = "token") -> pd.DataFrame:
+_EXPORT_RUNS = _EXPORT_KEYS + [
+    "score",
+    "train_accuracy",
+    "exact_score",
+    "train_exact_accuracy",
+    "status",
+    "run_id",
+    "evaluation",
+    "test_lengths",
+    "device",
+    "eval_device",
+    "train_s",
+    "eval_s",
+    "total_s",
+    "attempts",
+    "created_at",
+    "finished_at",
+    "error",
+]
+
+
+def export_frame(
+    store: ResultStore,
+    *,
+    per_length: bool = False,
+    evaluation: str = ORIGINAL,
+    metric: str = "token",
+) -> pd.DataFrame:
     """One row per run (every status; with a protocol id as ``evaluation``, the runs evaluated
     under it) or, with ``per_length``, per complete run, split and length. Scores and
     accuracies (fractions in [0, 1]), test lengths and ``eval_*`` come from ``evaluation``;
@@ -55,8 +81,21 @@ def export_frame(store: ResultStore, *, per_length: bool = False,
     return runs[_EXPORT_RUNS]
 
 
-_EXPORT_CURVES = ["task", "encoding", "seed", "lr", "steps", "preset", "status", "step", "loss",
-                  "accuracy", "grad_norm", "elapsed_s", "run_id"]
+_EXPORT_CURVES = [
+    "task",
+    "encoding",
+    "seed",
+    "lr",
+    "steps",
+    "preset",
+    "status",
+    "step",
+    "loss",
+    "accuracy",
+    "grad_norm",
+    "elapsed_s",
+    "run_id",
+]
 
 
 def curves_frame(store: ResultStore, run_ids: Iterable[str] | None = None) -> pd.DataFrame:

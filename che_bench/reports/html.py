@@ -42,6 +42,7 @@ CommandLine = Callable[[dict[str, Any], str], "list[str] | None"]
 #: At most this many table cells get a training-curves figure (the page stays a few MB).
 MAX_CURVE_FIGURES = 48
 
+
 def select_runs(
     store: ResultStore,
     *,
@@ -104,8 +105,9 @@ def render_report(
     if evaluation != ORIGINAL and not (evaluated["status"] == "complete").any():
         raise CheBenchError(f"no complete run of {title} has evaluation {evaluation}")
     compare = "paper" if paper_table_or_none() is not None and metric == "token" else "none"
-    table, notes = display_table(store, run_ids=ids, compare=compare, evaluation=evaluation,
-                                 metric=metric)
+    table, notes = display_table(
+        store, run_ids=ids, compare=compare, evaluation=evaluation, metric=metric
+    )
     figures = []
     if not table.empty:
         plotted, curves = plot_data(store, run_ids=ids, evaluation=evaluation, metric=metric)
@@ -125,15 +127,21 @@ def render_report(
         _learning_html(evaluated),
         _stuck_html(store, runs),
         "<h2>Accuracy against length</h2>",
-        "".join(_figure_html(label, png, "accuracy against length")
-                for label, png in figures) or "<p>No complete runs.</p>",
+        "".join(_figure_html(label, png, "accuracy against length") for label, png in figures)
+        or "<p>No complete runs.</p>",
         "<h2>Training curves</h2>",
         _curves_html(store, runs),
         "<h2>What ran</h2>",
         _what_ran_html(store, runs, evaluation),
         "<h2>Reproduce</h2>",
-        _reproduce_html(store, runs, suite, shown, command_line,
-                        _page_command(store, suite, tasks, run_ids, evaluation, metric, out)),
+        _reproduce_html(
+            store,
+            runs,
+            suite,
+            shown,
+            command_line,
+            _page_command(store, suite, tasks, run_ids, evaluation, metric, out),
+        ),
     ]
     return page_html(f"che-bench report: {title}", sections)
 
@@ -168,28 +176,30 @@ def _table_html(table: pd.DataFrame, notes: list[str]) -> str:
     frame = table.reset_index().rename(columns={"chance": "chance %"})
     text_columns = {"level", "task"}
     header = "".join(
-        f"<th class=\"{'text' if column in text_columns else 'num'}\">{_e(column)}</th>"
+        f'<th class="{"text" if column in text_columns else "num"}">{_e(column)}</th>'
         for column in frame.columns
     )
     rows = [
-        "<tr>" + "".join(
-            f"<td class=\"{'text' if column in text_columns else 'num'}\">{_e(value)}</td>"
+        "<tr>"
+        + "".join(
+            f'<td class="{"text" if column in text_columns else "num"}">{_e(value)}</td>'
             for column, value in zip(frame.columns, row)
-        ) + "</tr>"
+        )
+        + "</tr>"
         for row in frame.itertuples(index=False)
     ]
     notes_html = "".join(f"<li>{_e(note)}</li>" for note in notes)
     return (
-        f"<div class=\"wide\"><table id=\"che-table\"><thead><tr>{header}</tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table></div>\n<ul class=\"notes\">{notes_html}</ul>"
+        f'<div class="wide"><table id="che-table"><thead><tr>{header}</tr></thead>'
+        f'<tbody>{"".join(rows)}</tbody></table></div>\n<ul class="notes">{notes_html}</ul>'
     )
 
 
 def _figure_html(label: str, png: bytes, what: str, size: tuple[int, int] = (600, 400)) -> str:
     data = base64.b64encode(png).decode("ascii")
     return (
-        f"<figure><img src=\"data:image/png;base64,{data}\" width=\"{size[0]}\" "
-        f"height=\"{size[1]}\" alt=\"{_e(what)}, {_e(label)}\"></figure>"
+        f'<figure><img src="data:image/png;base64,{data}" width="{size[0]}" '
+        f'height="{size[1]}" alt="{_e(what)}, {_e(label)}"></figure>'
     )
 
 
@@ -198,23 +208,30 @@ def _stuck_html(store: ResultStore, runs: pd.DataFrame) -> str:
     content (``stuck.STUCK_TEXT``): they learned nothing, whatever their scores."""
     stuck = stuck_runs(store, runs["run_id"])
     if stuck.empty:
-        return "<p id=\"stuck\">No run has a training history (runs made before che-bench kept one).</p>"
+        return (
+            '<p id="stuck">No run has a training history (runs made before che-bench kept one).</p>'
+        )
     flagged = stuck[stuck["stuck"]].merge(runs, on="run_id")
     if flagged.empty:
-        return (f"<p id=\"stuck\">None of the {len(stuck)} runs with a training history is stuck "
-                f"({_e(STUCK_TEXT)}).</p>")
+        return (
+            f'<p id="stuck">None of the {len(stuck)} runs with a training history is stuck '
+            f"({_e(STUCK_TEXT)}).</p>"
+        )
     rows = "".join(
-        f"<tr><td class=\"text\">{_e(run.run_id)}</td><td class=\"text\">{_e(run.task)}</td>"
-        f"<td class=\"text\">{_e(run_encoding_label(run.config))}</td>"
-        f"<td class=\"num\">{_e(run.seed)}</td><td class=\"num\">{run.lr:g}</td>"
-        + "".join(f"<td class=\"num\">{100 * value:.2f}</td>"
-                  for value in (run.final_accuracy, run.baseline_accuracy, run.margin)) + "</tr>"
+        f'<tr><td class="text">{_e(run.run_id)}</td><td class="text">{_e(run.task)}</td>'
+        f'<td class="text">{_e(run_encoding_label(run.config))}</td>'
+        f'<td class="num">{_e(run.seed)}</td><td class="num">{run.lr:g}</td>'
+        + "".join(
+            f'<td class="num">{100 * value:.2f}</td>'
+            for value in (run.final_accuracy, run.baseline_accuracy, run.margin)
+        )
+        + "</tr>"
         for run in flagged.itertuples(index=False)
     )
     return (
-        f"<p id=\"stuck\">Stuck: {len(flagged)} of {len(stuck)} runs: {_e(STUCK_TEXT)}.</p>\n"
-        "<div class=\"wide\"><table id=\"stuck-runs\"><thead><tr><th class=\"text\">run id</th>"
-        "<th class=\"text\">task</th><th class=\"text\">encoding</th><th>seed</th><th>lr</th>"
+        f'<p id="stuck">Stuck: {len(flagged)} of {len(stuck)} runs: {_e(STUCK_TEXT)}.</p>\n'
+        '<div class="wide"><table id="stuck-runs"><thead><tr><th class="text">run id</th>'
+        '<th class="text">task</th><th class="text">encoding</th><th>seed</th><th>lr</th>'
         "<th>final training accuracy %</th><th>input-blind guess %</th><th>margin %</th></tr>"
         f"</thead><tbody>{rows}</tbody></table></div>"
     )
@@ -233,14 +250,21 @@ def _curves_html(store: ResultStore, runs: pd.DataFrame) -> str:
     shown = groups[:MAX_CURVE_FIGURES]
     curves = curves_frame(store, [run_id for _, ids in shown for run_id in ids])
     figures = [
-        _figure_html(f"{task} / {column}", curves_png(curves[curves["run_id"].isin(set(ids))],
-                                                     f"{task} / {column}"),
-                     "training curves", (960, 320))
+        _figure_html(
+            f"{task} / {column}",
+            curves_png(curves[curves["run_id"].isin(set(ids))], f"{task} / {column}"),
+            "training curves",
+            (960, 320),
+        )
         for (task, column), ids in shown
     ]
     more = len(groups) - len(shown)
-    note = (f"<p>{more} more cells are not drawn: see <code>che-bench curves RUN_ID...</code> "
-            "and <code>che-bench export --curves</code>.</p>" if more > 0 else "")
+    note = (
+        f"<p>{more} more cells are not drawn: see <code>che-bench curves RUN_ID...</code> "
+        "and <code>che-bench export --curves</code>.</p>"
+        if more > 0
+        else ""
+    )
     return "".join(figures) + note
 
 
@@ -255,8 +279,13 @@ def _versions(texts: Iterable[str | None]) -> str:
     for text in texts:
         for package, version in (json.loads(text) if isinstance(text, str) else {}).items():
             seen.setdefault(package, set()).add(str(version))
-    return ", ".join(f"{package} {' / '.join(sorted(versions))}"
-                     for package, versions in sorted(seen.items())) or "-"
+    return (
+        ", ".join(
+            f"{package} {' / '.join(sorted(versions))}"
+            for package, versions in sorted(seen.items())
+        )
+        or "-"
+    )
 
 
 #: Below this mean in-distribution accuracy a cell's runs count as not having learned the task.
@@ -269,29 +298,39 @@ def _learning_html(evaluated: pd.DataFrame) -> str:
     complete = evaluated[evaluated["status"] == "complete"].reset_index(drop=True)
     if complete.empty:
         return "<p>No complete runs.</p>"
-    cells = (labelled_runs(complete).groupby(["task_label", "column"], sort=False)["train_accuracy"]
-             .agg(["mean", "min", "size"]).reset_index())
+    cells = (
+        labelled_runs(complete)
+        .groupby(["task_label", "column"], sort=False)["train_accuracy"]
+        .agg(["mean", "min", "size"])
+        .reset_index()
+    )
     rows = "".join(
-        f"<tr><td class=\"text\">{_e(cell.task_label)}</td><td class=\"text\">{_e(cell.column)}</td>"
-        f"<td class=\"num\">{100 * cell.mean:.2f}</td><td class=\"num\">{100 * cell.min:.2f}</td>"
-        f"<td class=\"num\">{cell.size}</td></tr>"
+        f'<tr><td class="text">{_e(cell.task_label)}</td><td class="text">{_e(cell.column)}</td>'
+        f'<td class="num">{100 * cell.mean:.2f}</td><td class="num">{100 * cell.min:.2f}</td>'
+        f'<td class="num">{cell.size}</td></tr>'
         for cell in cells.itertuples(index=False)
     )
     unlearned = cells[cells["mean"] < LEARNED_IN_DISTRIBUTION]
     threshold = f"{LEARNED_IN_DISTRIBUTION:.0%}"
     if unlearned.empty:
-        verdict = (f"Every cell learned the training lengths (mean in-distribution accuracy at "
-                   f"least {threshold}).")
+        verdict = (
+            f"Every cell learned the training lengths (mean in-distribution accuracy at "
+            f"least {threshold})."
+        )
     else:
-        names = "; ".join(f"{cell.task_label} / {cell.column} ({100 * cell.mean:.1f}%)"
-                          for cell in unlearned.itertuples(index=False))
-        verdict = (f"Not learned in this budget (mean in-distribution accuracy below {threshold}): "
-                   f"{names}. Their scores beyond the training lengths measure no extrapolation of "
-                   "a learned solution (a recall probe's figure draws the ceiling of a "
-                   "position-blind model where the task defines one).")
+        names = "; ".join(
+            f"{cell.task_label} / {cell.column} ({100 * cell.mean:.1f}%)"
+            for cell in unlearned.itertuples(index=False)
+        )
+        verdict = (
+            f"Not learned in this budget (mean in-distribution accuracy below {threshold}): "
+            f"{names}. Their scores beyond the training lengths measure no extrapolation of "
+            "a learned solution (a recall probe's figure draws the ceiling of a "
+            "position-blind model where the task defines one)."
+        )
     return (
-        f"<p id=\"learning\">{_e(verdict)}</p>\n<div class=\"wide\"><table id=\"in-distribution\">"
-        "<thead><tr><th class=\"text\">task</th><th class=\"text\">column</th>"
+        f'<p id="learning">{_e(verdict)}</p>\n<div class="wide"><table id="in-distribution">'
+        '<thead><tr><th class="text">task</th><th class="text">column</th>'
         "<th>in-distribution % (mean)</th><th>min</th><th>runs</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></div>"
     )
@@ -301,7 +340,12 @@ def _what_ran_html(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> s
     finished = runs[runs["status"] != "started"]
     statuses = Counter(runs["status"])
     items = [
-        ("runs", ", ".join(f"{statuses[status]} {status}" for status in ("complete", "failed", "started"))),
+        (
+            "runs",
+            ", ".join(
+                f"{statuses[status]} {status}" for status in ("complete", "failed", "started")
+            ),
+        ),
         ("presets", _counts(runs["preset"])),
         ("training steps", _counts(runs["steps"])),
         ("devices", _counts(finished["device"].fillna("-"))),
@@ -311,33 +355,46 @@ def _what_ran_html(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> s
         evaluations = store.evaluations(runs["run_id"])
         evaluations = evaluations[evaluations["evaluation"] == evaluation]
         items += [
-            (f"evaluation {evaluation}", f"{len(evaluations)} runs: {evaluations['protocol'].iloc[0]}"),
+            (
+                f"evaluation {evaluation}",
+                f"{len(evaluations)} runs: {evaluations['protocol'].iloc[0]}",
+            ),
             ("evaluation devices", _counts(evaluations["device"].fillna("-"))),
             ("evaluation software", _versions(evaluations["versions"])),
         ]
     started = (runs["status"] == "started").sum()
     if started:
-        items.append(("not finished", f"{started} started runs have no result (interrupted, or "
-                                      "still running)"))
+        items.append(
+            (
+                "not finished",
+                f"{started} started runs have no result (interrupted, or still running)",
+            )
+        )
     listing = "".join(f"<li><b>{_e(name)}</b>: {_e(value)}</li>" for name, value in items)
     failed = runs[runs["status"] == "failed"]
     if failed.empty:
         return f"<ul>{listing}</ul>"
     rows = "".join(
-        f"<tr><td class=\"text\">{_e(run.run_id)}</td><td class=\"text\">{_e(run.task)}</td>"
-        f"<td class=\"text\">{_e(run_encoding_label(run.config))}</td>"
-        f"<td class=\"num\">{_e(run.seed)}</td><td class=\"text\">{_e(run.error)}</td></tr>"
+        f'<tr><td class="text">{_e(run.run_id)}</td><td class="text">{_e(run.task)}</td>'
+        f'<td class="text">{_e(run_encoding_label(run.config))}</td>'
+        f'<td class="num">{_e(run.seed)}</td><td class="text">{_e(run.error)}</td></tr>'
         for run in failed.itertuples(index=False)
     )
     return (
-        f"<ul>{listing}</ul>\n<h3>Failures</h3>\n<div class=\"wide\"><table id=\"failures\"><thead><tr>"
-        "<th class=\"text\">run id</th><th class=\"text\">task</th><th class=\"text\">encoding</th>"
-        f"<th>seed</th><th class=\"text\">error</th></tr></thead><tbody>{rows}</tbody></table></div>"
+        f'<ul>{listing}</ul>\n<h3>Failures</h3>\n<div class="wide"><table id="failures"><thead><tr>'
+        '<th class="text">run id</th><th class="text">task</th><th class="text">encoding</th>'
+        f'<th>seed</th><th class="text">error</th></tr></thead><tbody>{rows}</tbody></table></div>'
     )
 
 
-def _reproduce_html(store: ResultStore, runs: pd.DataFrame, suite: str | None, shown: str,
-                    command_line: CommandLine | None, page_command: list[str]) -> str:
+def _reproduce_html(
+    store: ResultStore,
+    runs: pd.DataFrame,
+    suite: str | None,
+    shown: str,
+    command_line: CommandLine | None,
+    page_command: list[str],
+) -> str:
     """The commands that rerun the selection, and ``page_command``, which rebuilds this page
     (its scores are those of ``shown``)."""
     store_args = ["--store", str(store.path)]
@@ -345,7 +402,9 @@ def _reproduce_html(store: ResultStore, runs: pd.DataFrame, suite: str | None, s
     if suite is not None:
         from che_bench.run.suites import resolve_suite_path
 
-        parts.append(_pre([shlex.join(["che-bench", "sweep", str(resolve_suite_path(suite)), *store_args])]))
+        parts.append(
+            _pre([shlex.join(["che-bench", "sweep", str(resolve_suite_path(suite)), *store_args])])
+        )
     elif command_line is not None and len(runs) <= MAX_RUN_COMMANDS:
         commands, inexpressible = [], []
         for run in runs.itertuples(index=False):
@@ -356,25 +415,37 @@ def _reproduce_html(store: ResultStore, runs: pd.DataFrame, suite: str | None, s
                 commands.append(shlex.join(["che-bench", *argv, *store_args]))
         parts.append(_pre(commands) if commands else "")
         if inexpressible:
-            parts.append(f"<p>Runs {_e(', '.join(inexpressible))} use settings that "
-                         "<code>che-bench run</code> has no flag for; their full configurations "
-                         "are in the store (<code>che-bench export</code>, column "
-                         "<code>run_id</code>).</p>")
+            parts.append(
+                f"<p>Runs {_e(', '.join(inexpressible))} use settings that "
+                "<code>che-bench run</code> has no flag for; their full configurations "
+                "are in the store (<code>che-bench export</code>, column "
+                "<code>run_id</code>).</p>"
+            )
     else:
-        parts.append(f"<p>{len(runs)} runs: too many to list one <code>che-bench run</code> "
-                     "command each. Their full configurations are in the store; a suite file "
-                     "(see <code>tasks/</code>) with <code>che-bench sweep</code> reruns such "
-                     "a grid.</p>")
+        parts.append(
+            f"<p>{len(runs)} runs: too many to list one <code>che-bench run</code> "
+            "command each. Their full configurations are in the store; a suite file "
+            "(see <code>tasks/</code>) with <code>che-bench sweep</code> reruns such "
+            "a grid.</p>"
+        )
     if "--evaluation" in page_command:
-        parts.append(f"<p>The scores are those of {_e(shown)}: re-evaluate the kept models under "
-                     "that protocol before rebuilding this page.</p>")
+        parts.append(
+            f"<p>The scores are those of {_e(shown)}: re-evaluate the kept models under "
+            "that protocol before rebuilding this page.</p>"
+        )
     parts.append("<p>This page:</p>" + _pre([shlex.join(page_command)]))
     return "\n".join(part for part in parts if part)
 
 
-def _page_command(store: ResultStore, suite: str | None, tasks: Iterable[str] | None,
-                  run_ids: Iterable[str] | None, evaluation: str, metric: str,
-                  out: str | Path) -> list[str]:
+def _page_command(
+    store: ResultStore,
+    suite: str | None,
+    tasks: Iterable[str] | None,
+    run_ids: Iterable[str] | None,
+    evaluation: str,
+    metric: str,
+    out: str | Path,
+) -> list[str]:
     """The ``che-bench report`` command line that rebuilds this page into ``out``."""
     report = ["che-bench", "report"]
     if suite is not None:

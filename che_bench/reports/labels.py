@@ -15,8 +15,16 @@ from che_bench.reports.paper import paper_protocol_differences
 from che_bench.reports.unregistered import UNKNOWN_LEVEL, recorded_task_label
 
 #: Config fields that identify a cell's row and column, or vary within a cell (seeds, lrs).
-CELL_FIELDS = {"task", "task_params", "pe", "kernel", "seed", "data_seed", "lr",
-                "train_eval_lengths"}
+CELL_FIELDS = {
+    "task",
+    "task_params",
+    "pe",
+    "kernel",
+    "seed",
+    "data_seed",
+    "lr",
+    "train_eval_lengths",
+}
 
 LEVEL_LABELS = {"regular": "R", "dcf": "DCF", "cs": "CS", "recall": "recall"}
 
@@ -59,8 +67,10 @@ def _registered_task_facts(name: str, params_json: str) -> tuple[str, float, str
     task = get_task(name, **json.loads(params_json))
     default = get_task(name).params()
     changed = {key: value for key, value in task.params().items() if default.get(key) != value}
-    label = name if not changed else (
-        f"{name}({', '.join(f'{k}={v}' for k, v in sorted(changed.items()))})"
+    label = (
+        name
+        if not changed
+        else (f"{name}({', '.join(f'{k}={v}' for k, v in sorted(changed.items()))})")
     )
     return LEVEL_LABELS.get(task.level, task.level), task.chance, label
 
@@ -91,7 +101,11 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     frame["encoding"] = [run_encoding_label(config) for config in configs]
     frame["paper_differences"] = [tuple(paper_protocol_differences(c)) for c in configs]
     variants = [
-        {key: json.dumps(value, sort_keys=True) for key, value in config.items() if key not in CELL_FIELDS}
+        {
+            key: json.dumps(value, sort_keys=True)
+            for key, value in config.items()
+            if key not in CELL_FIELDS
+        }
         for config in configs
     ]
     varying: dict[str, list[str]] = {}

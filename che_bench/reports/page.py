@@ -49,8 +49,10 @@ _CONTENT_SECURITY_POLICY = (
 def page_html(title: str, sections: list[str]) -> str:
     """The whole page: ``sections`` (HTML) under ``title`` (text)."""
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CONTENT_SECURITY_POLICY}\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{_CONTENT_SECURITY_POLICY}">\n'
         f"<title>{html.escape(title)}</title>\n<style>{_STYLE}</style>\n"
-        f"<script>{_SCRIPT}</script>\n</head>\n<body>\n" + "\n".join(sections) + "\n</body>\n</html>\n"
+        f"<script>{_SCRIPT}</script>\n</head>\n<body>\n"
+        + "\n".join(sections)
+        + "\n</body>\n</html>\n"
     )

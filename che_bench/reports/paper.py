@@ -31,8 +31,13 @@ SHOWN_DIFFERENCES = 3
 
 #: Words for the model options that differ from the published model: counted ones read
 #: "2 layers", the others "width 32".
-_MODEL_OPTION_WORDS = {"layers": "layer", "dim": "width", "heads": "head", "ffn": "FFN",
-                       "dropout": "dropout"}
+_MODEL_OPTION_WORDS = {
+    "layers": "layer",
+    "dim": "width",
+    "heads": "head",
+    "ffn": "FFN",
+    "dropout": "dropout",
+}
 
 
 _COUNTED_MODEL_OPTIONS = ("layers", "heads")
@@ -49,8 +54,11 @@ def paper_protocol_differences(settings: dict[str, Any]) -> list[str]:
     if settings["steps"] != paper["steps"]:
         differences.append(f"{settings['steps']} steps")
     model = settings["model_options"]
-    differences += [_model_option_text(name, model.get(name)) for name in _MODEL_OPTION_WORDS
-                    if model.get(name) != paper[name]]
+    differences += [
+        _model_option_text(name, model.get(name))
+        for name in _MODEL_OPTION_WORDS
+        if model.get(name) != paper[name]
+    ]
     if settings["batch_size"] != paper["batch_size"]:
         differences.append(f"batch {settings['batch_size']}")
     if settings["train_max_length"] != paper["train_max_length"]:

@@ -42,8 +42,11 @@ def plot_data(
     there is no complete run to plot."""
     runs = complete_runs(store, tasks, run_ids, evaluation, metric)
     if runs.empty:
-        raise CheBenchError("no complete runs to plot" + (" for the given task(s)" if tasks else "")
-                            + (" with exact match recorded" if metric == "exact" else ""))
+        raise CheBenchError(
+            "no complete runs to plot"
+            + (" for the given task(s)" if tasks else "")
+            + (" with exact match recorded" if metric == "exact" else "")
+        )
     runs = labelled_runs(runs)
     curves = with_metric(store.per_length(runs["run_id"], evaluation), metric).merge(
         runs[["run_id", "task_label", "column"]], on="run_id"
@@ -71,14 +74,15 @@ def plot_accuracy(
     from matplotlib.figure import Figure
 
     out = Path(out)
-    runs, curves = plot_data(store, tasks=tasks, run_ids=run_ids, evaluation=evaluation,
-                             metric=metric)
+    runs, curves = plot_data(
+        store, tasks=tasks, run_ids=run_ids, evaluation=evaluation, metric=metric
+    )
     panels = task_labels(runs)
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
     figure = Figure(figsize=(PANEL_SIZE[0] * columns, PANEL_SIZE[1] * rows))
     axes = figure.subplots(rows, columns, squeeze=False)
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     for ax, label in zip(axes.flat, panels):
         _draw_panel(ax, runs, curves, label)
@@ -97,7 +101,9 @@ def _save(figure, out: Path) -> Path:
     return out
 
 
-def task_panel_png(runs: pd.DataFrame, curves: pd.DataFrame, label: str, *, dpi: int = 100) -> bytes:
+def task_panel_png(
+    runs: pd.DataFrame, curves: pd.DataFrame, label: str, *, dpi: int = 100
+) -> bytes:
     """The panel of task ``label`` (from ``plot_data``) as PNG bytes; nothing is written."""
     from matplotlib.figure import Figure
 
@@ -117,17 +123,30 @@ def _draw_panel(ax, runs: pd.DataFrame, curves: pd.DataFrame, label: str) -> Non
     for column, curve in task_curves.groupby("column", sort=False):
         mean = curve.groupby("length")["accuracy"].mean() * 100
         seeds = curve["run_id"].nunique()
-        ax.plot(mean.index, mean.values, marker="." if len(mean) < 60 else None,
-                label=f"{column} (n={seeds})")
+        ax.plot(
+            mean.index,
+            mean.values,
+            marker="." if len(mean) < 60 else None,
+            label=f"{column} (n={seeds})",
+        )
     settings = task_runs["settings"].iloc[0]
-    task = (get_task(settings["task"], **settings["task_params"])
-            if task_known(settings["task"]) else None)
+    task = (
+        get_task(settings["task"], **settings["task_params"])
+        if task_known(settings["task"])
+        else None
+    )
     train_max = max(s["train_max_length"] for s in task_runs["settings"])
     # Without the task class (its plugin not loaded), the shortest length it trained on.
-    min_length = task.min_length if task else min(min(s["train_eval_lengths"]) for s in task_runs["settings"])
+    min_length = (
+        task.min_length
+        if task
+        else min(min(s["train_eval_lengths"]) for s in task_runs["settings"])
+    )
     ax.axvspan(min_length, train_max, color="0.9", zorder=0, label="training lengths")
     if task is not None:
-        _draw_task_guides(ax, task, int(task_curves["length"].max()), curves.attrs.get("metric", "token"))
+        _draw_task_guides(
+            ax, task, int(task_curves["length"].max()), curves.attrs.get("metric", "token")
+        )
     ax.set_title(label)
     ax.set_xlabel(task.length_label if task else "length")
     ax.set_ylabel("exact match (%)" if curves.attrs.get("metric") == "exact" else "accuracy (%)")
@@ -142,15 +161,25 @@ def _draw_task_guides(ax, task: Task, max_length: int, metric: str) -> None:
     is left out."""
     lengths = np.arange(task.min_length, max_length + 1)
     if metric == "exact":
-        ax.plot(lengths, [100 * exact_match_chance(task, int(n)) for n in lengths], color="0.4",
-                linestyle=":", label="chance")
+        ax.plot(
+            lengths,
+            [100 * exact_match_chance(task, int(n)) for n in lengths],
+            color="0.4",
+            linestyle=":",
+            label="chance",
+        )
         return
     ax.axhline(task.chance * 100, color="0.4", linestyle=":", label="chance")
     if task.level == "recall":
         ceiling = [task.ceiling(int(n)) for n in lengths]
         if None not in ceiling:
-            ax.plot(lengths, [100 * c for c in ceiling], color="0.2", linestyle="--",
-                    label="ceiling without positions")
+            ax.plot(
+                lengths,
+                [100 * c for c in ceiling],
+                color="0.2",
+                linestyle="--",
+                label="ceiling without positions",
+            )
 
 
 def run_labels(curves: pd.DataFrame) -> dict[str, str]:
@@ -192,8 +221,10 @@ def plot_curves(store: ResultStore, run_ids: Iterable[str], out: str | Path) -> 
         raise CheBenchError(f"no run {', '.join(unknown)} in {store.path} (see `che-bench runs`)")
     curves = curves_frame(store, run_ids)
     if curves.empty:
-        raise CheBenchError("no training history for these runs (runs made before che-bench "
-                            "kept histories have none)")
+        raise CheBenchError(
+            "no training history for these runs (runs made before che-bench "
+            "kept histories have none)"
+        )
     figure = Figure(figsize=(2 * PANEL_SIZE[0], PANEL_SIZE[1]))
     _draw_curves(*figure.subplots(1, 2), curves)
     figure.tight_layout()

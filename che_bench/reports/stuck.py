@@ -29,9 +29,11 @@ STUCK_STANDARD_ERRORS = 3
 #: The smallest margin (an accuracy, 1 point): it covers the baseline's own sampling error.
 STUCK_MIN_MARGIN = 0.01
 #: What "stuck" means, for the listings.
-STUCK_TEXT = (f"training accuracy (mean of the last {STUCK_WINDOWS} logged windows) no better "
-              "than guessing the most frequent class at each length and output position (scored "
-              "positions only) plus a margin for noise, i.e. learned nothing")
+STUCK_TEXT = (
+    f"training accuracy (mean of the last {STUCK_WINDOWS} logged windows) no better "
+    "than guessing the most frequent class at each length and output position (scored "
+    "positions only) plus a margin for noise, i.e. learned nothing"
+)
 
 
 def stuck_runs(store: ResultStore, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
@@ -51,8 +53,9 @@ def stuck_runs(store: ResultStore, run_ids: Iterable[str] | None = None) -> pd.D
         final_accuracy, judged_steps = _final_accuracy(run_history)
         baseline = _baseline_accuracy(config)
         margin = _margin(baseline, judged_steps * config["batch_size"])
-        rows.append((run_id, final_accuracy, baseline, margin,
-                     bool(final_accuracy <= baseline + margin)))  # False when either is NaN
+        rows.append(
+            (run_id, final_accuracy, baseline, margin, bool(final_accuracy <= baseline + margin))
+        )  # False when either is NaN
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -75,5 +78,8 @@ def _baseline_accuracy(config: dict[str, Any]) -> float:
 
     if not unregistered.task_known(config["task"]):
         return math.nan  # the task class that samples its targets is not loaded
-    return input_blind_accuracy(config["task"], json.dumps(config["task_params"], sort_keys=True),
-                                config["train_max_length"])
+    return input_blind_accuracy(
+        config["task"],
+        json.dumps(config["task_params"], sort_keys=True),
+        config["train_max_length"],
+    )

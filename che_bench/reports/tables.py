@@ -41,13 +41,17 @@ from che_bench.store.result_store import ResultStore
 FORMATS = ("text", "csv", "markdown", "latex")
 #: ``--metric``: token-level accuracy (the paper's) or sequence-level exact match.
 METRICS = ("token", "exact")
-METRIC_NOTES = {"token": "accuracy % = correct scored tokens / scored tokens",
-                "exact": "exact match % = sequences with every scored token right / sequences"}
+METRIC_NOTES = {
+    "token": "accuracy % = correct scored tokens / scored tokens",
+    "exact": "exact match % = sequences with every scored token right / sequences",
+}
 #: What the chance column holds, per metric (``reports.chance``).
-CHANCE_NOTES = {"token": "chance = 1 / number of classes",
-                "exact": "chance = exact match of a uniform guesser: (1 / number of classes) to the "
-                         "power of a sequence's scored positions, averaged over sequences and the "
-                         "score's test lengths"}
+CHANCE_NOTES = {
+    "token": "chance = 1 / number of classes",
+    "exact": "chance = exact match of a uniform guesser: (1 / number of classes) to the "
+    "power of a sequence's scored positions, averaged over sequences and the "
+    "score's test lengths",
+}
 
 
 def check_metric(metric: str) -> None:
@@ -61,10 +65,14 @@ def with_metric(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     check_metric(metric)
     if metric == "token":
         return frame
-    exact = {"score": "exact_score", "train_accuracy": "train_exact_accuracy",
-             "accuracy": "exact_accuracy"}
-    frame = frame.assign(**{name: frame[source] for name, source in exact.items()
-                            if source in frame})
+    exact = {
+        "score": "exact_score",
+        "train_accuracy": "train_exact_accuracy",
+        "accuracy": "exact_accuracy",
+    }
+    frame = frame.assign(
+        **{name: frame[source] for name, source in exact.items() if source in frame}
+    )
     key = "score" if "score" in frame else "accuracy"
     return frame[frame[key].notna()].reset_index(drop=True)
 
@@ -85,7 +93,9 @@ def summarize(
     published protocol, empty when comparable) and ``dropout_at_eval`` (every run kept dropout
     on at evaluation, as the reference code does)."""
     _check_compare(compare, metric)
-    return _summarize_runs(complete_runs(store, tasks, run_ids, evaluation, metric), compare, metric)
+    return _summarize_runs(
+        complete_runs(store, tasks, run_ids, evaluation, metric), compare, metric
+    )
 
 
 def _check_compare(compare: str, metric: str = "token") -> None:
@@ -93,8 +103,9 @@ def _check_compare(compare: str, metric: str = "token") -> None:
         raise CheBenchError(f"unknown comparison {compare!r}; valid: none, paper")
     check_metric(metric)
     if compare == "paper" and metric != "token":
-        raise CheBenchError("the published table holds token accuracies: --compare paper needs "
-                            "--metric token")
+        raise CheBenchError(
+            "the published table holds token accuracies: --compare paper needs --metric token"
+        )
 
 
 def _summarize_runs(runs: pd.DataFrame, compare: str, metric: str) -> pd.DataFrame:
@@ -144,9 +155,13 @@ def _summarize_runs(runs: pd.DataFrame, compare: str, metric: str) -> pd.DataFra
     return cells.drop(columns=["task"]).rename(columns={"task_label": "task"})[columns]
 
 
-def complete_runs(store: ResultStore, tasks: Iterable[str] | None = None,
-                  run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL,
-                  metric: str = "token") -> pd.DataFrame:
+def complete_runs(
+    store: ResultStore,
+    tasks: Iterable[str] | None = None,
+    run_ids: Iterable[str] | None = None,
+    evaluation: str = ORIGINAL,
+    metric: str = "token",
+) -> pd.DataFrame:
     """``store.runs(run_ids, evaluation)`` restricted to complete runs (of ``tasks``), scores
     in ``metric`` (``with_metric``)."""
     runs = store.runs(run_ids, evaluation)
@@ -199,11 +214,18 @@ def format_table(
     if fmt not in FORMATS:
         raise CheBenchError(f"unknown table format {fmt!r}; valid: {', '.join(FORMATS)}")
     if fmt == "csv":
-        cells = summarize(store, tasks=tasks, run_ids=run_ids, compare=compare,
-                          evaluation=evaluation, metric=metric)
+        cells = summarize(
+            store,
+            tasks=tasks,
+            run_ids=run_ids,
+            compare=compare,
+            evaluation=evaluation,
+            metric=metric,
+        )
         return "" if cells.empty else _numeric_pivot(cells, compare).to_csv(float_format="%.4f")
-    table, notes = display_table(store, tasks=tasks, run_ids=run_ids, compare=compare,
-                                 evaluation=evaluation, metric=metric)
+    table, notes = display_table(
+        store, tasks=tasks, run_ids=run_ids, compare=compare, evaluation=evaluation, metric=metric
+    )
     if table.empty:
         return "(no complete runs)\n"
     if fmt == "text":
@@ -245,7 +267,9 @@ def _wide(cells: pd.DataFrame, values: dict[str, list]) -> pd.DataFrame:
 
 
 def _numeric_pivot(cells: pd.DataFrame, compare: str) -> pd.DataFrame:
-    stats = ["max", "mean", "std", "n"] + (["paper", "diff", "comparable"] if compare == "paper" else [])
+    stats = ["max", "mean", "std", "n"] + (
+        ["paper", "diff", "comparable"] if compare == "paper" else []
+    )
     table = _wide(cells, {f" {stat}": list(cells[stat]) for stat in stats})
     counts = [column for column in table.columns if column.endswith(" n")]
     return table.astype({column: "Int64" for column in counts})
@@ -258,7 +282,9 @@ def _text_pivot(cells: pd.DataFrame, compare: str) -> pd.DataFrame:
         values[" paper (diff)"] = [_paper_text(row) for _, row in cells.iterrows()]
     table = _wide(cells, values).fillna("")
     # Drop comparison columns with no published value at all (e.g. encodings not in the paper).
-    return table[[c for c in table.columns if not (c.endswith(" paper (diff)") and (table[c] == "").all())]]
+    return table[
+        [c for c in table.columns if not (c.endswith(" paper (diff)") and (table[c] == "").all())]
+    ]
 
 
 def _chance_text(chance: float) -> str:
@@ -286,8 +312,9 @@ def _paper_text(row: pd.Series) -> str:
     return f"{row['paper']:.2f} (not comparable: {', '.join(shown)})"
 
 
-def _notes(runs: pd.DataFrame, cells: pd.DataFrame, compare: str, evaluation: str,
-           metric: str) -> list[str]:
+def _notes(
+    runs: pd.DataFrame, cells: pd.DataFrame, compare: str, evaluation: str, metric: str
+) -> list[str]:
     """What the table shows: cells, presets, the evaluation (when not the original one) and
     the comparison with the paper."""
     presets = ", ".join(sorted(set(runs["preset"])))
@@ -321,7 +348,9 @@ def _markdown(table: pd.DataFrame) -> str:
     frame = table.reset_index()
     header = [str(c) for c in frame.columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    lines += [
+        "| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)
+    ]
     return "\n".join(lines)
 
 
@@ -330,8 +359,14 @@ def _latex(table: pd.DataFrame, notes: list[str]) -> str:
 
     def escape(value: object) -> str:
         text = str(value)
-        for char, replacement in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"),
-                                  ("_", r"\_"), ("#", r"\#"), ("±", r"$\pm$")):
+        for char, replacement in (
+            ("\\", r"\textbackslash{}"),
+            ("&", r"\&"),
+            ("%", r"\%"),
+            ("_", r"\_"),
+            ("#", r"\#"),
+            ("±", r"$\pm$"),
+        ):
             text = text.replace(char, replacement)
         return text
 
@@ -343,5 +378,3 @@ def _latex(table: pd.DataFrame, notes: list[str]) -> str:
     lines += [" & ".join(escape(v) for v in row) + r" \\" for row in frame.itertuples(index=False)]
     lines += [r"\hline", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
-
-

@@ -45,8 +45,10 @@ def task_names(wanted: Iterable[str], stored: Iterable[str]) -> set[str]:
     from che_bench.tasks import get_task
 
     stored = set(stored)
-    return {normalise_name(name) if normalise_name(name) in stored else get_task(name).name
-            for name in wanted}
+    return {
+        normalise_name(name) if normalise_name(name) in stored else get_task(name).name
+        for name in wanted
+    }
 
 
 def note(runs: pd.DataFrame) -> str | None:
@@ -57,11 +59,20 @@ def note(runs: pd.DataFrame) -> str | None:
     if not tasks and not encodings:
         return None
     unknown = runs[runs["task"].isin(tasks) | runs["pe"].isin(encodings)]
-    plugins = sorted({key.removeprefix("plugin ") for text in unknown["versions"]
-                      for key in json.loads(text or "{}") if key.startswith("plugin ")})
+    plugins = sorted(
+        {
+            key.removeprefix("plugin ")
+            for text in unknown["versions"]
+            for key in json.loads(text or "{}")
+            if key.startswith("plugin ")
+        }
+    )
     names = [f"task {name}" for name in tasks] + [f"encoding {name}" for name in encodings]
     source = f"plugin {', '.join(plugins)}" if plugins else "a plugin"
-    level = (f"; level {UNKNOWN_LEVEL} and chance unknown (the task class is needed)"
-             if tasks else "")
-    return (f"not registered here ({source} not loaded): {', '.join(names)}; shown as the "
-            f"store recorded them{level}")
+    level = (
+        f"; level {UNKNOWN_LEVEL} and chance unknown (the task class is needed)" if tasks else ""
+    )
+    return (
+        f"not registered here ({source} not loaded): {', '.join(names)}; shown as the "
+        f"store recorded them{level}"
+    )

@@ -56,13 +56,16 @@ def load_model(models_dir: str | Path, run_id: str) -> tuple[RunConfig, Encoder]
     try:
         content = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # any unreadable file: truncated, not a torch file, foreign pickle
-        raise CheBenchError(f"kept model {path} is damaged or not a che-bench model "
-                            f"({_reason(exc)})") from None
+        raise CheBenchError(
+            f"kept model {path} is damaged or not a che-bench model ({_reason(exc)})"
+        ) from None
     if not isinstance(content, dict) or content.get("format") != FORMAT:
         raise CheBenchError(f"{path} is not a che-bench model file")
     if content.get("version") != VERSION:
-        raise CheBenchError(f"kept model {path} has format version {content.get('version')}, "
-                            f"this che-bench reads version {VERSION}")
+        raise CheBenchError(
+            f"kept model {path} has format version {content.get('version')}, "
+            f"this che-bench reads version {VERSION}"
+        )
     try:
         config = RunConfig.from_dict(content["config"])
         if config.run_id() != run_id or content.get("run_id") != run_id:

@@ -53,26 +53,41 @@ class RayBackend:
     task; its ``threads`` is not used: a task gets as many as the CPUs Ray grants it).
     """
 
-    def __init__(self, *, address: str | None = None, run_cpus: float = 1.0,
-                 run_gpus: float | None = None,
-                 max_in_flight: int | None = None, local_cpus: int | None = None,
-                 packed: bool = False, options: RuntimeOptions | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        run_cpus: float = 1.0,
+        run_gpus: float | None = None,
+        max_in_flight: int | None = None,
+        local_cpus: int | None = None,
+        packed: bool = False,
+        options: RuntimeOptions | None = None,
+    ) -> None:
         self.ray = import_ray()
         self._connected_here = not self.ray.is_initialized()
         self._in_flight: set = set()
         if self._connected_here:
-            init_options: dict[str, Any] = {"address": address, "include_dashboard": False,
-                                       "log_to_driver": False, "logging_level": logging.WARNING}
+            init_options: dict[str, Any] = {
+                "address": address,
+                "include_dashboard": False,
+                "log_to_driver": False,
+                "logging_level": logging.WARNING,
+            }
             if address is None and local_cpus is not None:
                 init_options["num_cpus"] = local_cpus
             plugin_modules = os.environ.get(plugins.ENVIRONMENT_VARIABLE)
             if plugin_modules:  # --plugin modules: the workers import them as the driver did
-                init_options["runtime_env"] = {"env_vars": {plugins.ENVIRONMENT_VARIABLE: plugin_modules}}
+                init_options["runtime_env"] = {
+                    "env_vars": {plugins.ENVIRONMENT_VARIABLE: plugin_modules}
+                }
             try:
                 self.ray.init(**init_options)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = address or "a local instance"
-                raise CheBenchError(f"cannot start or reach Ray at {where}: {exc}".splitlines()[0]) from None
+                raise CheBenchError(
+                    f"cannot start or reach Ray at {where}: {exc}".splitlines()[0]
+                ) from None
         if run_gpus is None:
             share = PACKED_GPU_FRACTION if packed else DEFAULT_GPU_FRACTION
             run_gpus = share if self.ray.cluster_resources().get("GPU", 0) else 0.0
@@ -87,7 +102,9 @@ class RayBackend:
         device = "cpu" if options.device == "auto" and run_gpus == 0 else options.device
         self.options = options.with_changes(device=device, progress=False)
         self._remote = self.ray.remote(_run_in_ray_task).options(
-            num_cpus=run_cpus, num_gpus=run_gpus, max_retries=SYSTEM_RETRIES,
+            num_cpus=run_cpus,
+            num_gpus=run_gpus,
+            max_retries=SYSTEM_RETRIES,
         )
 
     def capacity(self) -> int:
@@ -119,7 +136,7 @@ class RayBackend:
             self._in_flight.discard(ref)
             try:
                 finished.append((ref, self.ray.get(ref)))
-            except Exception as exc:  # noqa: BLE001 - a crashed task is recorded as failed
+            except Exception as exc:
                 finished.append((ref, exc))
         return finished
 
@@ -135,8 +152,9 @@ class RayBackend:
             self.ray.shutdown()  # stops a private local instance; only disconnects from a cluster
 
 
-def _run_in_ray_task(configs: list[RunConfig], width: int | str, options: RuntimeOptions,
-                     threads: int, gpus: float) -> list[RunResult]:
+def _run_in_ray_task(
+    configs: list[RunConfig], width: int | str, options: RuntimeOptions, threads: int, gpus: float
+) -> list[RunResult]:
     """Body of one Ray task: size torch's thread pool to the CPUs Ray granted and memory
     budgets to the GPU fraction it granted (four 0.25-GPU tasks share one GPU), then run."""
     import torch

@@ -50,8 +50,10 @@ def resolve_device(device: str = "auto") -> torch.device:
     if resolved.type not in ("cpu", "cuda"):
         raise CheBenchError(f"unsupported device {device!r}; use auto, cpu or cuda[:N]")
     if resolved.type == "cuda" and (resolved.index or 0) >= torch.cuda.device_count():
-        raise CheBenchError(f"device {device!r} does not exist: torch sees "
-                            f"{torch.cuda.device_count()} CUDA GPU(s), cuda:0..")
+        raise CheBenchError(
+            f"device {device!r} does not exist: torch sees "
+            f"{torch.cuda.device_count()} CUDA GPU(s), cuda:0.."
+        )
     return resolved
 
 
@@ -68,8 +70,11 @@ def software_versions(config: RunConfig | None = None) -> dict[str, str]:
     from che_bench.encodings.base import ENCODINGS
     from che_bench.tasks import TASKS
 
-    used = {} if config is None else plugins.versions_of(
-        TASKS.origin(config.task), ENCODINGS.origin(config.pe))
+    used = (
+        {}
+        if config is None
+        else plugins.versions_of(TASKS.origin(config.task), ENCODINGS.origin(config.pe))
+    )
     return {
         "che_bench": che_bench.__version__,
         "torch": torch.__version__,
@@ -134,8 +139,10 @@ def check_pack(configs: Sequence[RunConfig]) -> None:
     if not configs:
         raise CheBenchError("a pack needs at least one run")
     keys = [json.loads(config.pack_key()) for config in configs]
-    differing = sorted({name for key in keys[1:] for name in key if key[name] != keys[0].get(name)}
-                       | {name for key in keys[1:] for name in set(keys[0]) ^ set(key)})
+    differing = sorted(
+        {name for key in keys[1:] for name in key if key[name] != keys[0].get(name)}
+        | {name for key in keys[1:] for name in set(keys[0]) ^ set(key)}
+    )
     if differing:
         raise CheBenchError(
             f"these runs cannot train as one pack: they differ in {', '.join(differing)} "
@@ -182,14 +189,21 @@ def execute_pack(
     torch_device = resolve_device(options.device)
     configure_numerics(options.tf32, options.deterministic)
     results = [
-        RunResult(run_id=config.run_id(), config=config, status="failed",
-                  versions=software_versions(config), device=describe_device(torch_device),
-                  details=numerics_details(torch_device, options.tf32, options.deterministic))
+        RunResult(
+            run_id=config.run_id(),
+            config=config,
+            status="failed",
+            versions=software_versions(config),
+            device=describe_device(torch_device),
+            details=numerics_details(torch_device, options.tf32, options.deterministic),
+        )
         for config in configs
     ]
-    checkpoints = (None if options.checkpoint_dir is None
-                   else [checkpoint_path(options.checkpoint_dir, config.run_id())
-                         for config in configs])
+    checkpoints = (
+        None
+        if options.checkpoint_dir is None
+        else [checkpoint_path(options.checkpoint_dir, config.run_id()) for config in configs]
+    )
     for members in _members_by_checkpoint_step(configs, results, checkpoints):
         _execute_group(
             [configs[i] for i in members],
@@ -203,7 +217,9 @@ def execute_pack(
 
 
 def _members_by_checkpoint_step(
-    configs: Sequence[RunConfig], results: list[RunResult], checkpoints: list[Path] | None,
+    configs: Sequence[RunConfig],
+    results: list[RunResult],
+    checkpoints: list[Path] | None,
 ) -> list[list[int]]:
     """The pack's members grouped by the step their checkpoints resume from (0: none); a
     member whose checkpoint cannot resume gets the error in its result and no group."""
@@ -236,9 +252,16 @@ def _execute_group(
     out_of_memory = False
     try:
         model, training, evaluations = _train_and_evaluate(
-            configs, results, device, checkpoints, progress=options.progress,
-            checkpoint_every=options.checkpoint_every, on_step=on_step,
-            log_every=options.log_every, on_history=tracking.log_row)
+            configs,
+            results,
+            device,
+            checkpoints,
+            progress=options.progress,
+            checkpoint_every=options.checkpoint_every,
+            on_step=on_step,
+            log_every=options.log_every,
+            on_history=tracking.log_row,
+        )
     except KeyboardInterrupt:
         tracking.close()
         raise
@@ -257,8 +280,9 @@ def _execute_group(
     else:
         finished = [True] * len(configs)
         history = training.history
-        _record_outcome(configs, results, model, training, evaluations, options.models_dir,
-                        tracking)
+        _record_outcome(
+            configs, results, model, training, evaluations, options.models_dir, tracking
+        )
     tracking.close()
     if out_of_memory:
         # Here, past the except block, nothing holds the failed pack's weights, Adam state
@@ -266,9 +290,14 @@ def _execute_group(
         release_memory(device)
         half = len(configs) // 2
         for part in (slice(0, half), slice(half, None)):
-            _execute_group(configs[part], results[part], device,
-                           checkpoints=None if checkpoints is None else checkpoints[part],
-                           options=options, on_step=on_step)
+            _execute_group(
+                configs[part],
+                results[part],
+                device,
+                checkpoints=None if checkpoints is None else checkpoints[part],
+                options=options,
+                on_step=on_step,
+            )
         return
     total = time.perf_counter() - started
     for member, result in enumerate(results):
@@ -296,10 +325,12 @@ def _train_and_evaluate(
         if len(configs) > 1:
             result.details["pack"] = pack
     model.to(device)
-    training = train_pack(model, task, configs, device, checkpoints=checkpoints,
-                          **training_options)
-    return model, training, evaluate(model, task, configs[0], device,
-                                     progress=training_options["progress"])
+    training = train_pack(model, task, configs, device, checkpoints=checkpoints, **training_options)
+    return (
+        model,
+        training,
+        evaluate(model, task, configs[0], device, progress=training_options["progress"]),
+    )
 
 
 def _record_outcome(

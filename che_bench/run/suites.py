@@ -41,8 +41,16 @@ else:  # the same parser, from PyPI, before it joined the standard library
 SUITE_DIR = Path("tasks")
 
 _TOP_LEVEL_KEYS = {
-    "name", "description", "preset", "tasks", "encodings", "kernels", "seeds",
-    "learning_rates", "overrides", "resources",
+    "name",
+    "description",
+    "preset",
+    "tasks",
+    "encodings",
+    "kernels",
+    "seeds",
+    "learning_rates",
+    "overrides",
+    "resources",
 }
 _RESOURCE_KEYS = {"num_cpus", "num_gpus"}
 _ALL = "all"
@@ -112,8 +120,14 @@ class Suite:
                     configs.setdefault(config.run_id(), config)
         return list(configs.values())
 
-    def _cell_config(self, task: TaskEntry, encoding: EncodingEntry, kernel: int | None,
-                     seed: int, lr: float | None):
+    def _cell_config(
+        self,
+        task: TaskEntry,
+        encoding: EncodingEntry,
+        kernel: int | None,
+        seed: int,
+        lr: float | None,
+    ):
         from che_bench.config import make_config  # torch-heavy; only when expanding
 
         overrides = dict(self.overrides, seed=seed)
@@ -124,8 +138,9 @@ class Suite:
         if encoding.options:
             overrides["pe_options"] = dict(encoding.options)
         try:
-            return make_config(task.name, pe=encoding.name, kernel=kernel, preset=self.preset,
-                               **overrides)
+            return make_config(
+                task.name, pe=encoding.name, kernel=kernel, preset=self.preset, **overrides
+            )
         except CheBenchError as exc:
             point = _describe_point(task, encoding, kernel, seed, lr)
             raise CheBenchError(f"{self.path}: {point}: {exc}") from None
@@ -183,7 +198,9 @@ def parse_suite(data: dict[str, Any], path: Path) -> Suite:
 
     unknown = sorted(set(data) - _TOP_LEVEL_KEYS)
     if unknown:
-        raise fail(f"unknown key(s) {', '.join(unknown)}; expected {', '.join(sorted(_TOP_LEVEL_KEYS))}")
+        raise fail(
+            f"unknown key(s) {', '.join(unknown)}; expected {', '.join(sorted(_TOP_LEVEL_KEYS))}"
+        )
     for required in ("tasks", "encodings"):
         if required not in data:
             raise fail(f"missing {required!r}")
@@ -203,7 +220,9 @@ def parse_suite(data: dict[str, Any], path: Path) -> Suite:
             description=str(data.get("description", "")),
             preset=preset,
             tasks=tuple(_task_entry(item) for item in _as_list(data["tasks"], "tasks")),
-            encodings=tuple(_encoding_entry(item) for item in _as_list(data["encodings"], "encodings")),
+            encodings=tuple(
+                _encoding_entry(item) for item in _as_list(data["encodings"], "encodings")
+            ),
             kernels=_kernels(data.get("kernels", [_NO_KERNEL]), "kernels"),
             seeds=_seeds(data.get("seeds", [0])),
             learning_rates=_learning_rates(data.get("learning_rates")),
@@ -214,8 +233,9 @@ def parse_suite(data: dict[str, Any], path: Path) -> Suite:
         raise fail(str(exc)) from None
 
 
-def _describe_point(task: TaskEntry, encoding: EncodingEntry, kernel: int | None,
-                    seed: int, lr: float | None) -> str:
+def _describe_point(
+    task: TaskEntry, encoding: EncodingEntry, kernel: int | None, seed: int, lr: float | None
+) -> str:
     task_text = task.name + (f"{task.params}" if task.params else "")
     kernel_text = "no DAPE" if kernel is None else f"kernel {kernel}"
     lr_text = "" if lr is None else f", lr {lr:g}"
@@ -266,13 +286,15 @@ def _kernels(value: Any, key: str) -> tuple[int | None, ...]:
         elif isinstance(item, int) and not isinstance(item, bool):
             kernels.append(item)
         else:
-            raise CheBenchError(f"{key!r}: {item!r} is neither \"none\" nor an integer kernel size")
+            raise CheBenchError(f'{key!r}: {item!r} is neither "none" nor an integer kernel size')
     return tuple(dict.fromkeys(kernels))
 
 
 def _seeds(value: Any) -> tuple[int, ...]:
     seeds = _as_list(value, "seeds") if not isinstance(value, int) else [value]
-    if not all(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 for seed in seeds):
+    if not all(
+        isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 for seed in seeds
+    ):
         raise CheBenchError("'seeds' must be non-negative integers")
     return tuple(dict.fromkeys(seeds))
 
@@ -281,7 +303,9 @@ def _learning_rates(value: Any) -> tuple[float, ...] | None:
     if value is None:
         return None
     rates = _as_list(value, "learning_rates") if not isinstance(value, (int, float)) else [value]
-    if not all(isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0 for lr in rates):
+    if not all(
+        isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0 for lr in rates
+    ):
         raise CheBenchError("'learning_rates' must be positive numbers")
     return tuple(dict.fromkeys(float(lr) for lr in rates))
 
@@ -291,7 +315,9 @@ def _resources(value: Any) -> Resources:
         raise CheBenchError("'resources' must be a table")
     unknown = sorted(set(value) - _RESOURCE_KEYS)
     if unknown:
-        raise CheBenchError(f"[resources]: unknown key(s) {', '.join(unknown)}; expected num_cpus, num_gpus")
+        raise CheBenchError(
+            f"[resources]: unknown key(s) {', '.join(unknown)}; expected num_cpus, num_gpus"
+        )
     for key, amount in value.items():
         if not isinstance(amount, (int, float)) or isinstance(amount, bool) or amount < 0:
             raise CheBenchError(f"[resources]: {key} must be a non-negative number")

@@ -95,8 +95,11 @@ def failed_result(config: RunConfig, error: BaseException | str) -> RunResult:
     """A failed RunResult for a run whose worker never returned one."""
     message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     return RunResult(
-        run_id=config.run_id(), config=config, status="failed",
-        error=message.splitlines()[0] if message else "failed", versions=software_versions(config),
+        run_id=config.run_id(),
+        config=config,
+        status="failed",
+        error=message.splitlines()[0] if message else "failed",
+        versions=software_versions(config),
     )
 
 
@@ -148,8 +151,11 @@ def _split_grid(
     completed = store.completed_run_ids()
     run_ids = [config.run_id() for config in configs]
     todo = [config for config, run_id in zip(configs, run_ids) if run_id not in completed]
-    outcome = SweepOutcome(run_ids=run_ids, already_complete=len(configs) - len(todo),
-                           complete_before=completed & set(run_ids))
+    outcome = SweepOutcome(
+        run_ids=run_ids,
+        already_complete=len(configs) - len(todo),
+        complete_before=completed & set(run_ids),
+    )
     if max_runs is not None:
         outcome.not_started = max(0, len(todo) - max_runs)
         todo = todo[:max_runs]
@@ -165,8 +171,14 @@ def _packs(todo: list[RunConfig], pack: int | str, backend: Backend) -> deque[li
     return deque(group_into_packs(todo, group_width))
 
 
-def _execute_packs(backend: Backend, queue: deque[list[RunConfig]], pack: int | str, store,
-                   outcome: SweepOutcome, view: SweepView) -> None:
+def _execute_packs(
+    backend: Backend,
+    queue: deque[list[RunConfig]],
+    pack: int | str,
+    store,
+    outcome: SweepOutcome,
+    view: SweepView,
+) -> None:
     """Keep ``backend`` busy with the packs of ``queue``: mark each pack's runs started as it
     is submitted, record every result as it arrives."""
     in_flight: dict[Hashable, list[RunConfig]] = {}
@@ -225,6 +237,7 @@ class InProcessBackend:
 # --------------------------------------------------------------------------------------------
 # Local backend: a pool of worker processes on this machine.
 
+
 def default_threads_per_worker(workers: int) -> int:
     """Split this machine's cores evenly between the workers (at least one thread each)."""
     return max(1, available_cpus() // max(1, workers))
@@ -268,14 +281,14 @@ class LocalBackend:
             except concurrent.futures.process.BrokenProcessPool as exc:
                 self._discard_pool()  # a worker died (e.g. killed for memory); start a new pool
                 finished.append((future, RuntimeError(f"worker process died: {exc}")))
-            except Exception as exc:  # noqa: BLE001 - recorded as the run's failure
+            except Exception as exc:
                 finished.append((future, exc))
         return finished
 
     def interrupt(self) -> None:
         if self._pool is None:
             return
-        for process in list(self._pool._processes.values()):  # noqa: SLF001 - no public accessor
+        for process in list(self._pool._processes.values()):
             try:
                 os.kill(process.pid, signal.SIGINT)
             except ProcessLookupError:
@@ -324,8 +337,9 @@ def _init_worker(threads: int, sweep_pid: int, workers: int) -> None:
     threading.Thread(target=_watch_sweep, args=(sweep_pid,), daemon=True).start()
 
 
-def _run_in_worker(configs: list[RunConfig], width: int | str,
-                   options: RuntimeOptions) -> list[RunResult]:
+def _run_in_worker(
+    configs: list[RunConfig], width: int | str, options: RuntimeOptions
+) -> list[RunResult]:
     """Runs in a worker; SIGINT stops them (training finishes its step and checkpoints)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _run_active.set()

@@ -27,11 +27,9 @@ class SweepView(Protocol):
         """The grid split, before anything runs: the run ids complete in the store already
         (in grid order) and the runs to do now (maybe none)."""
 
-    def __enter__(self) -> SweepView:
-        ...
+    def __enter__(self) -> SweepView: ...
 
-    def __exit__(self, *exc_info) -> None:
-        ...
+    def __exit__(self, *exc_info) -> None: ...
 
     def update(self, *, running: int, left: int) -> None:
         """Runs in flight and runs waiting, after packs were submitted."""
@@ -43,8 +41,11 @@ class SweepView(Protocol):
 def describe_run(config: RunConfig) -> str:
     """One-line label of a grid point: task(non-default params) pe kernel lr seed."""
     defaults = _default_task_params(config.task)
-    params = ",".join(f"{key}={value}" for key, value in sorted(config.task_params.items())
-                      if defaults.get(key) != value)
+    params = ",".join(
+        f"{key}={value}"
+        for key, value in sorted(config.task_params.items())
+        if defaults.get(key) != value
+    )
     task = f"{config.task}({params})" if params else config.task
     kernel = "-" if config.kernel is None else f"k{config.kernel}"
     return f"{task} {config.pe} {kernel} lr={config.lr:g} seed={config.seed}"
@@ -65,18 +66,24 @@ class GridView:
         self.total = self.done = self.failed = 0
         self.started = time.monotonic()
         self.progress = Progress(
-            TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("running {task.fields[running]} · failed {task.fields[failed]} · "
-                       "left {task.fields[left]} · ETA {task.fields[eta]}"),
+            TextColumn("[bold]sweep"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(
+                "running {task.fields[running]} · failed {task.fields[failed]} · "
+                "left {task.fields[left]} · ETA {task.fields[eta]}"
+            ),
             TimeElapsedColumn(),
-            console=console, disable=not (live and console.is_terminal),
+            console=console,
+            disable=not (live and console.is_terminal),
         )
         self.task = None
 
     def start(self, already_complete: Sequence[str], todo: Sequence[RunConfig]) -> None:
         self.total = len(todo)
-        self.task = self.progress.add_task("sweep", total=self.total, running=0, failed=0,
-                                           left=self.total, eta="-")
+        self.task = self.progress.add_task(
+            "sweep", total=self.total, running=0, failed=0, left=self.total, eta="-"
+        )
 
     def __enter__(self) -> GridView:
         self.progress.start()
@@ -86,8 +93,9 @@ class GridView:
         self.progress.stop()
 
     def update(self, *, running: int, left: int) -> None:
-        self.progress.update(self.task, running=running, left=left, failed=self.failed,
-                             eta=self._eta(running + left))
+        self.progress.update(
+            self.task, running=running, left=left, failed=self.failed, eta=self._eta(running + left)
+        )
 
     def finished(self, result: RunResult, *, running: int, left: int) -> None:
         self.done += 1
@@ -100,7 +108,10 @@ class GridView:
             outcome = f"[red]failed[/] {result.error}"
         self.console.print(
             f"[{self.done}/{self.total}] {describe_run(result.config)} [dim]{result.run_id}[/] "
-            f"{outcome}{took}", highlight=False, markup=True, soft_wrap=True,
+            f"{outcome}{took}",
+            highlight=False,
+            markup=True,
+            soft_wrap=True,
         )
         self.progress.advance(self.task)
         self.update(running=running, left=left)

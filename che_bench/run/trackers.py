@@ -42,8 +42,7 @@ class TrackerOptions:
 
 
 def _missing(extra: str, package: str) -> CheBenchError:
-    return CheBenchError(
-        f"--{extra} needs the {package} package: pip install \"che-bench[{extra}]\"")
+    return CheBenchError(f'--{extra} needs the {package} package: pip install "che-bench[{extra}]"')
 
 
 def _tensorboard_writer_class():
@@ -74,8 +73,11 @@ class _TensorBoardRun:
             self.writer.add_scalar(f"eval/{name}", getattr(evaluation, name), global_step=step)
         for length, accuracy in evaluation.per_length.items():
             self.writer.add_scalar("eval/accuracy_by_length", accuracy, global_step=length)
-            self.writer.add_scalar("eval/exact_match_by_length",
-                                   evaluation.exact_per_length[length], global_step=length)
+            self.writer.add_scalar(
+                "eval/exact_match_by_length",
+                evaluation.exact_per_length[length],
+                global_step=length,
+            )
 
     def close(self) -> None:
         self.writer.close()
@@ -86,8 +88,15 @@ class _WandbRun:
         wandb = _wandb()
         mode = {"mode": os.environ["WANDB_MODE"]} if os.environ.get("WANDB_MODE") else {}
         self.table = wandb.Table
-        self.run = wandb.init(project=project, name=config.run_id(), id=config.run_id(),
-                              resume="allow", config=config.to_dict(), reinit="create_new", **mode)
+        self.run = wandb.init(
+            project=project,
+            name=config.run_id(),
+            id=config.run_id(),
+            resume="allow",
+            config=config.to_dict(),
+            reinit="create_new",
+            **mode,
+        )
 
     def log_row(self, row: dict[str, Any]) -> None:
         self.run.log({f"train/{name}": row[name] for name in LOGGED_FIELDS}, step=row["step"])
@@ -95,9 +104,10 @@ class _WandbRun:
     def log_evaluation(self, evaluation: Any, step: int) -> None:
         for name in ("score", "train_accuracy", "exact_score", "train_exact_accuracy"):
             self.run.summary[f"eval/{name}"] = getattr(evaluation, name)
-        curve = self.table(columns=["length", "accuracy", "exact_match"],
-                           data=[[n, a, evaluation.exact_per_length[n]]
-                                 for n, a in evaluation.per_length.items()])
+        curve = self.table(
+            columns=["length", "accuracy", "exact_match"],
+            data=[[n, a, evaluation.exact_per_length[n]] for n, a in evaluation.per_length.items()],
+        )
         self.run.log({"eval/accuracy_by_length": curve}, step=step)
 
     def close(self) -> None:

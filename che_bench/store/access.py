@@ -38,8 +38,11 @@ def is_read_only_error(exc: BaseException) -> bool:
     if not isinstance(exc, sqlite3.OperationalError):
         return False
     name = getattr(exc, "sqlite_errorname", "")  # Python >= 3.11; the messages before
-    return name.startswith(_READ_ONLY_ERROR_NAMES) or "readonly" in str(exc) \
+    return (
+        name.startswith(_READ_ONLY_ERROR_NAMES)
+        or "readonly" in str(exc)
         or "unable to open database file" in str(exc)
+    )
 
 
 def store_error(path: Path, exc: BaseException, otherwise: str) -> CheBenchError:
@@ -100,7 +103,8 @@ class ReadOnlyAccess:
         return list(dict.fromkeys([first, f"{uri}?mode=ro", f"{uri}?immutable=1"]))
 
     def _open(self, uri: str) -> sqlite3.Connection:
-        connection = sqlite3.connect(uri, uri=True, timeout=self._busy_timeout_s,
-                                     isolation_level=None)
+        connection = sqlite3.connect(
+            uri, uri=True, timeout=self._busy_timeout_s, isolation_level=None
+        )
         connection.execute("PRAGMA query_only = ON")
         return connection

@@ -50,7 +50,9 @@ class StoreReads:
             rows = connection.execute(f"SELECT r.run_id, r.details FROM runs r {where}", params)
             return {run_id: json.loads(text or "{}") for run_id, text in rows}
 
-    def runs(self, run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL) -> pd.DataFrame:
+    def runs(
+        self, run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL
+    ) -> pd.DataFrame:
         """One row per run, oldest first; ``kernel`` is None without DAPE. ``score``,
         ``train_accuracy``, ``exact_score``, ``train_exact_accuracy`` (NaN where exact match
         was not recorded) and ``EVALUATION_COLUMNS`` come from ``evaluation``: ``"original"``
@@ -65,11 +67,14 @@ class StoreReads:
                            e.timings AS eval_timings
                     FROM runs r {join}
                     ORDER BY r.created_at, r.run_id""",
-                connection, params=params,
+                connection,
+                params=params,
             )
         return _selected(frame, run_ids)
 
-    def per_length(self, run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL) -> pd.DataFrame:
+    def per_length(
+        self, run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL
+    ) -> pd.DataFrame:
         """Per-length accuracies of complete runs under ``evaluation`` (as in ``runs``):
         ``accuracy`` and ``exact_accuracy`` (NaN where not recorded), with the evaluation id and
         the run's identifying columns."""
@@ -84,7 +89,8 @@ class StoreReads:
                         ON a.run_id = e.run_id AND a.evaluation_id = e.evaluation_id
                     WHERE r.status = 'complete'
                     ORDER BY r.created_at, r.run_id, a.split, a.length""",
-                connection, params=params,
+                connection,
+                params=params,
             )
         return _selected(frame, run_ids)
 
@@ -95,10 +101,11 @@ class StoreReads:
         where, params = run_filter("h", run_ids)
         with self._connect() as connection:
             frame = pd.read_sql_query(
-                f"""SELECT h.run_id, {', '.join(f'h.{name}' for name in HISTORY_FIELDS)}
+                f"""SELECT h.run_id, {", ".join(f"h.{name}" for name in HISTORY_FIELDS)}
                     FROM history h JOIN runs r ON r.run_id = h.run_id {where}
                     ORDER BY r.created_at, r.run_id, h.step""",
-                connection, params=params,
+                connection,
+                params=params,
             )
         return frame.astype({name: float for name in HISTORY_FIELDS[1:]})
 
@@ -110,8 +117,9 @@ class StoreReads:
             rows = connection.execute(
                 f"SELECT h.run_id, min(h.loss) FROM history h {where} GROUP BY h.run_id", params
             ).fetchall()
-        return pd.Series({run_id: math.nan if loss is None else loss for run_id, loss in rows},
-                         dtype=float)
+        return pd.Series(
+            {run_id: math.nan if loss is None else loss for run_id, loss in rows}, dtype=float
+        )
 
     def evaluations(self, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
         """One row per evaluation, oldest first: ``evaluation`` (protocol id), ``run_id``,
@@ -138,9 +146,12 @@ class StoreReads:
         if evaluation == ORIGINAL:
             kind = "JOIN" if inner else "LEFT JOIN"
             return f"{kind} evaluations e ON e.run_id = r.run_id AND e.is_original = 1", ()
-        known = [row[0] for row in connection.execute(
-            "SELECT DISTINCT evaluation_id FROM evaluations ORDER BY evaluation_id"
-        )]
+        known = [
+            row[0]
+            for row in connection.execute(
+                "SELECT DISTINCT evaluation_id FROM evaluations ORDER BY evaluation_id"
+            )
+        ]
         if evaluation not in known:
             listed = ", ".join([ORIGINAL] + known[:20]) + (", ..." if len(known) > 20 else "")
             raise CheBenchError(
@@ -148,7 +159,6 @@ class StoreReads:
                 "(see `che-bench evaluations`)"
             )
         return "JOIN evaluations e ON e.run_id = r.run_id AND e.evaluation_id = ?", (evaluation,)
-
 
 
 def run_filter(alias: str, run_ids: Iterable[str] | None) -> tuple[str, tuple]:

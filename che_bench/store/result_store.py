@@ -57,6 +57,7 @@ DEFAULT_PATH = Path("results") / "che-bench.sqlite"
 STORE_ENV = "CHE_BENCH_STORE"
 BUSY_TIMEOUT_S = 60.0
 
+
 def default_store_path() -> Path:
     """``$CHE_BENCH_STORE`` when set, else ``results/che-bench.sqlite``."""
     return Path(os.environ.get(STORE_ENV) or DEFAULT_PATH)
@@ -75,7 +76,9 @@ class ResultStore(StoreReads):
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise CheBenchError(f"cannot create the directory of store {self.path}: {exc.strerror}") from None
+                raise CheBenchError(
+                    f"cannot create the directory of store {self.path}: {exc.strerror}"
+                ) from None
         self._open_or_create()
 
     # -- connection handling -----------------------------------------------------------------
@@ -83,10 +86,15 @@ class ResultStore(StoreReads):
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
         try:
-            connection = (self._reading.connect() if self._reading is not None else
-                          sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None))
+            connection = (
+                self._reading.connect()
+                if self._reading is not None
+                else sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            )
         except sqlite3.Error as exc:
-            raise store_error(self.path, exc, f"cannot open result store {self.path}: {exc}") from None
+            raise store_error(
+                self.path, exc, f"cannot open result store {self.path}: {exc}"
+            ) from None
         try:
             yield connection
         except sqlite3.DatabaseError as exc:
@@ -122,8 +130,10 @@ class ResultStore(StoreReads):
                 connection.execute("COMMIT")
             except sqlite3.DatabaseError as exc:
                 raise store_error(
-                    self.path, exc, f"{self.path} is not a che-bench result store (not an SQLite "
-                    "database); refusing to touch it"
+                    self.path,
+                    exc,
+                    f"{self.path} is not a che-bench result store (not an SQLite "
+                    "database); refusing to touch it",
                 ) from None
             if application_id == 0 and not tables:
                 if self._reading is not None:
@@ -154,7 +164,9 @@ class ResultStore(StoreReads):
         try:
             connection.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
-            raise store_error(self.path, exc, f"cannot write result store {self.path}: {exc}") from None
+            raise store_error(
+                self.path, exc, f"cannot write result store {self.path}: {exc}"
+            ) from None
         # Re-check inside the lock: another process may have created the store meanwhile.
         if connection.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
             connection.execute("COMMIT")
@@ -162,8 +174,11 @@ class ResultStore(StoreReads):
         execute_script(connection, SCHEMA)
         connection.executemany(
             "INSERT INTO meta (key, value) VALUES (?, ?)",
-            [("application", "che-bench"), ("schema_version", str(SCHEMA_VERSION)),
-             ("created_at", now())],
+            [
+                ("application", "che-bench"),
+                ("schema_version", str(SCHEMA_VERSION)),
+                ("created_at", now()),
+            ],
         )
         connection.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         connection.execute("COMMIT")
@@ -179,7 +194,9 @@ class ResultStore(StoreReads):
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise store_error(self.path, exc, f"cannot write result store {self.path}: {exc}") from None
+                    raise store_error(
+                        self.path, exc, f"cannot write result store {self.path}: {exc}"
+                    ) from None
             time.sleep(0.01)
 
     def _upgrade(self, connection: sqlite3.Connection, version: int) -> None:
@@ -190,8 +207,10 @@ class ResultStore(StoreReads):
             connection.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             raise store_error(
-                self.path, exc, f"result store {self.path} has schema version {version} and "
-                f"cannot be upgraded to {SCHEMA_VERSION}: {exc}"
+                self.path,
+                exc,
+                f"result store {self.path} has schema version {version} and "
+                f"cannot be upgraded to {SCHEMA_VERSION}: {exc}",
             ) from None
         try:
             # Re-check inside the lock: another process may have upgraded the store meanwhile.
@@ -202,8 +221,10 @@ class ResultStore(StoreReads):
             connection.execute("ROLLBACK")
             if isinstance(exc, (ValueError, sqlite3.DatabaseError)):  # CheBenchError included
                 raise store_error(
-                    self.path, exc, f"cannot upgrade result store {self.path} from schema "
-                    f"version {version} (left unchanged): {exc}"
+                    self.path,
+                    exc,
+                    f"cannot upgrade result store {self.path} from schema "
+                    f"version {version} (left unchanged): {exc}",
                 ) from None
             raise
         connection.execute("COMMIT")
@@ -222,8 +243,18 @@ class ResultStore(StoreReads):
                        status = 'started', attempts = attempts + 1, error = NULL,
                        finished_at = NULL
                    WHERE status != 'complete'""",
-                (run_id, config.task, config.pe, config.kernel, config.seed, config.lr,
-                 config.steps, config.preset, json.dumps(config.to_dict()), now()),
+                (
+                    run_id,
+                    config.task,
+                    config.pe,
+                    config.kernel,
+                    config.seed,
+                    config.lr,
+                    config.steps,
+                    config.preset,
+                    json.dumps(config.to_dict()),
+                    now(),
+                ),
             )
 
     def record(self, result: RunResult) -> None:
@@ -231,11 +262,25 @@ class ResultStore(StoreReads):
         in one transaction. The run's re-evaluations are kept."""
         config = result.config
         row = (
-            result.run_id, config.task, config.pe, config.kernel, config.seed, config.lr,
-            config.steps, config.preset, result.status, result.score, result.train_accuracy,
-            json.dumps(config.to_dict()), json.dumps(result.versions), result.device,
-            json.dumps(result.timings), json.dumps(result.details, default=str), result.error,
-            now(), now(),
+            result.run_id,
+            config.task,
+            config.pe,
+            config.kernel,
+            config.seed,
+            config.lr,
+            config.steps,
+            config.preset,
+            result.status,
+            result.score,
+            result.train_accuracy,
+            json.dumps(config.to_dict()),
+            json.dumps(result.versions),
+            result.device,
+            json.dumps(result.timings),
+            json.dumps(result.details, default=str),
+            result.error,
+            now(),
+            now(),
         )
         protocol = config.evaluation_protocol()
         evaluation_id = protocol_id(protocol)
@@ -255,14 +300,29 @@ class ResultStore(StoreReads):
             )
             delete_evaluation(connection, result.run_id, evaluation_id)
             if result.status == "complete" or result.per_length or result.train_per_length:
-                insert_evaluation(connection, result.run_id, evaluation_id, protocol, result,
-                                   is_original=True, device=result.device,
-                                   versions=result.versions, timings=result.timings)
+                insert_evaluation(
+                    connection,
+                    result.run_id,
+                    evaluation_id,
+                    protocol,
+                    result,
+                    is_original=True,
+                    device=result.device,
+                    versions=result.versions,
+                    timings=result.timings,
+                )
             replace_history(connection, result.run_id, result.history)
 
-    def record_evaluation(self, run_id: str, protocol: dict[str, Any], scores: Scores, *,
-                          device: str, versions: dict[str, str],
-                          timings: dict[str, float]) -> str:
+    def record_evaluation(
+        self,
+        run_id: str,
+        protocol: dict[str, Any],
+        scores: Scores,
+        *,
+        device: str,
+        versions: dict[str, str],
+        timings: dict[str, float],
+    ) -> str:
         """Record a re-evaluation of complete run ``run_id`` under ``protocol`` (a dict like
         ``RunConfig.evaluation_protocol()``) with its ``scores`` in one transaction, replacing
         an earlier one under the same protocol; returns the evaluation id (the protocol's id).
@@ -278,7 +338,9 @@ class ResultStore(StoreReads):
             if run is None:
                 raise CheBenchError(f"no run {run_id!r} in result store {self.path}")
             if run[0] != "complete":
-                raise CheBenchError(f"run {run_id} is {run[0]}, not complete: nothing to re-evaluate")
+                raise CheBenchError(
+                    f"run {run_id} is {run[0]}, not complete: nothing to re-evaluate"
+                )
             original = connection.execute(
                 "SELECT evaluation_id FROM evaluations WHERE run_id = ? AND is_original = 1",
                 (run_id,),
@@ -289,8 +351,15 @@ class ResultStore(StoreReads):
                     "re-evaluate under another protocol"
                 )
             delete_evaluation(connection, run_id, evaluation_id)
-            insert_evaluation(connection, run_id, evaluation_id, protocol, scores,
-                               is_original=False, device=device, versions=versions,
-                               timings=timings)
+            insert_evaluation(
+                connection,
+                run_id,
+                evaluation_id,
+                protocol,
+                scores,
+                is_original=False,
+                device=device,
+                versions=versions,
+                timings=timings,
+            )
         return evaluation_id
-

@@ -21,11 +21,17 @@ def resolve_run_ids(store: ResultStore, given: Iterable[str]) -> list[str]:
     known = sorted(store.runs()["run_id"])
     resolved, unknown = [], []
     for text in given:
-        matches = [text] if text in known else [run_id for run_id in known if run_id.startswith(text)]
+        matches = (
+            [text] if text in known else [run_id for run_id in known if run_id.startswith(text)]
+        )
         if len(matches) > 1:
-            shown = ", ".join(matches[:SHOWN_MATCHES]) + (", ..." if len(matches) > SHOWN_MATCHES else "")
-            raise CheBenchError(f"run id prefix {text!r} is ambiguous: it begins {len(matches)} "
-                                f"run ids in {store.path} ({shown}); give more of it")
+            shown = ", ".join(matches[:SHOWN_MATCHES]) + (
+                ", ..." if len(matches) > SHOWN_MATCHES else ""
+            )
+            raise CheBenchError(
+                f"run id prefix {text!r} is ambiguous: it begins {len(matches)} "
+                f"run ids in {store.path} ({shown}); give more of it"
+            )
         if matches:
             resolved.extend(matches)
         else:

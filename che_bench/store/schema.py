@@ -90,8 +90,23 @@ SCHEMA = RUNS_SCHEMA + EVALUATIONS_SCHEMA + EXACT_AND_HISTORY_SCHEMA
 #: Columns of ``runs()`` taken from the ``runs`` table; the evaluation shown adds ``score``,
 #: ``train_accuracy`` and ``EVALUATION_COLUMNS``.
 RUN_COLUMNS = (
-    "run_id", "task", "pe", "kernel", "seed", "lr", "steps", "preset", "status", "device",
-    "error", "attempts", "created_at", "finished_at", "config", "versions", "timings",
+    "run_id",
+    "task",
+    "pe",
+    "kernel",
+    "seed",
+    "lr",
+    "steps",
+    "preset",
+    "status",
+    "device",
+    "error",
+    "attempts",
+    "created_at",
+    "finished_at",
+    "config",
+    "versions",
+    "timings",
 )
 #: Columns of ``runs()`` that describe the evaluation shown: its id, protocol (JSON), and the
 #: device and timings of that evaluation (a re-evaluation may run elsewhere than training).
@@ -128,13 +143,24 @@ def _migrate_1_to_2(connection: sqlite3.Connection) -> None:
     fields = EVALUATION_FIELDS
     for run_id, config_json, score, train_accuracy, device, versions, timings, at in evaluated:
         config = json.loads(config_json)
-        protocol = checked_protocol({name: config[name] for name in fields if name in config}, run_id)
+        protocol = checked_protocol(
+            {name: config[name] for name in fields if name in config}, run_id
+        )
         connection.execute(
             """INSERT INTO evaluations (run_id, evaluation_id, protocol, is_original, score,
                                         train_accuracy, device, versions, timings, created_at)
                VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?)""",
-            (run_id, protocol_id(protocol), json.dumps(protocol), score, train_accuracy,
-             device, versions, timings, at),
+            (
+                run_id,
+                protocol_id(protocol),
+                json.dumps(protocol),
+                score,
+                train_accuracy,
+                device,
+                versions,
+                timings,
+                at,
+            ),
         )
     copied = connection.execute(
         """INSERT INTO accuracies (run_id, evaluation_id, split, length, accuracy)
@@ -161,10 +187,13 @@ def migrate(connection: sqlite3.Connection, from_version: int) -> None:
     """Schema version ``from_version`` -> ``SCHEMA_VERSION`` inside the caller's transaction."""
     for step in range(from_version, SCHEMA_VERSION):
         MIGRATIONS[step](connection)
-    connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
-                       (str(SCHEMA_VERSION),))
-    connection.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                       (f"upgraded_from_{from_version}_at", now()))
+    connection.execute(
+        "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
+    )
+    connection.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+        (f"upgraded_from_{from_version}_at", now()),
+    )
 
 
 def checked_protocol(protocol: Any, run_id: str | None = None) -> dict[str, Any]:

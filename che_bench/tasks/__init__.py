@@ -29,8 +29,17 @@ from che_bench.tasks.mqar import MultiQueryAssociativeRecall
 from che_bench.tasks.recall import AssociativeRecall, Induction
 from che_bench.tasks.regular import CycleNavigation, EvenPairs, ModularArithmetic, ParityCheck
 
-__all__ = ["LEVELS", "TASKS", "Batch", "Task", "canonical_task_name", "get_task", "list_tasks",
-           "register_task", "single_class"]
+__all__ = [
+    "LEVELS",
+    "TASKS",
+    "Batch",
+    "Task",
+    "canonical_task_name",
+    "get_task",
+    "list_tasks",
+    "register_task",
+    "single_class",
+]
 
 # The CHE tasks in the order of the CHE tables, then the recall probes. Other spellings are
 # aliases (compared normalised: lower case, words joined by "_"). The paper label "MODULAR
@@ -38,14 +47,23 @@ __all__ = ["LEVELS", "TASKS", "Batch", "Task", "canonical_task_name", "get_task"
 # normalises to the canonical ``modular_arithmetic`` (the simple one), so it is deliberately
 # not an alias; use the task ids of the tables instead.
 for _task, _aliases in (
-    (EvenPairs, ()), (ModularArithmetic, ("modular_arithmetic_simple",)), (ParityCheck, ()),
+    (EvenPairs, ()),
+    (ModularArithmetic, ("modular_arithmetic_simple",)),
+    (ParityCheck, ()),
     (CycleNavigation, ()),
-    (StackManipulation, ()), (ReverseString, ()), (ModularArithmeticBrackets, ()),
+    (StackManipulation, ()),
+    (ReverseString, ()),
+    (ModularArithmeticBrackets, ()),
     (SolveEquation, ()),
-    (DuplicateString, ()), (MissingDuplicateString, ("missing_duplicate",)), (OddsFirst, ()),
-    (BinaryAddition, ()), (BinaryMultiplication, ()), (ComputeSqrt, ("compute_square_root",)),
+    (DuplicateString, ()),
+    (MissingDuplicateString, ("missing_duplicate",)),
+    (OddsFirst, ()),
+    (BinaryAddition, ()),
+    (BinaryMultiplication, ()),
+    (ComputeSqrt, ("compute_square_root",)),
     (BucketSort, ()),
-    (AssociativeRecall, ("recall", "recall_single")), (Induction, ("induction_trigger",)),
+    (AssociativeRecall, ("recall", "recall_single")),
+    (Induction, ("induction_trigger",)),
     (MultiQueryAssociativeRecall, ("multi_query_associative_recall", "multiquery_ar")),
 ):
     register_task(*_aliases)(_task)
@@ -68,11 +86,14 @@ def get_task(name: str, **params: object) -> Task:
     cls = TASKS.get(name)
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     accepted = [
-        p.name for p in inspect.signature(cls.__init__).parameters.values()
+        p.name
+        for p in inspect.signature(cls.__init__).parameters.values()
         if p.kind in named and p.name != "self"
     ]
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         valid = ", ".join(accepted) or "none"
-        raise CheBenchError(f"task {cls.name!r} has no parameter {', '.join(unknown)} (valid: {valid})")
+        raise CheBenchError(
+            f"task {cls.name!r} has no parameter {', '.join(unknown)} (valid: {valid})"
+        )
     return TASKS.instantiate(cls, **params)

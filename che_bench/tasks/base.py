@@ -99,7 +99,11 @@ class Task(abc.ABC):
     def sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch:
         """A batch of ``batch_size`` sequences of requested length ``n``."""
         self.check_length(n)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        if (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, (int, np.integer))
+            or batch_size < 1
+        ):
             raise CheBenchError(f"batch size must be a positive integer, got {batch_size!r}")
         return self._sample(int(n), int(batch_size), rng)
 
@@ -230,8 +234,9 @@ def register_task(*aliases: Any):
     def decorate(cls: type[Task]) -> type[Task]:
         if not (isinstance(cls, type) and issubclass(cls, Task)):
             raise CheBenchError(f"register_task: {cls!r} is not a che_bench.tasks.Task subclass")
-        missing = [name for name in ("name", "level", "output_length_formula")
-                   if not hasattr(cls, name)]
+        missing = [
+            name for name in ("name", "level", "output_length_formula") if not hasattr(cls, name)
+        ]
         if missing:
             raise CheBenchError(f"task class {cls.__name__} does not set {', '.join(missing)}")
         TASKS.add(cls.name, cls, aliases)

@@ -68,7 +68,9 @@ class MissingDuplicateString(Task):
 
     def _sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch:
         if n == 1:
-            return Batch(np.ones((batch_size, 1), dtype=np.int64), *single_class(np.ones(batch_size)))
+            return Batch(
+                np.ones((batch_size, 1), dtype=np.int64), *single_class(np.ones(batch_size))
+            )
         half = n // 2
         inputs = np.full((batch_size, n), self.PAD, dtype=np.int64)
         inputs[:, : 2 * half] = np.tile(rng.integers(0, 2, size=(batch_size, half)), 2)
@@ -157,7 +159,9 @@ class _BinaryOperation(Task):
         # Both operands aligned at bit 0 in n-1 columns, zero above their size.
         column = position[:, : n - 1]
         first = np.where(column < first_size[:, None], bits[:, : n - 1], 0)
-        second_bits = np.take_along_axis(bits, np.minimum(first_size[:, None] + 1 + column, n - 1), axis=1)
+        second_bits = np.take_along_axis(
+            bits, np.minimum(first_size[:, None] + 1 + column, n - 1), axis=1
+        )
         second = np.where(column < n - 1 - first_size[:, None], second_bits, 0)
         targets = self._combine(n, first, second)
         return Batch(inputs, targets, through_first(targets, TERMINATOR))
@@ -309,7 +313,10 @@ class ComputeSqrt(Task):
         width = self.output_length(inputs.shape[1])
         targets = np.array(
             [
-                [int(bit) for bit in format(math.isqrt(int("".join(map(str, row)), 2)), f"0{width}b")]
+                [
+                    int(bit)
+                    for bit in format(math.isqrt(int("".join(map(str, row)), 2)), f"0{width}b")
+                ]
                 for row in inputs.tolist()
             ],
             dtype=np.int64,

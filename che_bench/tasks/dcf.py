@@ -57,7 +57,9 @@ class StackManipulation(Task):
         rows = np.arange(batch_size)
         for token in inputs.T:
             pushes = token != POP
-            stack[rows[pushes], height[pushes]] = np.where(token < POP, token, token - PUSH_0)[pushes]
+            stack[rows[pushes], height[pushes]] = np.where(token < POP, token, token - PUSH_0)[
+                pushes
+            ]
             height = np.where(pushes, height + 1, np.maximum(height - 1, 0))
         # Output top first: position i holds stack[height-1-i] while i < height.
         position = np.arange(n + 1)[None, :]
@@ -125,10 +127,14 @@ class ModularArithmeticBrackets(Task):
     def __init__(self, modulus: int = 5, mult: bool = True) -> None:
         self.modulus = check_int_param(self.name, "modulus", modulus, 2)
         if not isinstance(mult, bool):
-            raise CheBenchError(f"task {self.name!r}: parameter 'mult' must be a boolean, got {mult!r}")
+            raise CheBenchError(
+                f"task {self.name!r}: parameter 'mult' must be a boolean, got {mult!r}"
+            )
         self.mult = mult
         m = self.modulus
-        self.vocab = Vocabulary(m, {"+": m, "-": m + 1, "*": m + 2, "(": m + 3, ")": m + 4, "x": m + 5})
+        self.vocab = Vocabulary(
+            m, {"+": m, "-": m + 1, "*": m + 2, "(": m + 3, ")": m + 4, "x": m + 5}
+        )
         self.input_size = m + 6
         self.output_size = m
 
@@ -173,7 +179,9 @@ class SolveEquation(Task):
     def __init__(self, modulus: int = 5) -> None:
         self.modulus = check_int_param(self.name, "modulus", modulus, 2)
         m = self.modulus
-        self.vocab = Vocabulary(m, {"+": m, "-": m + 1, "(": m + 2, ")": m + 3, "x": m + 4, "=": m + 5})
+        self.vocab = Vocabulary(
+            m, {"+": m, "-": m + 1, "(": m + 2, ")": m + 3, "x": m + 4, "=": m + 5}
+        )
         self.input_size = m + 6
         self.output_size = m
 
@@ -189,9 +197,13 @@ class SolveEquation(Task):
 
     def _sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch:
         if n < 3:
-            return Batch(np.zeros((batch_size, n), dtype=np.int64), *single_class(np.zeros(batch_size)))
+            return Batch(
+                np.zeros((batch_size, n), dtype=np.int64), *single_class(np.zeros(batch_size))
+            )
         size = n - 2
-        expression, values = sample_bracket_expressions(size, batch_size, self.vocab, ("+", "-"), rng)
+        expression, values = sample_bracket_expressions(
+            size, batch_size, self.vocab, ("+", "-"), rng
+        )
         rows = np.arange(batch_size)
         # First digit at or cyclically after a uniform start: search the doubled row.
         start = rng.integers(0, size, size=batch_size)

@@ -91,10 +91,16 @@ def sample_bracket_expressions(
     return tokens, values[:batch_size]
 
 
-
-def _write_leaves(tokens: np.ndarray, values: np.ndarray, row: np.ndarray, start: np.ndarray,
-                  size: np.ndarray, node: np.ndarray, vocab: Vocabulary,
-                  rng: np.random.Generator) -> None:
+def _write_leaves(
+    tokens: np.ndarray,
+    values: np.ndarray,
+    row: np.ndarray,
+    start: np.ndarray,
+    size: np.ndarray,
+    node: np.ndarray,
+    vocab: Vocabulary,
+    rng: np.random.Generator,
+) -> None:
     """Write the leaves (sizes 1-4: ``d``, ``-d``, ``(d)``, ``(-d)``, a uniform digit) of
     ``row`` at ``start`` and their values at ``node``."""
     digit = rng.integers(0, vocab.modulus, size=row.size)
@@ -105,6 +111,7 @@ def _write_leaves(tokens: np.ndarray, values: np.ndarray, row: np.ndarray, start
     tokens[row[negated], (start + bracketed)[negated]] = vocab.id("-")
     tokens[row, start + bracketed + negated] = digit
     values[node] = np.where(negated, -digit, digit) % vocab.modulus
+
 
 # A value of the evaluator: (coefficient of x, constant), both mod the modulus.
 Linear = tuple[int, int]
@@ -146,7 +153,11 @@ def evaluate(tokens: Sequence[int], vocab: Vocabulary) -> Linear:
             elif symbol == "-" and expect_operand:
                 pending.append("neg")
             elif symbol in ("+", "-", "*") and not expect_operand:
-                while pending and pending[-1] != "(" and _PRECEDENCE[pending[-1]] >= _PRECEDENCE[symbol]:
+                while (
+                    pending
+                    and pending[-1] != "("
+                    and _PRECEDENCE[pending[-1]] >= _PRECEDENCE[symbol]
+                ):
                     _apply(pending.pop(), operands, modulus)
                 pending.append(symbol)
                 expect_operand = True

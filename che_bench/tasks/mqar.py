@@ -46,27 +46,46 @@ class MultiQueryAssociativeRecall(Task):
     AXES = ("length", "pairs")
 
     def __init__(
-        self, vocab_size: int = 64, num_pairs: int | None = None,
-        length_per_pair: int | None = None, power_a: float = 0.01,
-        random_non_queries: bool = False, axis: str = "length", sequence_length: int = 128,
+        self,
+        vocab_size: int = 64,
+        num_pairs: int | None = None,
+        length_per_pair: int | None = None,
+        power_a: float = 0.01,
+        random_non_queries: bool = False,
+        axis: str = "length",
+        sequence_length: int = 128,
     ) -> None:
         self.vocab_size = check_int_param(self.name, "vocab_size", vocab_size, 4)
         if self.vocab_size % 2:
             raise CheBenchError(f"task 'mqar': vocab_size must be even, got {vocab_size}")
         self.axis = check_choice_param(self.name, "axis", axis, self.AXES)
         if length_per_pair is not None and (num_pairs is not None or axis == "pairs"):
-            raise CheBenchError("task 'mqar': length_per_pair is for axis=length, without num_pairs")
+            raise CheBenchError(
+                "task 'mqar': length_per_pair is for axis=length, without num_pairs"
+            )
         if num_pairs is not None and axis == "pairs":
             raise CheBenchError("task 'mqar': with axis=pairs the length n is the number of pairs")
-        self.length_per_pair = (None if length_per_pair is None else
-                                check_int_param(self.name, "length_per_pair", length_per_pair, 4))
-        self.num_pairs = (None if axis == "pairs" or self.length_per_pair is not None else
-                          check_int_param(self.name, "num_pairs", 4 if num_pairs is None else num_pairs, 1))
-        if isinstance(power_a, bool) or not isinstance(power_a, (int, float)) or not 0 < power_a <= 1:
+        self.length_per_pair = (
+            None
+            if length_per_pair is None
+            else check_int_param(self.name, "length_per_pair", length_per_pair, 4)
+        )
+        self.num_pairs = (
+            None
+            if axis == "pairs" or self.length_per_pair is not None
+            else check_int_param(self.name, "num_pairs", 4 if num_pairs is None else num_pairs, 1)
+        )
+        if (
+            isinstance(power_a, bool)
+            or not isinstance(power_a, (int, float))
+            or not 0 < power_a <= 1
+        ):
             raise CheBenchError(f"task 'mqar': power_a must lie in (0, 1], got {power_a!r}")
         self.power_a = float(power_a)
         if not isinstance(random_non_queries, bool):
-            raise CheBenchError(f"task 'mqar': random_non_queries must be true or false, got {random_non_queries!r}")
+            raise CheBenchError(
+                f"task 'mqar': random_non_queries must be true or false, got {random_non_queries!r}"
+            )
         self.random_non_queries = random_non_queries
         self.sequence_length = check_int_param(self.name, "sequence_length", sequence_length, 4)
         self.keys = self.vocab_size // 2 - 1
@@ -83,15 +102,22 @@ class MultiQueryAssociativeRecall(Task):
             self.max_length = (self.keys + 1) * self.length_per_pair - 1
         else:
             if self.num_pairs > self.keys:
-                raise CheBenchError(f"task 'mqar': {self.num_pairs} pairs need vocab_size >= "
-                                    f"{2 * self.num_pairs + 2}")
+                raise CheBenchError(
+                    f"task 'mqar': {self.num_pairs} pairs need vocab_size >= "
+                    f"{2 * self.num_pairs + 2}"
+                )
             self.min_length, self.max_length = 4 * self.num_pairs, None
 
     def params(self) -> dict:
-        return {"vocab_size": self.vocab_size, "num_pairs": self.num_pairs,
-                "length_per_pair": self.length_per_pair, "power_a": self.power_a,
-                "random_non_queries": self.random_non_queries, "axis": self.axis,
-                "sequence_length": self.sequence_length}
+        return {
+            "vocab_size": self.vocab_size,
+            "num_pairs": self.num_pairs,
+            "length_per_pair": self.length_per_pair,
+            "power_a": self.power_a,
+            "random_non_queries": self.random_non_queries,
+            "axis": self.axis,
+            "sequence_length": self.sequence_length,
+        }
 
     @property
     def output_length_formula(self) -> str:  # type: ignore[override]
@@ -150,7 +176,9 @@ class MultiQueryAssociativeRecall(Task):
         mask[rows, 2 * pairs + first] = True
         return Batch(inputs, targets, mask)
 
-    def _query_slots(self, pairs: int, slots: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+    def _query_slots(
+        self, pairs: int, slots: int, batch_size: int, rng: np.random.Generator
+    ) -> np.ndarray:
         """``[B, D]`` distinct slots, drawn one after another without replacement with
         probabilities proportional to a * i^(a-1): the exponential race of Efraimidis and
         Spirakis (largest u^(1/p_i) wins) samples exactly that, for the whole batch at once."""
@@ -188,10 +216,16 @@ class MultiQueryAssociativeRecall(Task):
         counts: set[int] = set()
         for row in inputs:
             seen: set[int] = set()
-            while (2 * len(seen) + 1 < len(row) and 1 <= row[2 * len(seen)] < half
-                   and row[2 * len(seen) + 1] >= half and row[2 * len(seen)] not in seen):
+            while (
+                2 * len(seen) + 1 < len(row)
+                and 1 <= row[2 * len(seen)] < half
+                and row[2 * len(seen) + 1] >= half
+                and row[2 * len(seen)] not in seen
+            ):
                 seen.add(int(row[2 * len(seen)]))
             counts.add(len(seen))
         if len(counts) != 1:
-            raise CheBenchError(f"{self.name}: the rows of a batch must share their number of pairs")
+            raise CheBenchError(
+                f"{self.name}: the rows of a batch must share their number of pairs"
+            )
         return counts.pop()

@@ -24,7 +24,7 @@ CEILING_SIMULATIONS = 4_000
 CEILING_SEED = 0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def mode_share(draws: int, classes: int) -> float:
     """E[count of the most frequent class] / draws for ``draws`` iid uniform draws over
     ``classes``, by simulation with a fixed seed.
@@ -71,7 +71,10 @@ class AssociativeRecall(Task):
     DISTANCES = ("uniform", "near", "far")
 
     def __init__(
-        self, num_keys: int = 256, num_values: int = 256, value_mode: str = "distinct",
+        self,
+        num_keys: int = 256,
+        num_values: int = 256,
+        value_mode: str = "distinct",
         distance: str = "uniform",
     ) -> None:
         self.num_keys = check_int_param(self.name, "num_keys", num_keys, 1)
@@ -85,8 +88,12 @@ class AssociativeRecall(Task):
         self.max_length = 2 * max_pairs + 2  # P = (n-1)//2 <= max_pairs
 
     def params(self) -> dict:
-        return {"num_keys": self.num_keys, "num_values": self.num_values,
-                "value_mode": self.value_mode, "distance": self.distance}
+        return {
+            "num_keys": self.num_keys,
+            "num_values": self.num_values,
+            "value_mode": self.value_mode,
+            "distance": self.distance,
+        }
 
     @property
     def input_symbols(self) -> tuple[str, ...]:

@@ -53,8 +53,13 @@ class ModularArithmetic(Task):
     def __init__(self, modulus: int = 5) -> None:
         self.modulus = check_int_param(self.name, "modulus", modulus, 2)
         self.vocab = Vocabulary(
-            self.modulus, {"+": self.modulus, "-": self.modulus + 1, "*": self.modulus + 2,
-                           "_": self.modulus + 3}
+            self.modulus,
+            {
+                "+": self.modulus,
+                "-": self.modulus + 1,
+                "*": self.modulus + 2,
+                "_": self.modulus + 3,
+            },
         )
         self.input_size = self.modulus + 4
         self.output_size = self.modulus

@@ -64,23 +64,26 @@ def _serve(lengths: Connection, out: Connection) -> None:
         while True:
             length = _next_length(lengths, owner)
             batches = [task.sample(length, batch_size, rng) for rng in rngs]
-            out.send((
-                np.stack([batch.inputs for batch in batches]),  # copies reversed views too
-                np.stack([batch.targets for batch in batches]),
-                np.stack([batch.mask for batch in batches]),
-                [rng.bit_generator.state for rng in rngs],
-            ))
+            out.send(
+                (
+                    np.stack([batch.inputs for batch in batches]),  # copies reversed views too
+                    np.stack([batch.targets for batch in batches]),
+                    np.stack([batch.mask for batch in batches]),
+                    [rng.bit_generator.state for rng in rngs],
+                )
+            )
     except (_OwnerGone, EOFError, BrokenPipeError):  # stopped: batches made ahead stay unread
         return
-    except Exception as exc:  # noqa: BLE001 - reported to the step loop, which raises it
+    except Exception as exc:
         try:
             out.send(f"{type(exc).__name__}: {exc}")
         except OSError:  # the owner is gone too
             pass
 
 
-def _start_worker(task: Task, batch_size: int, states: list[dict]
-                  ) -> tuple[subprocess.Popen, Connection, Connection]:
+def _start_worker(
+    task: Task, batch_size: int, states: list[dict]
+) -> tuple[subprocess.Popen, Connection, Connection]:
     """A worker process and the two ends of its pipes held here (lengths in, batches out)."""
     lengths_read, lengths_write = os.pipe()
     out_read, out_write = os.pipe()
@@ -88,7 +91,8 @@ def _start_worker(task: Task, batch_size: int, states: list[dict]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
     process = subprocess.Popen(
         [sys.executable, "-m", "che_bench.train.batch_workers", str(lengths_read), str(out_write)],
-        pass_fds=(lengths_read, out_write), env=environment,
+        pass_fds=(lengths_read, out_write),
+        env=environment,
     )
     os.close(lengths_read), os.close(out_write)
     lengths, out = Connection(lengths_write, readable=False), Connection(out_read, writable=False)
@@ -111,15 +115,17 @@ class BatchWorkers:
     length's ``(inputs, targets, mask)`` for every member and the members' data generator
     states after it. ``close()`` stops the workers (also at the end of ``batches``)."""
 
-    def __init__(self, task: Task, batch_size: int, data_states: Sequence[dict],
-                 workers: int) -> None:
+    def __init__(
+        self, task: Task, batch_size: int, data_states: Sequence[dict], workers: int
+    ) -> None:
         self._processes: list[subprocess.Popen] = []
         self._lengths: list[Connection] = []
         self._outputs: list[Connection] = []
         try:
             for share in shares(len(data_states), workers):
-                process, lengths, out = _start_worker(task, batch_size,
-                                                      [data_states[m] for m in share])
+                process, lengths, out = _start_worker(
+                    task, batch_size, [data_states[m] for m in share]
+                )
                 self._processes.append(process)
                 self._lengths.append(lengths)
                 self._outputs.append(out)
@@ -181,5 +187,6 @@ if __name__ == "__main__":
     # Ctrl-C reaches the whole process group: the step loop handles it (finishing its step,
     # saving checkpoints) and then stops the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]),
-                                                                    readable=False))
+    _serve(
+        Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False)
+    )

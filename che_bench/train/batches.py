@@ -45,8 +45,6 @@ def batch_workers_for(members: int, device: torch.device) -> int:
     return max(1, min(MAX_BATCH_WORKERS, (os.cpu_count() or 2) - 1))
 
 
-
-
 @dataclass
 class PackBatch:
     """One step's training batch for every member, with the RNG states after drawing it."""
@@ -75,8 +73,13 @@ class BatchStream:
     to the states after the last batch trained on, where the evaluation goes on drawing.
     """
 
-    def __init__(self, task: Task, configs: Sequence[RunConfig], workers: int = 0,
-                 model: Encoder | None = None) -> None:
+    def __init__(
+        self,
+        task: Task,
+        configs: Sequence[RunConfig],
+        workers: int = 0,
+        model: Encoder | None = None,
+    ) -> None:
         first = configs[0]
         self.task, self.batch_size = task, first.batch_size
         self.min_length, self.max_length = task.min_length, first.train_max_length
@@ -126,15 +129,23 @@ class BatchStream:
         if self.model is not None:
             draws = self.model.sample_draws(inputs.shape[-1], evaluating=False)
             draw_states = self.model.draw_states()
-        return PackBatch(length, torch.from_numpy(inputs), torch.from_numpy(targets),
-                         torch.from_numpy(mask), {**states, "draw": draw_states}, draws)
+        return PackBatch(
+            length,
+            torch.from_numpy(inputs),
+            torch.from_numpy(targets),
+            torch.from_numpy(mask),
+            {**states, "draw": draw_states},
+            draws,
+        )
 
     def _in_process(self) -> Iterator[PackBatch]:
         while True:
             length = self._draw_length()
             batches = [self.task.sample(length, self.batch_size, rng) for rng in self.data_rngs]
-            arrays = tuple(np.stack([getattr(batch, name) for batch in batches])  # copies views
-                           for name in ("inputs", "targets", "mask"))
+            arrays = tuple(
+                np.stack([getattr(batch, name) for batch in batches])  # copies views
+                for name in ("inputs", "targets", "mask")
+            )
             yield self._batch(length, arrays, self.states())  # (its "draw" replaced)
 
     def _from_workers(self) -> Iterator[PackBatch]:
@@ -173,8 +184,9 @@ def on_device(
         prefetch = device.type == "cuda"
 
     def copied(batch: PackBatch) -> PackBatch:
-        inputs, targets, mask = (host_to_device(tensor, device)
-                                 for tensor in (batch.inputs, batch.targets, batch.mask))
+        inputs, targets, mask = (
+            host_to_device(tensor, device) for tensor in (batch.inputs, batch.targets, batch.mask)
+        )
         return PackBatch(batch.length, inputs, targets, mask, batch.rng_states, batch.draws)
 
     on_the_device = (copied(batch) for batch in batches)
@@ -205,7 +217,7 @@ def prefetched(items: Iterator[Any], depth: int) -> Iterator[Any]:
                 if not offer(item):
                     return
             offer(_EXHAUSTED)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+        except BaseException as exc:
             offer(exc)
 
     producer = threading.Thread(target=produce, daemon=True)

@@ -48,8 +48,10 @@ def layout_matches(state: dict[str, Any], member_shapes: Sequence[torch.Size]) -
     fingerprinted the shapes with its pack's width in front, so each width is tried."""
     if state.get("format") != WIDTH_BOUND_FORMAT:
         return state["layout"] == member_layout(member_shapes)
-    return any(state["layout"] == _fingerprint([(width, *shape) for shape in member_shapes])
-               for width in range(1, MAX_WIDTH_BOUND_PACK + 1))
+    return any(
+        state["layout"] == _fingerprint([(width, *shape) for shape in member_shapes])
+        for width in range(1, MAX_WIDTH_BOUND_PACK + 1)
+    )
 
 
 def checkpoint_step(path: Path, config: RunConfig) -> int:
@@ -62,8 +64,10 @@ def checkpoint_step(path: Path, config: RunConfig) -> int:
 def read_checkpoint(path: Path, config: RunConfig) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - whatever torch.load raises: one line
-        raise CheBenchError(f"unreadable checkpoint {path} ({exc}); delete it to start over") from None
+    except Exception as exc:
+        raise CheBenchError(
+            f"unreadable checkpoint {path} ({exc}); delete it to start over"
+        ) from None
     if state.get("format") not in (CHECKPOINT_FORMAT, WIDTH_BOUND_FORMAT):
         raise CheBenchError(
             f"checkpoint {path} was written by another che-bench version; delete it to start over"
@@ -125,8 +129,13 @@ def load_checkpoints(
     for member, state in enumerate(states):
         optimizer.load_member_state(member, state)
         history.restore(member, state.get("history"))
-    stream.restore({"length": states[0]["length_rng"], "data": [s["data_rng"] for s in states],
-                    "draw": [state["draw_rng"] for state in states]})
+    stream.restore(
+        {
+            "length": states[0]["length_rng"],
+            "data": [s["data_rng"] for s in states],
+            "draw": [state["draw_rng"] for state in states],
+        }
+    )
     torch.set_rng_state(states[0]["torch_rng"])
     # (Absent from checkpoints written before: those saved every visible GPU's state.)
     if device.type == "cuda" and states[0].get("device_rng") is not None:

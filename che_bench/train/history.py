@@ -60,8 +60,15 @@ class TrainingHistory:
         self._windows = [_Window() for _ in self.lrs]
         self._on_row = on_row
 
-    def add(self, step: int, losses: Sequence[float], correct: Sequence[float],
-            counted: Sequence[float], grad_norms: Sequence[float], elapsed_s: float) -> None:
+    def add(
+        self,
+        step: int,
+        losses: Sequence[float],
+        correct: Sequence[float],
+        counted: Sequence[float],
+        grad_norms: Sequence[float],
+        elapsed_s: float,
+    ) -> None:
         """One step's values per member; closes the window at a logging step."""
         for member, window in enumerate(self._windows):
             window.steps += 1
@@ -86,8 +93,10 @@ class TrainingHistory:
 
     def state(self, member: int) -> dict[str, Any]:
         """What a member's checkpoint keeps: its rows and its open window."""
-        return {"rows": [dict(row) for row in self.rows[member]],
-                "window": asdict(self._windows[member])}
+        return {
+            "rows": [dict(row) for row in self.rows[member]],
+            "window": asdict(self._windows[member]),
+        }
 
     def restore(self, member: int, state: dict[str, Any] | None) -> None:
         """Continue from a checkpoint's ``state`` (None: a checkpoint written before histories
@@ -123,8 +132,9 @@ def input_blind_accuracy(task_name: str, task_params_json: str, train_max_length
     rng = np.random.default_rng(0)
     correct = scored = 0
     for length in range(task.min_length, train_max_length + 1):
-        guess = _most_frequent_class_per_position(task.sample(length, BASELINE_SEQUENCES, rng),
-                                                  task.output_size)
+        guess = _most_frequent_class_per_position(
+            task.sample(length, BASELINE_SEQUENCES, rng), task.output_size
+        )
         scoring = task.sample(length, BASELINE_SEQUENCES, rng)
         correct += int(((scoring.targets == guess) & scoring.mask).sum())
         scored += int(scoring.mask.sum())

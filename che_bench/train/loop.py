@@ -83,8 +83,6 @@ def sync_every_for(device: torch.device) -> int:
     return 1 if device.type == "cpu" else GPU_SYNC_EVERY
 
 
-
-
 @dataclass
 class PackTraining:
     """What ``train_pack`` did; per-member lists in member order."""
@@ -114,10 +112,24 @@ class _Readings:
         self.running_losses = [math.nan] * members
         self.running_accuracy = math.nan
 
-    def add(self, losses: torch.Tensor, correct: torch.Tensor, counted: torch.Tensor,
-            grad_norms: torch.Tensor, seconds: float) -> None:
-        self.values.append(torch.stack([losses, correct.to(losses.dtype),
-                                        counted.to(losses.dtype), grad_norms.to(losses.dtype)]))
+    def add(
+        self,
+        losses: torch.Tensor,
+        correct: torch.Tensor,
+        counted: torch.Tensor,
+        grad_norms: torch.Tensor,
+        seconds: float,
+    ) -> None:
+        self.values.append(
+            torch.stack(
+                [
+                    losses,
+                    correct.to(losses.dtype),
+                    counted.to(losses.dtype),
+                    grad_norms.to(losses.dtype),
+                ]
+            )
+        )
         self.seconds.append(seconds)
 
     def read(self) -> list[float]:
@@ -133,8 +145,9 @@ class _Readings:
         for offset, ((losses, correct, counted, norms), elapsed) in enumerate(zip(values, seconds)):
             _note_divergence(first_step + offset, losses, self.diverged_at, self.running_losses)
             self.history.add(first_step + offset, losses, correct, counted, norms, elapsed)
-        correct, counted = (np.sum([step_values[i] for step_values in values], axis=0)
-                            for i in (1, 2))
+        correct, counted = (
+            np.sum([step_values[i] for step_values in values], axis=0) for i in (1, 2)
+        )
         accuracy = float(np.mean(correct / np.maximum(counted, 1)))
         self.running_accuracy = _smooth(self.running_accuracy, accuracy)
         return values[-1][0]
@@ -177,21 +190,30 @@ def train_pack(
         sync_every = 1 if on_step is not None else sync_every_for(device)
     if batch_workers is None:
         batch_workers = batch_workers_for(len(configs), device)
-    run = _PackRun(model, task, configs, device, checkpoints,
-                   TrainingHistory([c.lr for c in configs], log_every, configs[0].steps, on_history),
-                   BatchStream(task, configs, workers=batch_workers, model=model))
+    run = _PackRun(
+        model,
+        task,
+        configs,
+        device,
+        checkpoints,
+        TrainingHistory([c.lr for c in configs], log_every, configs[0].steps, on_history),
+        BatchStream(task, configs, workers=batch_workers, model=model),
+    )
     batches = on_device(iter(run.stream), device, prefetch)
     try:
-        with _deferred_interrupt() as interrupted, \
-                _progress_bar(progress, run.steps, run.step) as bar:
+        with (
+            _deferred_interrupt() as interrupted,
+            _progress_bar(progress, run.steps, run.step) as bar,
+        ):
             while run.step < run.steps:
                 run.train_step(next(batches))
                 if run.step % sync_every == 0 or run.step == run.steps:
                     _check_in(run.readings, run.step, configs, on_step, bar)
                 if interrupted.is_set():
                     raise KeyboardInterrupt
-                if checkpoints is not None and (run.step % checkpoint_every == 0
-                                                or run.step == run.steps):
+                if checkpoints is not None and (
+                    run.step % checkpoint_every == 0 or run.step == run.steps
+                ):
                     run.save()  # also at the end, so an interrupted evaluation keeps the training
     except KeyboardInterrupt:
         if checkpoints is not None and run.between_steps:
@@ -208,20 +230,33 @@ class _PackRun:
     """The state ``train_pack``'s steps share: the pack's optimizer, batches, history and
     readings, the step reached and the RNG states after its batch (what a checkpoint saves)."""
 
-    def __init__(self, model: Encoder, task: Task, configs: Sequence[RunConfig],
-                 device: torch.device, checkpoints: Sequence[Path] | None,
-                 history: TrainingHistory, stream: BatchStream) -> None:
+    def __init__(
+        self,
+        model: Encoder,
+        task: Task,
+        configs: Sequence[RunConfig],
+        device: torch.device,
+        checkpoints: Sequence[Path] | None,
+        history: TrainingHistory,
+        stream: BatchStream,
+    ) -> None:
         self.model, self.configs, self.device = model, configs, device
         self.checkpoints, self.history, self.stream = checkpoints, history, stream
         self.steps = configs[0].steps
-        self.optimizer = PackOptimizer(model, [c.lr for c in configs], configs[0].adam_betas,
-                                       configs[0].adam_eps, configs[0].grad_clip_norm)
+        self.optimizer = PackOptimizer(
+            model,
+            [c.lr for c in configs],
+            configs[0].adam_betas,
+            configs[0].adam_eps,
+            configs[0].grad_clip_norm,
+        )
         self.projected = projected_modules(model)
         self.micro_batches = micro_batches_for(len(configs), device)
         # In-place tasks: unscored positions have no answer to learn.
         self.masks_loss = task.output_layout == "in_place"
-        self.step, self.seconds_before = _resume(checkpoints, configs, self.optimizer, stream,
-                                                 history, device)
+        self.step, self.seconds_before = _resume(
+            checkpoints, configs, self.optimizer, stream, history, device
+        )
         self.resumed_from = self.step
         self.readings = _Readings(len(configs), self.step + 1, history)
         self.last_states = stream.states()
@@ -237,20 +272,39 @@ class _PackRun:
         """One optimizer step on ``batch``; its readings stay on the device."""
         self.between_steps = False
         losses, logits = training_step(
-            self.model, self.optimizer, batch.inputs, batch.targets, self.projected,
-            self.micro_batches, batch.mask if self.masks_loss else None, batch.draws)
+            self.model,
+            self.optimizer,
+            batch.inputs,
+            batch.targets,
+            self.projected,
+            self.micro_batches,
+            batch.mask if self.masks_loss else None,
+            batch.draws,
+        )
         self.step += 1
         self.last_states = batch.rng_states
         self.between_steps = True
         with torch.no_grad():
-            self.readings.add(losses, *masked_counts(logits, batch.targets, batch.mask),
-                              self.optimizer.grad_norms, self.seconds())
+            self.readings.add(
+                losses,
+                *masked_counts(logits, batch.targets, batch.mask),
+                self.optimizer.grad_norms,
+                self.seconds(),
+            )
 
     def save(self) -> None:
         """Every member's checkpoint at the step reached."""
         self.readings.read()  # the history's open window goes into the checkpoints whole
-        save_checkpoints(self.checkpoints, self.configs, self.optimizer, self.last_states,
-                         self.step, self.seconds(), self.history, self.device)
+        save_checkpoints(
+            self.checkpoints,
+            self.configs,
+            self.optimizer,
+            self.last_states,
+            self.step,
+            self.seconds(),
+            self.history,
+            self.device,
+        )
 
     def outcome(self) -> PackTraining:
         new_steps = self.step - self.resumed_from
@@ -270,49 +324,72 @@ class _PackRun:
         )
 
 
-def _check_in(readings: _Readings, step: int, configs: Sequence[RunConfig],
-              on_step: Callable[[int, list[float]], None] | None, bar: Progress | None) -> None:
+def _check_in(
+    readings: _Readings,
+    step: int,
+    configs: Sequence[RunConfig],
+    on_step: Callable[[int, list[float]], None] | None,
+    bar: Progress | None,
+) -> None:
     """Read the pending readings: report the step, stop when every member has diverged,
     show progress."""
     step_losses = readings.read()
     if on_step is not None:
         on_step(step, step_losses)
     if readings.all_diverged():
-        raise Diverged(f"diverged at step {min(readings.diverged_at)}: loss is not finite "
-                       f"(lr {', '.join(f'{c.lr:g}' for c in configs)})", readings.history.rows)
+        raise Diverged(
+            f"diverged at step {min(readings.diverged_at)}: loss is not finite "
+            f"(lr {', '.join(f'{c.lr:g}' for c in configs)})",
+            readings.history.rows,
+        )
     if bar is not None:
-        bar.update(bar.task_ids[0], completed=step,
-                   loss=float(np.nanmean(readings.running_losses)), acc=readings.running_accuracy)
+        bar.update(
+            bar.task_ids[0],
+            completed=step,
+            loss=float(np.nanmean(readings.running_losses)),
+            acc=readings.running_accuracy,
+        )
 
 
-def _resume(checkpoints: Sequence[Path] | None, configs: Sequence[RunConfig],
-            optimizer: PackOptimizer, stream: BatchStream, history: TrainingHistory,
-            device: torch.device) -> tuple[int, float]:
+def _resume(
+    checkpoints: Sequence[Path] | None,
+    configs: Sequence[RunConfig],
+    optimizer: PackOptimizer,
+    stream: BatchStream,
+    history: TrainingHistory,
+    device: torch.device,
+) -> tuple[int, float]:
     """The step and training seconds to go on from: those of the members' checkpoints (loaded
     into ``optimizer``, ``stream`` and ``history``, and said on stderr), or none."""
     if checkpoints is None or not any(path.exists() for path in checkpoints):
         return 0, 0.0
     step, seconds = load_checkpoints(checkpoints, configs, optimizer, stream, history, device)
     runs = ", ".join(config.run_id() for config in configs)
-    sys.stderr.write(f"che-bench: run{'s' if len(configs) > 1 else ''} {runs}: resuming from step "
-                     f"{step}/{configs[0].steps} (checkpoint in {checkpoints[0].parent})\n")
+    sys.stderr.write(
+        f"che-bench: run{'s' if len(configs) > 1 else ''} {runs}: resuming from step "
+        f"{step}/{configs[0].steps} (checkpoint in {checkpoints[0].parent})\n"
+    )
     return step, seconds
 
 
-def _report_interrupt(checkpoints: Sequence[Path] | None, between_steps: bool, step: int,
-                      steps: int) -> None:
+def _report_interrupt(
+    checkpoints: Sequence[Path] | None, between_steps: bool, step: int, steps: int
+) -> None:
     """Say on stderr what an interruption kept (the checkpoints are saved by then)."""
     if checkpoints is None:
         sys.stderr.write("che-bench: interrupted (no checkpoint directory, progress lost)\n")
     elif between_steps:
-        sys.stderr.write(f"che-bench: checkpoint saved at step {step}/{steps} in "
-                         f"{checkpoints[0].parent}; run the same command again to resume\n")
+        sys.stderr.write(
+            f"che-bench: checkpoint saved at step {step}/{steps} in "
+            f"{checkpoints[0].parent}; run the same command again to resume\n"
+        )
     else:
         sys.stderr.write("che-bench: aborted mid-step; a re-run resumes from the last checkpoint\n")
 
 
-def _note_divergence(step: int, losses: Sequence[float], diverged_at: list[int | None],
-                     running_losses: list[float]) -> None:
+def _note_divergence(
+    step: int, losses: Sequence[float], diverged_at: list[int | None], running_losses: list[float]
+) -> None:
     """Mark members whose loss at ``step`` is not finite; smooth the others' running loss."""
     for member, loss in enumerate(losses):
         if diverged_at[member] is not None:

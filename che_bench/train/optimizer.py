@@ -103,8 +103,10 @@ class PackOptimizer:
 
     @torch.no_grad()
     def load_member_state(self, member: int, state: dict[str, Any]) -> None:
-        if (not layout_matches(state, self.member_shapes)
-                or state["flat"].shape != self.flat[member].shape):
+        if (
+            not layout_matches(state, self.member_shapes)
+            or state["flat"].shape != self.flat[member].shape
+        ):
             raise CheBenchError("checkpoint is for another model layout")
         self.flat[member] = state["flat"]
         self.exp_avg[member] = state["exp_avg"]

@@ -44,8 +44,9 @@ def training_step(
         losses.sum().backward()  # members are independent: each gets its own loss's gradient
         losses, logits = losses.detach(), logits.detach()
     else:
-        losses, logits = _micro_batched_backward(model, inputs, targets, loss_mask, draws,
-                                                 micro_batches)
+        losses, logits = _micro_batched_backward(
+            model, inputs, targets, loss_mask, draws, micro_batches
+        )
     optimizer.step()
     for module in projected:
         module.project_()
@@ -53,8 +54,12 @@ def training_step(
 
 
 def _micro_batched_backward(
-    model: Encoder, inputs: torch.Tensor, targets: torch.Tensor,
-    loss_mask: torch.Tensor | None, draws: Any, micro_batches: int,
+    model: Encoder,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss_mask: torch.Tensor | None,
+    draws: Any,
+    micro_batches: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward in ``micro_batches`` passes, each weighted by its share of the
     batch; the whole batch's (losses, logits), detached."""
@@ -63,8 +68,9 @@ def _micro_batched_backward(
     for rows in micro_batch_rows(batch, micro_batches):
         share = (rows.stop - rows.start) / batch
         part_logits = model(inputs[:, rows], draws)
-        part_losses = token_loss(part_logits, targets[:, rows],
-                                 None if loss_mask is None else loss_mask[:, rows])
+        part_losses = token_loss(
+            part_logits, targets[:, rows], None if loss_mask is None else loss_mask[:, rows]
+        )
         (part_losses.sum() * share).backward()
         losses.append(part_losses.detach() * share)
         logits.append(part_logits.detach())

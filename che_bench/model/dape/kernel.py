@@ -18,7 +18,6 @@ CACHE_CHUNK_BYTES = 2 << 20
 KEEP_BYTES = 64 << 20
 
 
-
 def _key_windows(x: torch.Tensor, kernel: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """``[b, C, R, T] -> [k*C, b*R*T]``, the im2col matrix of a ``1 x k`` key convolution,
     channel-major so that a whole chunk of sequences is one plain matrix product: block s
@@ -173,16 +172,23 @@ def _member_forward(
     # The batch-free bias channels pass the first convolution once: [D, R, T] or [D, 1, 1].
     addend = bias1[:, None, None]
     if bias is not None:
-        addend = torch.addmm(bias1[:, None], _im2col_matrix(weight1[:, heads:]),
-                             _key_windows(bias, kernel)).view(-1, *bias.shape[2:])
+        addend = torch.addmm(
+            bias1[:, None], _im2col_matrix(weight1[:, heads:]), _key_windows(bias, kernel)
+        ).view(-1, *bias.shape[2:])
     conv1, conv2 = _im2col_matrix(weight1[:, :heads]), _taps_matrix(weight2)
     chunks = _cache_chunks(content, width)
     buffers = _ChunkBuffers(content, chunks, **(kept or {}))
     matrix = buffers.kept if kept is not None else buffers.scratch
     for chunk in chunks:
-        _, hidden = _first_layer(content, chunk, kernel, conv1, addend,
-                                 matrix("windows", kernel * heads, chunk),
-                                 matrix("hidden", width, chunk))
+        _, hidden = _first_layer(
+            content,
+            chunk,
+            kernel,
+            conv1,
+            addend,
+            matrix("windows", kernel * heads, chunk),
+            matrix("hidden", width, chunk),
+        )
         taps = torch.mm(conv2, hidden, out=buffers.scratch("taps", kernel * heads, chunk))
         _add_taps(out[chunk.batch, :, chunk.rows], taps)
     return addend
@@ -217,16 +223,24 @@ def _member_backward(
             windows = buffers.kept("windows", kernel * heads, chunk)
             hidden = buffers.kept("hidden", width, chunk)
         else:
-            windows, hidden = _first_layer(content, chunk, kernel, conv1, addend,
-                                           buffers.scratch("windows", kernel * heads, chunk),
-                                           buffers.scratch("hidden", width, chunk))
+            windows, hidden = _first_layer(
+                content,
+                chunk,
+                kernel,
+                conv1,
+                addend,
+                buffers.scratch("windows", kernel * heads, chunk),
+                buffers.scratch("hidden", width, chunk),
+            )
         grad_windows = _key_windows(  # shared by two products
-            grad[chunk.batch, :, chunk.rows], kernel,
+            grad[chunk.batch, :, chunk.rows],
+            kernel,
             buffers.scratch("grad_windows", kernel * heads, chunk),
         )
         grad_conv2.addmm_(grad_windows, hidden.t())
-        grad_hidden = torch.mm(conv2_adjoint, grad_windows,
-                               out=buffers.scratch("grad_hidden", width, chunk))
+        grad_hidden = torch.mm(
+            conv2_adjoint, grad_windows, out=buffers.scratch("grad_hidden", width, chunk)
+        )
         # LeakyReLU keeps the sign, so the activated map tells where the slope was 0.01.
         torch.ops.aten.leaky_relu_backward.grad_input(
             grad_hidden, hidden, NEGATIVE_SLOPE, True, grad_input=grad_hidden
@@ -235,36 +249,45 @@ def _member_backward(
         rows_addend += grad_hidden.view(width, -1, *rows_addend.shape[1:]).sum(1)
         grad_conv1.addmm_(windows, grad_hidden.t())
         if grad_content is not None:
-            taps = torch.mm(conv1_adjoint, grad_hidden,
-                            out=buffers.scratch("taps", kernel * heads, chunk))
+            taps = torch.mm(
+                conv1_adjoint, grad_hidden, out=buffers.scratch("taps", kernel * heads, chunk)
+            )
             _add_taps(grad_content[chunk.batch, :, chunk.rows], taps, accumulate=False)
     grad_weight1 = torch.empty_like(weight1)
     grad_weight1[:, :heads] = grad_conv1.view(kernel, heads, width).permute(2, 1, 0)
     grad_bias1 = grad_addend.sum((1, 2))
     grad_bias = None
     if bias is not None:
-        grad_bias = _bias_gradients(grad_addend.flatten(1), bias, weight1, grad_weight1, heads,
-                                    needs_bias)
+        grad_bias = _bias_gradients(
+            grad_addend.flatten(1), bias, weight1, grad_weight1, heads, needs_bias
+        )
     grad_weight2 = grad_conv2.view(kernel, heads, width).flip(0).permute(1, 2, 0)
     return grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2
 
 
-
-def _bias_gradients(grad_addend: torch.Tensor, bias: torch.Tensor, weight1: torch.Tensor,
-                    grad_weight1: torch.Tensor, heads: int,
-                    needs_bias: bool) -> torch.Tensor | None:
+def _bias_gradients(
+    grad_addend: torch.Tensor,
+    bias: torch.Tensor,
+    weight1: torch.Tensor,
+    grad_weight1: torch.Tensor,
+    heads: int,
+    needs_bias: bool,
+) -> torch.Tensor | None:
     """The bias channels' part of ``f``'s backward: their columns of ``grad_weight1`` (filled
     in) and, if ``needs_bias``, the bias's gradient. The bias is batch-free, so both come
     from the addend's gradient ``[D, R*T]`` alone."""
     width, kernel = weight1.shape[0], weight1.shape[-1]
     bias_windows = _key_windows(bias, kernel)
-    grad_weight1[:, heads:] = (grad_addend @ bias_windows.t()).view(width, kernel, -1).permute(0, 2, 1)
+    grad_weight1[:, heads:] = (
+        (grad_addend @ bias_windows.t()).view(width, kernel, -1).permute(0, 2, 1)
+    )
     if not needs_bias:
         return None
     grad_bias = torch.empty_like(bias)
     bias_adjoint = _taps_matrix(_adjoint(weight1[:, heads:]))
     _add_taps(grad_bias, bias_adjoint @ grad_addend, accumulate=False)
     return grad_bias
+
 
 def _member_bias(bias: torch.Tensor | None, member: int) -> torch.Tensor | None:
     """Member ``member``'s ``[1, C_b, R, T]`` bias of a ``[M or 1, 1, C_b, R, T]`` one."""
@@ -293,16 +316,28 @@ class ScoreFilter(torch.autograd.Function):
         heads, per_member_columns = content.shape[2], content[0, :, 0].numel()
         keep_floats = (width + kernel * heads) * per_member_columns
         keep = grad_enabled and 4 * keep_floats <= KEEP_BYTES
-        kept_windows = content.new_empty(members, kernel * heads * per_member_columns) if keep else None
+        kept_windows = (
+            content.new_empty(members, kernel * heads * per_member_columns) if keep else None
+        )
         kept_hidden = content.new_empty(members, width * per_member_columns) if keep else None
         addends = []
         for m in range(members):
             kept = {"windows": kept_windows[m], "hidden": kept_hidden[m]} if keep else None
-            addends.append(_member_forward(out[m], content[m], _member_bias(bias, m),
-                                           weight1[m], bias1[m], weight2[m], kept))
+            addends.append(
+                _member_forward(
+                    out[m],
+                    content[m],
+                    _member_bias(bias, m),
+                    weight1[m],
+                    bias1[m],
+                    weight2[m],
+                    kept,
+                )
+            )
         ctx.mark_dirty(out)
-        ctx.save_for_backward(content, bias, weight1, weight2, torch.stack(addends),
-                              kept_windows, kept_hidden)
+        ctx.save_for_backward(
+            content, bias, weight1, weight2, torch.stack(addends), kept_windows, kept_hidden
+        )
         return out
 
     @staticmethod
@@ -312,9 +347,22 @@ class ScoreFilter(torch.autograd.Function):
         members = weight1.shape[0]
         grads: list[list] = [[] for _ in range(5)]
         for m in range(members):
-            kept = None if kept_hidden is None else {"windows": kept_windows[m], "hidden": kept_hidden[m]}
-            member_grads = _member_backward(grad[m], content[m], _member_bias(bias, m), weight1[m],
-                                            weight2[m], addends[m], kept, needs_content, needs_bias)
+            kept = (
+                None
+                if kept_hidden is None
+                else {"windows": kept_windows[m], "hidden": kept_hidden[m]}
+            )
+            member_grads = _member_backward(
+                grad[m],
+                content[m],
+                _member_bias(bias, m),
+                weight1[m],
+                weight2[m],
+                addends[m],
+                kept,
+                needs_content,
+                needs_bias,
+            )
             for collected, value in zip(grads, member_grads):
                 collected.append(value)
         grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2 = (

@@ -14,6 +14,8 @@ from che_bench.model.dape.kernel import NEGATIVE_SLOPE, ScoreFilter
 
 VARIANTS = ("concat_residual", "concat", "add_residual")
 IMPLEMENTATIONS = ("auto", "chunks", "convolution")
+
+
 def check_kernel(kernel: object) -> int:
     """Validate a DAPE kernel size (1 = DAPE, odd >= 3 = DAPE V2) and return it."""
     if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
@@ -53,8 +55,9 @@ def _filter_by_convolution(
     addend = bias1.reshape(1, -1, 1, 1)
     if bias is not None:  # batch-free: through the first convolution once
         bias_channels = bias.expand(members, -1, -1, -1, -1).reshape(1, -1, rows, length)
-        addend = addend + F.conv2d(bias_channels, grouped(weight1[:, :, channels:]),
-                                   padding=padding, groups=members)
+        addend = addend + F.conv2d(
+            bias_channels, grouped(weight1[:, :, channels:]), padding=padding, groups=members
+        )
     hidden = F.leaky_relu(hidden + addend, NEGATIVE_SLOPE)
     out = F.conv2d(hidden, grouped(weight2), padding=padding, groups=members)
     return out.view(batch, members, heads, rows, length).transpose(0, 1)
@@ -160,8 +163,9 @@ class DapeProcessor(nn.Module):
 
         bias_channels = bias if self.concat_bias else None
         if self.uses_convolution(scores.device):
-            filtered = _filter_by_convolution(content, bias_channels, self.weight1, self.bias1,
-                                              self.weight2)
+            filtered = _filter_by_convolution(
+                content, bias_channels, self.weight1, self.bias1, self.weight2
+            )
             return filtered + (scores + residual_terms)
         return ScoreFilter.apply(
             scores + residual_terms,

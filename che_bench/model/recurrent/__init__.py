@@ -100,8 +100,13 @@ def _memory(kind: str | None, members: int, settings: dict[str, Any]):
     if kind == "stack":
         return StackMemory(members, hidden, settings["stack_cell_size"], settings["stack_size"])
     if kind == "tape":
-        return TapeMemory(members, hidden, settings["memory_cell_size"], settings["memory_size"],
-                          settings["mlp_layers_size"])
+        return TapeMemory(
+            members,
+            hidden,
+            settings["memory_cell_size"],
+            settings["memory_size"],
+            settings["mlp_layers_size"],
+        )
     return None
 
 
@@ -117,15 +122,21 @@ def build_recurrent(name: str, task: Task, *, members: int = 1, **options: Any) 
     # CHE experiments/utils.py make_model_with_empty_targets: one-hot of input_size + 1
     # classes, the empty output positions being class input_size.
     cell = CELLS[architecture.cell](members, task.input_size + 1, extra, settings["hidden_size"])
-    sizes = {key: value for key, value in settings.items()
-             if key not in ("memory_budget_bytes", "fused")}
+    sizes = {
+        key: value for key, value in settings.items() if key not in ("memory_budget_bytes", "fused")
+    }
     if "mlp_layers_size" in sizes:
         sizes["mlp_layers_size"] = list(sizes["mlp_layers_size"])
     return RecurrentModel(
-        task, cell, memory, architecture=name, members=members,
+        task,
+        cell,
+        memory,
+        architecture=name,
+        members=members,
         memory_budget_bytes=settings["memory_budget_bytes"],
         fused=bool(settings["fused"]) and name == "lstm",
-        sizes=sizes, build_options=dict(options),
+        sizes=sizes,
+        build_options=dict(options),
     )
 
 
@@ -133,12 +144,17 @@ def stack_recurrent_members(models: Sequence[RecurrentModel]) -> RecurrentModel:
     """One model holding the members of ``models`` (built alike, each from its own seed) side
     by side, in order; its parameters are copies."""
     first = models[0]
-    if any((model.architecture, model.build_options, model.task.name, model.task.params())
-           != (first.architecture, first.build_options, first.task.name, first.task.params())
-           for model in models):
+    if any(
+        (model.architecture, model.build_options, model.task.name, model.task.params())
+        != (first.architecture, first.build_options, first.task.name, first.task.params())
+        for model in models
+    ):
         raise CheBenchError("only models built with the same architecture, task and options stack")
     with torch.random.fork_rng(devices=[]):  # the pack's own initialisation is overwritten
-        pack = build_recurrent(first.architecture, first.task,
-                               members=sum(model.members for model in models),
-                               **first.build_options)
+        pack = build_recurrent(
+            first.architecture,
+            first.task,
+            members=sum(model.members for model in models),
+            **first.build_options,
+        )
     return load_member_states(pack, models).to(first.head.weight.device)

@@ -145,7 +145,11 @@ class RecurrentModel(nn.Module):
     # -- forward ----------------------------------------------------------------------------
 
     def forward(
-        self, inputs: torch.Tensor, draws: Any = None, *, evaluating: bool | None = None,
+        self,
+        inputs: torch.Tensor,
+        draws: Any = None,
+        *,
+        evaluating: bool | None = None,
         dropout_seeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[M, B, output_length(n), output_size]`` for int64 ``inputs`` ``[B, n]``
@@ -162,8 +166,9 @@ class RecurrentModel(nn.Module):
         if not torch.is_grad_enabled():
             row_bytes = self.query_row_bytes(input_tokens)
             sub_batch = max(1, min(batch, self.memory_budget_bytes // row_bytes))
-        parts = [self._hidden_outputs(part, input_tokens, read)
-                 for part in tokens.split(sub_batch, 1)]
+        parts = [
+            self._hidden_outputs(part, input_tokens, read) for part in tokens.split(sub_batch, 1)
+        ]
         hidden = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         return self.head(torch.relu(hidden))
 
@@ -177,8 +182,10 @@ class RecurrentModel(nn.Module):
             )
         # Host tensors only: on a GPU the check would wait for the device (batches are
         # checked where they are made, ``che_bench.train.metrics.check_token_ids``).
-        if inputs.shape[-1] and not inputs.is_cuda and (
-            int(inputs.min()) < 0 or int(inputs.max()) >= self.task.input_size
+        if (
+            inputs.shape[-1]
+            and not inputs.is_cuda
+            and (int(inputs.min()) < 0 or int(inputs.max()) >= self.task.input_size)
         ):
             raise CheBenchError(f"input ids must lie in 0..{self.task.input_size - 1}")
         return inputs

@@ -108,8 +108,12 @@ class LSTMCell(nn.Module):
         extra inputs: the plain lstm); the forget offset rides in the second bias."""
         weight = self.gates.weight[0, self.to_torch_order]
         one_hot = nn.functional.one_hot(tokens, self.tokens).to(weight.dtype)
-        params = [weight[:, : self.tokens], weight[:, self.tokens :],
-                  self.gates.bias[0, self.to_torch_order], self.forget_offset[self.to_torch_order]]
+        params = [
+            weight[:, : self.tokens],
+            weight[:, self.tokens :],
+            self.gates.bias[0, self.to_torch_order],
+            self.forget_offset[self.to_torch_order],
+        ]
         h0 = one_hot.new_zeros(1, tokens.shape[0], self.hidden_size)
         outputs, _, _ = torch.lstm(one_hot, (h0, h0), params, True, 1, 0.0, False, False, True)
         return outputs

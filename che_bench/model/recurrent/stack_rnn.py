@@ -31,8 +31,11 @@ def update_stack(
     pushed = torch.cat([push_value.unsqueeze(-2), stack[..., :-1, :]], dim=-2)
     popped = torch.cat([stack[..., 1:, :], torch.zeros_like(stack[..., :1, :])], dim=-2)
     weights = actions.unsqueeze(-1).unsqueeze(-1)
-    return (weights[..., PUSH, :, :] * pushed + weights[..., POP, :, :] * popped
-            + weights[..., NO_OP, :, :] * stack)
+    return (
+        weights[..., PUSH, :, :] * pushed
+        + weights[..., POP, :, :] * popped
+        + weights[..., NO_OP, :, :] * stack
+    )
 
 
 class StackMemory(nn.Module):

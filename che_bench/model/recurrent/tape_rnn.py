@@ -84,7 +84,8 @@ class TapeMemory(nn.Module):
     ) -> torch.Tensor:
         weight, bias, indices = plan
         first, logits = torch.baddbmm(bias, h, weight).split(
-            [self.write_mlp[0].fan_out, ACTIONS], dim=-1)
+            [self.write_mlp[0].fan_out, ACTIONS], dim=-1
+        )
         value = first
         for layer in self.write_mlp[1:]:
             value = layer(torch.relu(value))
