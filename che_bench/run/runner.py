@@ -34,7 +34,8 @@ from che_bench.run.packing import resolve_width
 from che_bench.run.trackers import Trackers
 from che_bench.tasks.base import Task
 from che_bench.train.checkpoints import checkpoint_step
-from che_bench.train.loop import Diverged, PackTraining, train_pack
+from che_bench.train.loop import PackTraining, train_pack
+from che_bench.train.readings import Diverged
 
 
 def resolve_device(device: str = "auto") -> torch.device:

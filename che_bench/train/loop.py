@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from rich.console import Console
 from rich.progress import (
@@ -62,19 +61,11 @@ from che_bench.train.checkpoints import (
 from che_bench.train.history import DEFAULT_LOG_EVERY, TrainingHistory
 from che_bench.train.metrics import masked_counts
 from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.readings import Readings, check_in
 from che_bench.train.step import micro_batches_for, projected_modules, training_step
 
 #: Host-device synchronisations: every step on a CPU (free there), every this many on a GPU.
 GPU_SYNC_EVERY = 50
-
-
-class Diverged(RuntimeError):
-    """The loss became NaN or infinite (of every member); ``history`` holds their training
-    history up to then."""
-
-    def __init__(self, message: str, history: list[list[dict[str, Any]]] | None = None) -> None:
-        super().__init__(message)
-        self.history = history or []
 
 
 def sync_every_for(device: torch.device) -> int:
@@ -95,65 +86,6 @@ class PackTraining:
     timings: dict[str, float] = field(default_factory=dict)
     #: Each member's training history rows (``che_bench.train.history``), resumed steps included.
     history: list[list[dict[str, Any]]] = field(default_factory=list)
-
-
-class _Readings:
-    """What each step measured, kept on the device until read: losses, correct and counted
-    positions and gradient norms per member (a ``[4, M]`` tensor per step), with the training
-    seconds after the step (host time). ``read`` takes them off in one transfer and feeds
-    the divergence watch, the running values and the history."""
-
-    def __init__(self, members: int, first_step: int, history: TrainingHistory) -> None:
-        self.values: list[torch.Tensor] = []
-        self.seconds: list[float] = []
-        self.first_step = first_step  # the step of the oldest pending reading
-        self.history = history
-        self.diverged_at: list[int | None] = [None] * members
-        self.running_losses = [math.nan] * members
-        self.running_accuracy = math.nan
-
-    def add(
-        self,
-        losses: torch.Tensor,
-        correct: torch.Tensor,
-        counted: torch.Tensor,
-        grad_norms: torch.Tensor,
-        seconds: float,
-    ) -> None:
-        self.values.append(
-            torch.stack(
-                [
-                    losses,
-                    correct.to(losses.dtype),
-                    counted.to(losses.dtype),
-                    grad_norms.to(losses.dtype),
-                ]
-            )
-        )
-        self.seconds.append(seconds)
-
-    def read(self) -> list[float]:
-        """Pull the pending readings off the device; note divergences, running values and
-        history. Returns the last read step's losses ([] when none was pending)."""
-        if not self.values:
-            return []
-        values = torch.stack(self.values).tolist()  # [steps][4][M]
-        seconds, first_step = list(self.seconds), self.first_step
-        # Taken off before use: an interruption below never feeds a step to the history twice.
-        self.values.clear(), self.seconds.clear()
-        self.first_step += len(values)
-        for offset, ((losses, correct, counted, norms), elapsed) in enumerate(zip(values, seconds)):
-            _note_divergence(first_step + offset, losses, self.diverged_at, self.running_losses)
-            self.history.add(first_step + offset, losses, correct, counted, norms, elapsed)
-        correct, counted = (
-            np.sum([step_values[i] for step_values in values], axis=0) for i in (1, 2)
-        )
-        accuracy = float(np.mean(correct / np.maximum(counted, 1)))
-        self.running_accuracy = _smooth(self.running_accuracy, accuracy)
-        return values[-1][0]
-
-    def all_diverged(self) -> bool:
-        return all(at is not None for at in self.diverged_at)
 
 
 def train_pack(
@@ -201,25 +133,7 @@ def train_pack(
     )
     batches = on_device(iter(run.stream), device, prefetch)
     try:
-        with (
-            _deferred_interrupt() as interrupted,
-            _progress_bar(progress, run.steps, run.step) as bar,
-        ):
-            while run.step < run.steps:
-                run.train_step(next(batches))
-                if run.step % sync_every == 0 or run.step == run.steps:
-                    _check_in(run.readings, run.step, configs, on_step, bar)
-                if interrupted.is_set():
-                    raise KeyboardInterrupt
-                if checkpoints is not None and (
-                    run.step % checkpoint_every == 0 or run.step == run.steps
-                ):
-                    run.save()  # also at the end, so an interrupted evaluation keeps the training
-    except KeyboardInterrupt:
-        if checkpoints is not None and run.between_steps:
-            run.save()
-        _report_interrupt(checkpoints, run.between_steps, run.step, run.steps)
-        raise
+        run.run_steps(batches, progress, sync_every, checkpoint_every, on_step)
     finally:
         batches.close()
         run.stream.rewind_draws(run.last_states)
@@ -258,11 +172,42 @@ class _PackRun:
             checkpoints, configs, self.optimizer, stream, history, device
         )
         self.resumed_from = self.step
-        self.readings = _Readings(len(configs), self.step + 1, history)
+        self.readings = Readings(len(configs), self.step + 1, history)
         self.last_states = stream.states()
         self.between_steps = True  # False while a step is half done (state not consistent)
         self.started = time.perf_counter()
         model.train()
+
+    def run_steps(
+        self,
+        batches: Iterator[PackBatch],
+        progress: bool,
+        sync_every: int,
+        checkpoint_every: int,
+        on_step: Callable[[int, list[float]], None] | None,
+    ) -> None:
+        """Train to the last step, reading the device every ``sync_every`` steps and saving
+        every ``checkpoint_every``; Ctrl-C waits for the end of the step, then the members'
+        checkpoints are saved and KeyboardInterrupt goes on."""
+        try:
+            with (
+                _deferred_interrupt() as interrupted,
+                _progress_bar(progress, self.steps, self.step) as bar,
+            ):
+                while self.step < self.steps:
+                    self.train_step(next(batches))
+                    last = self.step == self.steps
+                    if self.step % sync_every == 0 or last:
+                        check_in(self.readings, self.step, self.configs, on_step, bar)
+                    if interrupted.is_set():
+                        raise KeyboardInterrupt
+                    if self.checkpoints is not None and (self.step % checkpoint_every == 0 or last):
+                        self.save()  # also at the end: an interrupted evaluation keeps the training
+        except KeyboardInterrupt:
+            if self.checkpoints is not None and self.between_steps:
+                self.save()
+            _report_interrupt(self.checkpoints, self.between_steps, self.step, self.steps)
+            raise
 
     def seconds(self) -> float:
         """Training seconds so far, resumed ones included."""
@@ -324,33 +269,6 @@ class _PackRun:
         )
 
 
-def _check_in(
-    readings: _Readings,
-    step: int,
-    configs: Sequence[RunConfig],
-    on_step: Callable[[int, list[float]], None] | None,
-    bar: Progress | None,
-) -> None:
-    """Read the pending readings: report the step, stop when every member has diverged,
-    show progress."""
-    step_losses = readings.read()
-    if on_step is not None:
-        on_step(step, step_losses)
-    if readings.all_diverged():
-        raise Diverged(
-            f"diverged at step {min(readings.diverged_at)}: loss is not finite "
-            f"(lr {', '.join(f'{c.lr:g}' for c in configs)})",
-            readings.history.rows,
-        )
-    if bar is not None:
-        bar.update(
-            bar.task_ids[0],
-            completed=step,
-            loss=float(np.nanmean(readings.running_losses)),
-            acc=readings.running_accuracy,
-        )
-
-
 def _resume(
     checkpoints: Sequence[Path] | None,
     configs: Sequence[RunConfig],
@@ -385,23 +303,6 @@ def _report_interrupt(
         )
     else:
         sys.stderr.write("che-bench: aborted mid-step; a re-run resumes from the last checkpoint\n")
-
-
-def _note_divergence(
-    step: int, losses: Sequence[float], diverged_at: list[int | None], running_losses: list[float]
-) -> None:
-    """Mark members whose loss at ``step`` is not finite; smooth the others' running loss."""
-    for member, loss in enumerate(losses):
-        if diverged_at[member] is not None:
-            continue
-        if not math.isfinite(loss):
-            diverged_at[member] = step
-        else:
-            running_losses[member] = _smooth(running_losses[member], loss)
-
-
-def _smooth(previous: float, value: float, weight: float = 0.95) -> float:
-    return value if math.isnan(previous) else weight * previous + (1 - weight) * value
 
 
 # --- Ctrl-C and progress --------------------------------------------------------------------
