@@ -40,14 +40,8 @@ import torch
 from che_bench.checks.selftest import peak_memory_bytes, synchronize
 from che_bench.config import make_config
 from che_bench.eval.evaluation import length_accuracies, use_evaluation_budget
-from che_bench.run.runner import (
-    build_pack_model,
-    configure_numerics,
-    describe_device,
-    execute_run,
-    resolve_device,
-    software_versions,
-)
+from che_bench.run.device import configure_numerics, describe_device, resolve_device
+from che_bench.run.runner import build_pack_model, execute_run, software_versions
 from che_bench.train.loop import sync_every_for, train_pack
 from che_bench.train.optimizer import PackOptimizer
 from che_bench.train.step import micro_batches_for, projected_modules, training_step

@@ -19,8 +19,8 @@ import time
 import numpy as np
 import torch
 
-from che_bench.eval.evaluation import length_accuracies
 from che_bench.config import make_config
+from che_bench.eval.evaluation import length_accuracies
 from che_bench.model.encoder import build_model
 from che_bench.run.runner import execute_run
 

@@ -14,8 +14,9 @@ from che_bench.config import make_config
 from che_bench.encodings import list_encodings
 from che_bench.eval.evaluation import set_memory_budget
 from che_bench.model.encoder import build_model
+from che_bench.run.device import configure_numerics
 from che_bench.run.packing import training_bytes_per_member
-from che_bench.run.runner import configure_numerics, execute_pack, execute_run
+from che_bench.run.runner import execute_pack, execute_run
 
 pytestmark = [
     pytest.mark.cuda,

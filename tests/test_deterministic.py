@@ -16,7 +16,8 @@ from che_bench.cli import main
 from che_bench.config import make_config
 from che_bench.encodings import build_encoding
 from che_bench.encodings.cope import running_sum
-from che_bench.run.runner import configure_numerics, execute_run
+from che_bench.run.device import configure_numerics
+from che_bench.run.runner import execute_run
 
 
 @pytest.fixture

@@ -17,8 +17,9 @@ from che_bench.errors import CheBenchError
 from che_bench.eval import evaluation
 from che_bench.eval.evaluation import evaluation_budget, length_accuracies
 from che_bench.model.encoder import build_model
-from che_bench.run import packing, runner
-from che_bench.run.runner import build_pack_model, execute_pack, resolve_device
+from che_bench.run import device, packing, runner
+from che_bench.run.device import resolve_device
+from che_bench.run.runner import build_pack_model, execute_pack
 from che_bench.store.result_store import ResultStore
 from che_bench.train import checkpoints
 from che_bench.train import loop as training
@@ -318,7 +319,7 @@ def test_a_members_training_memory_is_its_peak_above_the_weights(monkeypatch):
 
 def test_a_gpu_is_described_by_its_name(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
-    assert runner.describe_device(torch.device("cuda", 0)) == "cuda:0 (Fake GPU)"
+    assert device.describe_device(torch.device("cuda", 0)) == "cuda:0 (Fake GPU)"
 
 
 def test_dape_convolutions_evaluate_as_the_chunked_filter():

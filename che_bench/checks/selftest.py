@@ -35,13 +35,9 @@ import torch
 from che_bench.config import RunConfig, make_config
 from che_bench.encodings import list_encodings
 from che_bench.model.encoder import Encoder, build_model, stack_members
+from che_bench.run.device import configure_numerics, prepare_deterministic_cublas
 from che_bench.run.packing import AUTO, resolve_width
-from che_bench.run.runner import (
-    build_pack_model,
-    configure_numerics,
-    prepare_deterministic_cublas,
-    software_versions,
-)
+from che_bench.run.runner import build_pack_model, software_versions
 from che_bench.settings import BY_NAME
 from che_bench.train.loop import train_pack
 from che_bench.train.metrics import token_loss
@@ -453,7 +449,7 @@ def run_selftest(
     device: torch.device, quick: bool, on_check: Callable[[str], None] | None = None
 ) -> SelftestReport:
     """Every check on ``device`` (TF32 off); ``on_check(title)`` is called as each starts."""
-    from che_bench.run.runner import describe_device
+    from che_bench.run.device import describe_device
 
     started = time.perf_counter()
     prepare_deterministic_cublas()  # check (e) is deterministic; cuBLAS starts in check (a)

@@ -77,12 +77,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def evaluate_command(args: argparse.Namespace) -> int:
     from che_bench.eval.reevaluation import reevaluate, reevaluation_config
-    from che_bench.run.kept_models import load_model, models_dir_for
-    from che_bench.run.runner import (
+    from che_bench.run.device import (
         configure_numerics,
         prepare_deterministic_cublas,
         resolve_device,
     )
+    from che_bench.run.kept_models import load_model, models_dir_for
     from che_bench.store.run_prefixes import resolve_run_ids
 
     options = runtime_options_from_args(args)
@@ -129,7 +129,8 @@ def _complete_runs(store, run_ids: list[str]):
 
 def _record_evaluation(store, run_id: str, config, result, device) -> None:
     """Record a re-evaluation under a new protocol and say what it scored."""
-    from che_bench.run.runner import describe_device, software_versions
+    from che_bench.run.device import describe_device
+    from che_bench.run.runner import software_versions
     from che_bench.store.reads import describe_protocol
 
     protocol = config.evaluation_protocol()

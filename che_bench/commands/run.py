@@ -133,7 +133,7 @@ def parse_learning_rates(text: str) -> list[float]:
 def run_command(args: argparse.Namespace) -> int:
     """The cell's runs as a sweep on the in-process backend (``che_bench.run.sweep.run_sweep``,
     the one execution path), reported as a run: what is done, each result, the table row."""
-    from che_bench.run import runner
+    from che_bench.run.device import resolve_device
     from che_bench.run.packing import parse_pack_width
     from che_bench.run.sweep import InProcessBackend, run_sweep
     from che_bench.store.result_store import ResultStore
@@ -144,7 +144,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.samples is not None and args.no_keep_model:
         raise CheBenchError("--samples reads the kept models: leave out --no-keep-model")
     options = runtime_options_from_args(args)
-    runner.resolve_device(options.device)  # a bad device fails before anything is written
+    resolve_device(options.device)  # a bad device fails before anything is written
     use_threads(options)
     store = ResultStore(args.store)
     options = options.with_changes(**_run_directories(args, store))
@@ -238,8 +238,8 @@ class RunView:
 def _write_run_samples(args: argparse.Namespace, store, run_ids: list[str]) -> None:
     """``--samples``: the predictions of the cell's completed runs, from their kept models."""
     from che_bench.eval.predictions import write_samples
+    from che_bench.run.device import resolve_device
     from che_bench.run.kept_models import load_model, models_dir_for
-    from che_bench.run.runner import resolve_device
 
     complete = store.completed_run_ids()
     done = [run_id for run_id in run_ids if run_id in complete]

@@ -42,7 +42,7 @@ def selftest_command(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from che_bench.checks.selftest import run_selftest
-    from che_bench.run.runner import resolve_device
+    from che_bench.run.device import resolve_device
 
     options = runtime_options_from_args(args)
     device = resolve_device(options.device)

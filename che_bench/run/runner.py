@@ -9,7 +9,6 @@ run in any worker process; the caller records the returned ``RunResult``s (see
 from __future__ import annotations
 
 import json
-import os
 import platform
 import sys
 import time
@@ -28,6 +27,13 @@ from che_bench.device_memory import release_memory
 from che_bench.errors import CheBenchError
 from che_bench.eval.evaluation import Evaluation, evaluate
 from che_bench.model.encoder import Encoder, build_model, member_state_dict, stack_members
+from che_bench.run.device import (
+    configure_numerics,
+    describe_device,
+    numerics_details,
+    prepare_deterministic_cublas,
+    resolve_device,
+)
 from che_bench.run.kept_models import save_model
 from che_bench.run.options import RuntimeOptions, runtime_options
 from che_bench.run.packing import resolve_width
@@ -36,33 +42,6 @@ from che_bench.tasks.base import Task
 from che_bench.train.checkpoints import checkpoint_step
 from che_bench.train.loop import PackTraining, train_pack
 from che_bench.train.readings import Diverged
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; ``cuda`` without a GPU is a CheBenchError."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError:
-        raise CheBenchError(f"unknown device {device!r}; use auto, cpu or cuda[:N]") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise CheBenchError("device cuda requested but torch sees no CUDA GPU")
-    if resolved.type not in ("cpu", "cuda"):
-        raise CheBenchError(f"unsupported device {device!r}; use auto, cpu or cuda[:N]")
-    if resolved.type == "cuda" and (resolved.index or 0) >= torch.cuda.device_count():
-        raise CheBenchError(
-            f"device {device!r} does not exist: torch sees "
-            f"{torch.cuda.device_count()} CUDA GPU(s), cuda:0.."
-        )
-    return resolved
-
-
-def describe_device(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{device} ({torch.cuda.get_device_name(device)})"
-    threads = torch.get_num_threads()
-    return f"cpu ({threads} thread{'' if threads == 1 else 's'})"
 
 
 def software_versions(config: RunConfig | None = None) -> dict[str, str]:
@@ -88,50 +67,6 @@ def software_versions(config: RunConfig | None = None) -> dict[str, str]:
 
 def checkpoint_path(checkpoint_dir: str | Path, run_id: str) -> Path:
     return Path(checkpoint_dir) / f"{run_id}.pt"
-
-
-#: cuBLAS's reproducible workspace setting (read when cuBLAS starts, so set before any product).
-CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
-
-
-def prepare_deterministic_cublas() -> None:
-    """Set cuBLAS's reproducible workspace (unless set already). cuBLAS reads it once, when it
-    starts in the process, so a process that may compute deterministically calls this before
-    any CUDA work (a ``--pack auto`` probe, the self-test's first checks)."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC_WORKSPACE)
-
-
-def configure_numerics(tf32: bool, deterministic: bool = False) -> None:
-    """TF32 in GPU matrix products and convolutions only when asked for (cuDNN's own
-    default is on, which would make convolution results differ from CPU ones).
-
-    ``deterministic``: torch's deterministic algorithms (``gather`` / ``index_put``
-    backward by sorting instead of atomic adds; an error for an op that has none), cuDNN's
-    deterministic convolutions without autotuning, cuBLAS's fixed workspace, and no flash or
-    cuDNN attention kernels, whose backward adds atomically (memory-efficient attention
-    follows the deterministic flag; so does the math path). Off again when not asked for,
-    so one process can run both kinds. The backend flags act on CUDA only, so they are set
-    on any device.
-    """
-    torch.use_deterministic_algorithms(deterministic)
-    if deterministic:
-        prepare_deterministic_cublas()  # in time only before any CUDA work: see the callers
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.backends.cudnn.deterministic = deterministic
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.enable_flash_sdp(not deterministic)
-    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):  # torch >= 2.3
-        torch.backends.cuda.enable_cudnn_sdp(not deterministic)
-
-
-def numerics_details(device: torch.device, tf32: bool, deterministic: bool) -> dict[str, Any]:
-    """The numerics settings recorded with a run (in its details, never in its id): TF32 on a
-    GPU, and deterministic mode wherever it was asked for."""
-    details: dict[str, Any] = {"tf32": tf32} if device.type == "cuda" else {}
-    if deterministic or device.type == "cuda":
-        details["deterministic"] = deterministic
-    return details
 
 
 def check_pack(configs: Sequence[RunConfig]) -> None:
@@ -289,21 +224,44 @@ def _execute_group(
         # Here, past the except block, nothing holds the failed pack's weights, Adam state
         # and activations any more: freed before the halves start.
         release_memory(device)
-        half = len(configs) // 2
-        for part in (slice(0, half), slice(half, None)):
-            _execute_group(
-                configs[part],
-                results[part],
-                device,
-                checkpoints=None if checkpoints is None else checkpoints[part],
-                options=options,
-                on_step=on_step,
-            )
+        _execute_halves(configs, results, device, checkpoints, options, on_step)
         return
-    total = time.perf_counter() - started
+    _finish(results, history, checkpoints, finished, time.perf_counter() - started)
+
+
+def _execute_halves(
+    configs: list[RunConfig],
+    results: list[RunResult],
+    device: torch.device,
+    checkpoints: list[Path] | None,
+    options: RuntimeOptions,
+    on_step: Callable[[int, list[float]], None] | None,
+) -> None:
+    """A pack that ran out of GPU memory goes on as two narrower packs, each from its
+    members' checkpoints."""
+    half = len(configs) // 2
+    for part in (slice(0, half), slice(half, None)):
+        _execute_group(
+            configs[part],
+            results[part],
+            device,
+            checkpoints=None if checkpoints is None else checkpoints[part],
+            options=options,
+            on_step=on_step,
+        )
+
+
+def _finish(
+    results: list[RunResult],
+    history: list[list[dict[str, Any]]],
+    checkpoints: list[Path] | None,
+    finished: list[bool],
+    total_seconds: float,
+) -> None:
+    """Each member's history and total time; the checkpoints of finished members go."""
     for member, result in enumerate(results):
         result.history = history[member]
-        result.timings["total_s"] = total
+        result.timings["total_s"] = total_seconds
         if checkpoints is not None and finished[member]:
             checkpoints[member].unlink(missing_ok=True)
 

@@ -209,7 +209,7 @@ class InProcessBackend:
     progress bars and Ctrl-C as in any Python call of ``execute_runs``)."""
 
     def __init__(self, options: RuntimeOptions) -> None:
-        from che_bench.run.runner import resolve_device
+        from che_bench.run.device import resolve_device
 
         self.options = options
         self.on_gpu = resolve_device(options.device).type == "cuda"
@@ -256,7 +256,7 @@ class LocalBackend:
     between them); results travel back to the sweep process."""
 
     def __init__(self, workers: int, options: RuntimeOptions | None = None) -> None:
-        from che_bench.run.runner import resolve_device
+        from che_bench.run.device import resolve_device
 
         options = options or RuntimeOptions()
         self.workers = workers
