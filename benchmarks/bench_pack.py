@@ -37,7 +37,7 @@ import time
 import numpy as np
 import torch
 
-from che_bench.checks.selftest import peak_memory_bytes, synchronize
+from che_bench.checks.speed import peak_memory_bytes, synchronize
 from che_bench.config import make_config
 from che_bench.eval.evaluation import length_accuracies, use_evaluation_budget
 from che_bench.run.device import configure_numerics, describe_device, resolve_device

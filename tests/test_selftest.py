@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from che_bench.checks import selftest
+from che_bench.checks import selftest, speed
 from che_bench.cli import main
 from che_bench.encodings import get_encoding_class
 
@@ -38,7 +38,7 @@ def test_agreement_passes_on_cpu_and_catches_a_different_device(two_encodings, m
 
 def test_selftest_command_writes_every_check_and_labels_estimates(two_encodings, tmp_path, capsys,
                                                                   monkeypatch):
-    monkeypatch.setattr(selftest, "SPEED_PRESET", "smoke")  # (d) times a tiny model here
+    monkeypatch.setattr(speed, "SPEED_PRESET", "smoke")  # (d) times a tiny model here
     report_path = tmp_path / "selftest.json"
     assert main(["selftest", "--device", "cpu", "--quick", "--json", str(report_path)]) == 0
     report = json.loads(report_path.read_text())

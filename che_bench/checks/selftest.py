@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import math
 import platform
-import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,17 +31,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from che_bench.checks.speed import TASK, Measurement, measure_speed
 from che_bench.config import RunConfig, make_config
 from che_bench.encodings import list_encodings
 from che_bench.model.encoder import Encoder, build_model, stack_members
 from che_bench.run.device import configure_numerics, prepare_deterministic_cublas
-from che_bench.run.packing import AUTO, resolve_width
 from che_bench.run.runner import build_pack_model, software_versions
 from che_bench.settings import BY_NAME
 from che_bench.train.loop import train_pack
 from che_bench.train.metrics import token_loss
-from che_bench.train.optimizer import PackOptimizer
-from che_bench.train.step import micro_batches_for, projected_modules, training_step
 
 #: Relative error (``relative_error``) allowed between float32 logits / gradients computed by
 #: two implementations or devices (TF32 off): rounding differences only.
@@ -51,12 +48,6 @@ GRADIENT_TOLERANCE = 1e-3
 #: Largest difference, in nats, allowed between two loss curves over 100 steps.
 LOSS_TOLERANCE = 0.05
 KERNELS = (None, 1, 3)
-PAPER_STEPS = BY_NAME["steps"].default_for("paper")
-#: Runs of one table cell in the published protocol: 10 seeds x 3 learning rates.
-RUNS_PER_CELL = 30
-TASK = "reverse_string"
-#: The preset whose model (d) times: the paper's.
-SPEED_PRESET = "paper"
 
 
 @dataclass
@@ -75,17 +66,6 @@ class Case:
     @property
     def passed(self) -> bool:
         return math.isfinite(self.measured) and self.measured <= self.tolerance
-
-
-@dataclass
-class Measurement:
-    """A figure of (d): ``kind`` is "measured" or "estimate"."""
-
-    name: str
-    value: float
-    unit: str
-    kind: str
-    note: str = ""
 
 
 @dataclass
@@ -341,98 +321,6 @@ def check_determinism(device: torch.device, quick: bool, steps: int = 20) -> lis
     return [
         Case("e", subject, "losses", loss_gap, 0.0, "largest difference"),
         Case("e", subject, "weights", weight_gap, 0.0, "largest difference"),
-    ]
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (a no-op on a CPU), so that timings are whole."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak tensor memory on a GPU; on a CPU the process's peak resident set."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
-def step_seconds(configs: Sequence[RunConfig], device: torch.device, repeats: int) -> float:
-    """Median seconds of one training step of the pack ``configs`` at n = 40 (after one
-    warm-up step)."""
-    task = configs[0].build_task()
-    model = build_pack_model(task, configs).to(device).train()
-    optimizer = PackOptimizer(
-        model,
-        [c.lr for c in configs],
-        configs[0].adam_betas,
-        configs[0].adam_eps,
-        configs[0].grad_clip_norm,
-    )
-    projected = projected_modules(model)
-    rngs = [np.random.default_rng(config.data_seed) for config in configs]
-    samples = [task.sample(configs[0].train_max_length, configs[0].batch_size, rng) for rng in rngs]
-    inputs = torch.from_numpy(np.stack([s.inputs for s in samples])).to(device)
-    targets = torch.from_numpy(np.stack([s.targets for s in samples])).to(device)
-    micro_batches = micro_batches_for(len(configs), device)
-    times = []
-    for _ in range(repeats + 1):
-        synchronize(device)
-        started = time.perf_counter()
-        training_step(model, optimizer, inputs, targets, projected, micro_batches)
-        synchronize(device)
-        times.append(time.perf_counter() - started)
-    return float(np.median(times[1:]))
-
-
-def measure_speed(device: torch.device, quick: bool) -> list[Measurement]:
-    """(d) paper-size step times at n = 40, peak memory, and estimates of a paper run and a
-    table cell (training only: 200k steps at the longest length bound it from above)."""
-    pe, kernel = ("kerple", None) if quick else ("kerple", 3)
-    label = f"{TASK}, {pe}{'' if kernel is None else f' + DAPE k={kernel}'}"
-    single = [make_config(TASK, pe, kernel, SPEED_PRESET, seed=0, length_seed=0)]
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    repeats = 2 if quick else 10
-    one = step_seconds(single, device, repeats)
-    width = resolve_width(AUTO, single[0], device)
-    pack = [
-        make_config(TASK, pe, kernel, SPEED_PRESET, seed=seed, length_seed=0)
-        for seed in range(width)
-    ]
-    wide = one if width == 1 else step_seconds(pack, device, repeats)
-    packs_per_cell = math.ceil(RUNS_PER_CELL / width)
-    return [
-        Measurement(
-            f"step, one run ({label}, batch {single[0].batch_size}, "
-            f"n = {single[0].train_max_length})",
-            1e3 * one,
-            "ms",
-            "measured",
-        ),
-        Measurement(f"step, --pack auto = {width} runs", 1e3 * wide, "ms", "measured"),
-        Measurement(
-            "peak memory",
-            peak_memory_bytes(device) / 2**30,
-            "GiB",
-            "measured",
-            "tensors on a GPU; on a CPU the process's peak resident set",
-        ),
-        Measurement(
-            "one paper run, training",
-            PAPER_STEPS * one / 3600,
-            "h",
-            "estimate",
-            f"{PAPER_STEPS:,} steps x the step at n = 40 (an upper bound); evaluation not included",
-        ),
-        Measurement(
-            f"one table cell ({RUNS_PER_CELL} runs), training",
-            packs_per_cell * PAPER_STEPS * wide / 3600,
-            "h",
-            "estimate",
-            f"{packs_per_cell} pack(s) of <= {width} one after another, "
-            f"{PAPER_STEPS:,} steps each; evaluation not included",
-        ),
     ]
 
 

@@ -1,4 +1,5 @@
-"""Exports of the result store as data frames: one row per run, per length, or per history\nrow (``che-bench export``)."""
+"""Exports of the result store as data frames: one row per run, per length, or per history
+row (``che-bench export``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""How a stored run is labelled everywhere (table columns, curves, exports, the report): its\nencoding (with DAPE and '(causal)'), its task's level and chance, its settings."""
+"""How a stored run is labelled everywhere (table columns, curves, exports, the report): its
+encoding (with DAPE and '(causal)'), its task's level and chance, its settings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The published reference table (DAPE V2, Table 6) and how a run's protocol differs from\nthe paper's."""
+"""The published reference table (DAPE V2, Table 6) and how a run's protocol differs from
+the paper's."""
 
 from __future__ import annotations
 

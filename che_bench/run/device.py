@@ -1,4 +1,5 @@
-"""The device a run computes on: choosing and describing it, and the numerics it is set to\n(TF32, deterministic algorithms, cuBLAS's workspace)."""
+"""The device a run computes on: choosing and describing it, and the numerics it is set to
+(TF32, deterministic algorithms, cuBLAS's workspace)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""What the step loop measured, kept on the device until read: losses, accuracy counts and\ngradient norms per member, the running values shown while training, divergence, and the\ntraining history's rows."""
+"""What the step loop measured, kept on the device until read: losses, accuracy counts and
+gradient norms per member, the running values shown while training, divergence, and the
+training history's rows."""
 
 from __future__ import annotations
 
