@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from che_bench.commands.common import add_store_argument
-from che_bench.commands.reports import existing_store
+from che_bench.commands.common import add_store_argument, existing_store
 from che_bench.errors import CheBenchError
 
 

@@ -174,3 +174,16 @@ def writable_directory(path: Path, what: str) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise CheBenchError(f"{what} {path} is not writable")
     return path
+
+
+def existing_store(path: str | None, *, for_writing: bool = False):
+    """Open an existing store, read-only unless ``for_writing`` (reading never modifies it);
+    a missing file is an error rather than a new empty store."""
+    from che_bench.store.result_store import ResultStore, default_store_path
+
+    resolved = Path(path) if path else default_store_path()
+    if not resolved.exists():
+        raise CheBenchError(
+            f"no result store at {resolved} (run `che-bench run` first or pass --store)"
+        )
+    return ResultStore(resolved, read_only=not for_writing)

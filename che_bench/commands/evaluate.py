@@ -13,10 +13,10 @@ from che_bench.commands.common import (
     add_samples_arguments,
     add_store_argument,
     check_samples_arguments,
+    existing_store,
     runtime_options_from_args,
     use_threads,
 )
-from che_bench.commands.reports import existing_store
 from che_bench.errors import CheBenchError
 
 #: Above this many times the run's own evaluation, the estimated cost is stated first ...
