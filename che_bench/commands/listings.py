@@ -10,6 +10,24 @@ from che_bench.commands.common import add_store_argument, existing_store
 from che_bench.store.run_prefixes import resolve_run_ids
 
 
+#: The columns of ``che-bench runs``.
+RUN_COLUMNS = (
+    "run id",
+    "task",
+    "encoding",
+    "seed",
+    "lr",
+    "steps",
+    "preset",
+    "status",
+    "score %",
+    "in-dist. %",
+    "learned",
+    "model",
+    "finished / error",
+)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """``runs`` and ``evaluations``: what the store holds."""
     runs = subparsers.add_parser("runs", help="list the store's runs and their status")
@@ -47,21 +65,7 @@ def runs_command(args: argparse.Namespace) -> int:
     models_dir = models_dir_for(store.path)
     table = Table(title=f"runs in {store.path}")
     numeric = {"seed", "lr", "steps", "score %", "in-dist. %"}
-    for column in (
-        "run id",
-        "task",
-        "encoding",
-        "seed",
-        "lr",
-        "steps",
-        "preset",
-        "status",
-        "score %",
-        "in-dist. %",
-        "learned",
-        "model",
-        "finished / error",
-    ):
+    for column in RUN_COLUMNS:
         table.add_column(
             column,
             justify="right" if column in numeric else "left",

@@ -68,6 +68,13 @@ def register(subparsers) -> None:
         metavar="N",
         help="start at most N of the runs still to do",
     )
+    _add_ray_arguments(parser)
+    add_no_progress_argument(parser)
+    parser.set_defaults(handler=run_sweep_command)
+
+
+def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    """The Ray backend's flags: the cluster and each task's resources."""
     parser.add_argument(
         "--address",
         default=None,
@@ -90,8 +97,6 @@ def register(subparsers) -> None:
         "allowed (default on a cluster with GPUs: a run the suite's "
         "[resources] or 0.25, a pack 1; else 0)",
     )
-    add_no_progress_argument(parser)
-    parser.set_defaults(handler=run_sweep_command)
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:

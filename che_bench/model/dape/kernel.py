@@ -219,19 +219,7 @@ def _member_backward(
     chunks = _cache_chunks(content, width)
     buffers = _ChunkBuffers(content, chunks, **(kept or {}))
     for chunk in chunks:
-        if kept is not None:
-            windows = buffers.kept("windows", kernel * heads, chunk)
-            hidden = buffers.kept("hidden", width, chunk)
-        else:
-            windows, hidden = _first_layer(
-                content,
-                chunk,
-                kernel,
-                conv1,
-                addend,
-                buffers.scratch("windows", kernel * heads, chunk),
-                buffers.scratch("hidden", width, chunk),
-            )
+        windows, hidden = _hidden_maps(buffers, kept is not None, content, chunk, conv1, addend)
         grad_windows = _key_windows(  # shared by two products
             grad[chunk.batch, :, chunk.rows],
             kernel,
@@ -263,6 +251,31 @@ def _member_backward(
         )
     grad_weight2 = grad_conv2.view(kernel, heads, width).flip(0).permute(1, 2, 0)
     return grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2
+
+
+def _hidden_maps(
+    buffers: _ChunkBuffers,
+    kept: bool,
+    content: torch.Tensor,
+    chunk: _Chunk,
+    conv1: torch.Tensor,
+    addend: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chunk's im2col matrix and hidden map for the backward: the forward's, when kept,
+    else recomputed (``conv1`` is ``[D, k*H]``, the first convolution's content part)."""
+    width, taps = conv1.shape
+    if kept:
+        return buffers.kept("windows", taps, chunk), buffers.kept("hidden", width, chunk)
+    kernel = taps // content.shape[1]
+    return _first_layer(
+        content,
+        chunk,
+        kernel,
+        conv1,
+        addend,
+        buffers.scratch("windows", taps, chunk),
+        buffers.scratch("hidden", width, chunk),
+    )
 
 
 def _bias_gradients(
