@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import html
 import json
-import shlex
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +25,15 @@ import pandas as pd
 from che_bench.errors import CheBenchError
 from che_bench.reports.export import curves_frame
 from che_bench.reports.labels import labelled_runs, run_encoding_label
-from che_bench.reports.page import page_html
+from che_bench.reports.page import escaped, page_html
 from che_bench.reports.paper import paper_table_or_none
+from che_bench.reports.reproduce import CommandLine, page_command, reproduce_html
 from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
 from che_bench.reports.tables import METRIC_NOTES, display_table
 from che_bench.reports.unregistered import task_names
 from che_bench.store.reads import ORIGINAL, describe_protocol
 from che_bench.store.result_store import ResultStore
 
-#: Up to this many runs, the page lists one ``che-bench run`` command per run.
-MAX_RUN_COMMANDS = 10
-#: ``che-bench run`` arguments that recreate a run from its stored config and id, or None.
-CommandLine = Callable[[dict[str, Any], str], "list[str] | None"]
 #: At most this many table cells get a training-curves figure (the page stays a few MB).
 MAX_CURVE_FIGURES = 48
 
@@ -97,8 +92,6 @@ def render_report(
     run_id)`` gives the ``che-bench run`` arguments that recreate a run (None: no such
     command); the command line provides it (``che_bench.commands.command_lines``), since
     only it knows its own flags. Without it the page lists no per-run commands."""
-    from che_bench.reports.plots import plot_data, task_labels, task_panel_png
-
     runs, title = select_runs(store, suite=suite, tasks=tasks, run_ids=run_ids)
     ids = list(runs["run_id"])
     evaluated = store.runs(ids, evaluation)
@@ -108,19 +101,13 @@ def render_report(
     table, notes = display_table(
         store, run_ids=ids, compare=compare, evaluation=evaluation, metric=metric
     )
-    figures = []
-    if not table.empty:
-        plotted, curves = plot_data(store, run_ids=ids, evaluation=evaluation, metric=metric)
-        # In the table's row order (by level, then the paper's task order).
-        panels = set(task_labels(plotted))
-        labels = [task for _, task, _ in table.index if task in panels]
-        figures = [(label, task_panel_png(plotted, curves, label)) for label in labels]
+    figures = _length_figures(store, table, ids, evaluation, metric)
     shown = _shown_evaluation(evaluated, evaluation)
     sections = [
-        f"<h1>che-bench report: {_e(title)}</h1>",
-        f"<p>Store <code>{_e(store.path)}</code>, generated "
-        f"{dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. Scores: {_e(shown)}; "
-        f"{_e(METRIC_NOTES[metric])}.</p>",
+        f"<h1>che-bench report: {escaped(title)}</h1>",
+        f"<p>Store <code>{escaped(store.path)}</code>, generated "
+        f"{dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. Scores: {escaped(shown)}; "
+        f"{escaped(METRIC_NOTES[metric])}.</p>",
         "<h2>Table</h2>",
         _table_html(table, notes),
         "<h2>Did the models learn the training lengths?</h2>",
@@ -134,16 +121,31 @@ def render_report(
         "<h2>What ran</h2>",
         _what_ran_html(store, runs, evaluation),
         "<h2>Reproduce</h2>",
-        _reproduce_html(
+        reproduce_html(
             store,
             runs,
             suite,
             shown,
             command_line,
-            _page_command(store, suite, tasks, run_ids, evaluation, metric, out),
+            page_command(store, suite, tasks, run_ids, evaluation, metric, out),
         ),
     ]
     return page_html(f"che-bench report: {title}", sections)
+
+
+def _length_figures(
+    store: ResultStore, table: pd.DataFrame, ids: list[str], evaluation: str, metric: str
+) -> list[tuple[str, bytes]]:
+    """One accuracy-against-length figure per task of ``table``, in its row order (by level,
+    then the paper's task order)."""
+    from che_bench.reports.plots import plot_data, task_labels, task_panel_png
+
+    if table.empty:
+        return []
+    plotted, curves = plot_data(store, run_ids=ids, evaluation=evaluation, metric=metric)
+    panels = set(task_labels(plotted))
+    labels = [task for _, task, _ in table.index if task in panels]
+    return [(label, task_panel_png(plotted, curves, label)) for label in labels]
 
 
 def write_report(store: ResultStore, out: str | Path, **selection: Any) -> Path:
@@ -156,11 +158,6 @@ def write_report(store: ResultStore, out: str | Path, **selection: Any) -> Path:
     except OSError as exc:
         raise CheBenchError(f"cannot write report {out}: {exc.strerror or exc}") from None
     return out
-
-
-def _e(value: Any) -> str:
-    """HTML-escaped text of any value (every string from the store goes through here)."""
-    return html.escape(str(value), quote=True)
 
 
 def _shown_evaluation(evaluated: pd.DataFrame, evaluation: str) -> str:
@@ -176,19 +173,19 @@ def _table_html(table: pd.DataFrame, notes: list[str]) -> str:
     frame = table.reset_index().rename(columns={"chance": "chance %"})
     text_columns = {"level", "task"}
     header = "".join(
-        f'<th class="{"text" if column in text_columns else "num"}">{_e(column)}</th>'
+        f'<th class="{"text" if column in text_columns else "num"}">{escaped(column)}</th>'
         for column in frame.columns
     )
     rows = [
         "<tr>"
         + "".join(
-            f'<td class="{"text" if column in text_columns else "num"}">{_e(value)}</td>'
+            f'<td class="{"text" if column in text_columns else "num"}">{escaped(value)}</td>'
             for column, value in zip(frame.columns, row)
         )
         + "</tr>"
         for row in frame.itertuples(index=False)
     ]
-    notes_html = "".join(f"<li>{_e(note)}</li>" for note in notes)
+    notes_html = "".join(f"<li>{escaped(note)}</li>" for note in notes)
     return (
         f'<div class="wide"><table id="che-table"><thead><tr>{header}</tr></thead>'
         f'<tbody>{"".join(rows)}</tbody></table></div>\n<ul class="notes">{notes_html}</ul>'
@@ -199,7 +196,7 @@ def _figure_html(label: str, png: bytes, what: str, size: tuple[int, int] = (600
     data = base64.b64encode(png).decode("ascii")
     return (
         f'<figure><img src="data:image/png;base64,{data}" width="{size[0]}" '
-        f'height="{size[1]}" alt="{_e(what)}, {_e(label)}"></figure>'
+        f'height="{size[1]}" alt="{escaped(what)}, {escaped(label)}"></figure>'
     )
 
 
@@ -215,12 +212,12 @@ def _stuck_html(store: ResultStore, runs: pd.DataFrame) -> str:
     if flagged.empty:
         return (
             f'<p id="stuck">None of the {len(stuck)} runs with a training history is stuck '
-            f"({_e(STUCK_TEXT)}).</p>"
+            f"({escaped(STUCK_TEXT)}).</p>"
         )
     rows = "".join(
-        f'<tr><td class="text">{_e(run.run_id)}</td><td class="text">{_e(run.task)}</td>'
-        f'<td class="text">{_e(run_encoding_label(run.config))}</td>'
-        f'<td class="num">{_e(run.seed)}</td><td class="num">{run.lr:g}</td>'
+        f'<tr><td class="text">{escaped(run.run_id)}</td><td class="text">{escaped(run.task)}</td>'
+        f'<td class="text">{escaped(run_encoding_label(run.config))}</td>'
+        f'<td class="num">{escaped(run.seed)}</td><td class="num">{run.lr:g}</td>'
         + "".join(
             f'<td class="num">{100 * value:.2f}</td>'
             for value in (run.final_accuracy, run.baseline_accuracy, run.margin)
@@ -229,7 +226,7 @@ def _stuck_html(store: ResultStore, runs: pd.DataFrame) -> str:
         for run in flagged.itertuples(index=False)
     )
     return (
-        f'<p id="stuck">Stuck: {len(flagged)} of {len(stuck)} runs: {_e(STUCK_TEXT)}.</p>\n'
+        f'<p id="stuck">Stuck: {len(flagged)} of {len(stuck)} runs: {escaped(STUCK_TEXT)}.</p>\n'
         '<div class="wide"><table id="stuck-runs"><thead><tr><th class="text">run id</th>'
         '<th class="text">task</th><th class="text">encoding</th><th>seed</th><th>lr</th>'
         "<th>final training accuracy %</th><th>input-blind guess %</th><th>margin %</th></tr>"
@@ -305,7 +302,7 @@ def _learning_html(evaluated: pd.DataFrame) -> str:
         .reset_index()
     )
     rows = "".join(
-        f'<tr><td class="text">{_e(cell.task_label)}</td><td class="text">{_e(cell.column)}</td>'
+        f'<tr><td class="text">{escaped(cell.task_label)}</td><td class="text">{escaped(cell.column)}</td>'
         f'<td class="num">{100 * cell.mean:.2f}</td><td class="num">{100 * cell.min:.2f}</td>'
         f'<td class="num">{cell.size}</td></tr>'
         for cell in cells.itertuples(index=False)
@@ -329,7 +326,7 @@ def _learning_html(evaluated: pd.DataFrame) -> str:
             "position-blind model where the task defines one)."
         )
     return (
-        f'<p id="learning">{_e(verdict)}</p>\n<div class="wide"><table id="in-distribution">'
+        f'<p id="learning">{escaped(verdict)}</p>\n<div class="wide"><table id="in-distribution">'
         '<thead><tr><th class="text">task</th><th class="text">column</th>'
         "<th>in-distribution % (mean)</th><th>min</th><th>runs</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></div>"
@@ -370,14 +367,14 @@ def _what_ran_html(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> s
                 f"{started} started runs have no result (interrupted, or still running)",
             )
         )
-    listing = "".join(f"<li><b>{_e(name)}</b>: {_e(value)}</li>" for name, value in items)
+    listing = "".join(f"<li><b>{escaped(name)}</b>: {escaped(value)}</li>" for name, value in items)
     failed = runs[runs["status"] == "failed"]
     if failed.empty:
         return f"<ul>{listing}</ul>"
     rows = "".join(
-        f'<tr><td class="text">{_e(run.run_id)}</td><td class="text">{_e(run.task)}</td>'
-        f'<td class="text">{_e(run_encoding_label(run.config))}</td>'
-        f'<td class="num">{_e(run.seed)}</td><td class="text">{_e(run.error)}</td></tr>'
+        f'<tr><td class="text">{escaped(run.run_id)}</td><td class="text">{escaped(run.task)}</td>'
+        f'<td class="text">{escaped(run_encoding_label(run.config))}</td>'
+        f'<td class="num">{escaped(run.seed)}</td><td class="text">{escaped(run.error)}</td></tr>'
         for run in failed.itertuples(index=False)
     )
     return (
@@ -385,81 +382,3 @@ def _what_ran_html(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> s
         '<th class="text">run id</th><th class="text">task</th><th class="text">encoding</th>'
         f'<th>seed</th><th class="text">error</th></tr></thead><tbody>{rows}</tbody></table></div>'
     )
-
-
-def _reproduce_html(
-    store: ResultStore,
-    runs: pd.DataFrame,
-    suite: str | None,
-    shown: str,
-    command_line: CommandLine | None,
-    page_command: list[str],
-) -> str:
-    """The commands that rerun the selection, and ``page_command``, which rebuilds this page
-    (its scores are those of ``shown``)."""
-    store_args = ["--store", str(store.path)]
-    parts = []
-    if suite is not None:
-        from che_bench.run.suites import resolve_suite_path
-
-        parts.append(
-            _pre([shlex.join(["che-bench", "sweep", str(resolve_suite_path(suite)), *store_args])])
-        )
-    elif command_line is not None and len(runs) <= MAX_RUN_COMMANDS:
-        commands, inexpressible = [], []
-        for run in runs.itertuples(index=False):
-            argv = command_line(json.loads(run.config), run.run_id)
-            if argv is None:
-                inexpressible.append(run.run_id)
-            else:
-                commands.append(shlex.join(["che-bench", *argv, *store_args]))
-        parts.append(_pre(commands) if commands else "")
-        if inexpressible:
-            parts.append(
-                f"<p>Runs {_e(', '.join(inexpressible))} use settings that "
-                "<code>che-bench run</code> has no flag for; their full configurations "
-                "are in the store (<code>che-bench export</code>, column "
-                "<code>run_id</code>).</p>"
-            )
-    else:
-        parts.append(
-            f"<p>{len(runs)} runs: too many to list one <code>che-bench run</code> "
-            "command each. Their full configurations are in the store; a suite file "
-            "(see <code>tasks/</code>) with <code>che-bench sweep</code> reruns such "
-            "a grid.</p>"
-        )
-    if "--evaluation" in page_command:
-        parts.append(
-            f"<p>The scores are those of {_e(shown)}: re-evaluate the kept models under "
-            "that protocol before rebuilding this page.</p>"
-        )
-    parts.append("<p>This page:</p>" + _pre([shlex.join(page_command)]))
-    return "\n".join(part for part in parts if part)
-
-
-def _page_command(
-    store: ResultStore,
-    suite: str | None,
-    tasks: Iterable[str] | None,
-    run_ids: Iterable[str] | None,
-    evaluation: str,
-    metric: str,
-    out: str | Path,
-) -> list[str]:
-    """The ``che-bench report`` command line that rebuilds this page into ``out``."""
-    report = ["che-bench", "report"]
-    if suite is not None:
-        report += ["--suite", str(suite)]
-    for task in tasks or ():
-        report += ["--task", str(task)]
-    if run_ids is not None:
-        report += ["--run", *map(str, run_ids)]
-    if evaluation != ORIGINAL:
-        report += ["--evaluation", evaluation]
-    if metric != "token":
-        report += ["--metric", metric]
-    return [*report, "--store", str(store.path), "--out", str(out)]
-
-
-def _pre(lines: list[str]) -> str:
-    return "<pre>" + "\n".join(_e(line) for line in lines) + "</pre>"

@@ -56,3 +56,8 @@ def page_html(title: str, sections: list[str]) -> str:
         + "\n".join(sections)
         + "\n</body>\n</html>\n"
     )
+
+
+def escaped(value: object) -> str:
+    """HTML-escaped text of any value (every string from the store goes through here)."""
+    return html.escape(str(value), quote=True)
