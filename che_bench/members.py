@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +35,10 @@ def init_members_(parameter: torch.Tensor, init: Callable[[torch.Tensor], object
             init(member)
 
 
-def load_member_states(pack: nn.Module, models: Sequence[nn.Module]) -> nn.Module:
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def load_member_states(pack: ModuleT, models: Sequence[nn.Module]) -> ModuleT:
     """``pack`` (built alike for all their members) with the weights of ``models`` side by
     side, in order."""
     states = [model.state_dict() for model in models]
@@ -64,7 +68,9 @@ class MemberLinear(nn.Module):
             raise ValueError(f"init must be one of {INITS}, got {init!r}")
         self.fan_in, self.fan_out = fan_in, fan_out
         self.weight = nn.Parameter(torch.empty(members, fan_out, fan_in))
-        self.bias = nn.Parameter(torch.empty(members, fan_out)) if bias else None
+        self.bias: nn.Parameter | None = (
+            nn.Parameter(torch.empty(members, fan_out)) if bias else None
+        )
         bound = 1 / math.sqrt(fan_in)
         if init == "haiku":
             init_members_(self.weight, lambda w: truncated_normal_(w, bound))
@@ -74,6 +80,12 @@ class MemberLinear(nn.Module):
             init_members_(self.weight, lambda w: nn.init.kaiming_uniform_(w, a=math.sqrt(5)))
             if self.bias is not None:
                 init_members_(self.bias, lambda b: nn.init.uniform_(b, -bound, bound))
+
+    def bias_parameter(self) -> nn.Parameter:
+        """The bias of a map built with one."""
+        if self.bias is None:
+            raise ValueError("this map was built without a bias")
+        return self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(x.shape[0], -1, self.fan_in)

@@ -16,7 +16,7 @@ import torch
 
 from che_bench.errors import CheBenchError
 from che_bench.members import load_member_states
-from che_bench.model.recurrent.base import RecurrentModel, positive_int
+from che_bench.model.recurrent.base import Cell, Memory, RecurrentModel, positive_int
 from che_bench.model.recurrent.rnn import CELLS
 from che_bench.model.recurrent.stack_rnn import StackMemory
 from che_bench.model.recurrent.tape_rnn import TapeMemory
@@ -95,7 +95,7 @@ def _settings(name: str, options: dict[str, Any]) -> dict[str, Any]:
     return settings
 
 
-def _memory(kind: str | None, members: int, settings: dict[str, Any]):
+def _memory(kind: str | None, members: int, settings: dict[str, Any]) -> Memory | None:
     hidden = settings["hidden_size"]
     if kind == "stack":
         return StackMemory(members, hidden, settings["stack_cell_size"], settings["stack_size"])
@@ -121,7 +121,9 @@ def build_recurrent(name: str, task: Task, *, members: int = 1, **options: Any) 
     extra = 0 if memory is None else memory.width
     # CHE experiments/utils.py make_model_with_empty_targets: one-hot of input_size + 1
     # classes, the empty output positions being class input_size.
-    cell = CELLS[architecture.cell](members, task.input_size + 1, extra, settings["hidden_size"])
+    cell: Cell = CELLS[architecture.cell](
+        members, task.input_size + 1, extra, settings["hidden_size"]
+    )
     sizes = {
         key: value for key, value in settings.items() if key not in ("memory_budget_bytes", "fused")
     }

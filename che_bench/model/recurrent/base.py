@@ -18,7 +18,7 @@ pass computes once), ``initial(members, batch, like)``, ``read(memory)`` and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -28,6 +28,43 @@ from che_bench.members import MemberLinear
 from che_bench.tasks.base import Task
 
 FLOAT_BYTES = 4
+
+
+class Cell(Protocol):
+    """The cell's contract (see the module docstring)."""
+
+    hidden_size: int
+    gate_size: int
+
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def initial_state(self, members: int, batch: int, like: torch.Tensor) -> Any: ...
+
+    def hidden(self, state: Any) -> torch.Tensor: ...
+
+    def update(self, pre: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]: ...
+
+
+class FusedCell(Cell, Protocol):
+    """A cell torch has a fused kernel for (the lstm's)."""
+
+    def fused_unroll(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+
+class Memory(Protocol):
+    """The memory's contract (see the module docstring)."""
+
+    width: int
+
+    def state_floats(self) -> int: ...
+
+    def plan(self, input_tokens: int) -> Any: ...
+
+    def initial(self, members: int, batch: int, like: torch.Tensor) -> torch.Tensor: ...
+
+    def read(self, memory: torch.Tensor) -> torch.Tensor: ...
+
+    def write(self, memory: torch.Tensor, h: torch.Tensor, plan: Any) -> torch.Tensor: ...
 
 
 def positive_int(name: str, value: object) -> int:
@@ -50,7 +87,7 @@ def output_positions(task: Task, input_tokens: int) -> tuple[int, int]:
 
 
 def unroll(
-    cell: nn.Module, memory: nn.Module | None, tokens: torch.Tensor, input_tokens: int, read: int
+    cell: Cell, memory: Memory | None, tokens: torch.Tensor, input_tokens: int, read: int
 ) -> torch.Tensor:
     """The cell's outputs ``h`` at the last ``read`` steps, ``[M, B, read, H]``, for token ids
     ``tokens [M, B, T]``: per step one row lookup and one batched product over members."""
@@ -59,7 +96,7 @@ def unroll(
     member_rows = torch.arange(members, device=tokens.device)[:, None]
     state = cell.initial_state(members, batch, table)
     plan = memory.plan(input_tokens) if memory is not None else None
-    stored = memory.initial(members, batch, table) if memory is not None else None
+    stored = memory.initial(members, batch, table) if memory is not None else table.new_zeros(0)
     outputs = []
     for step in range(steps):
         fed_back = cell.hidden(state)
@@ -88,8 +125,8 @@ class RecurrentModel(nn.Module):
     def __init__(
         self,
         task: Task,
-        cell: nn.Module,
-        memory: nn.Module | None,
+        cell: Cell,
+        memory: Memory | None,
         *,
         architecture: str,
         members: int,
@@ -192,7 +229,7 @@ class RecurrentModel(nn.Module):
 
     def _hidden_outputs(self, tokens: torch.Tensor, input_tokens: int, read: int) -> torch.Tensor:
         if self.fused and self.members == 1 and not torch.is_grad_enabled():
-            outputs = self.cell.fused_unroll(tokens[0])
+            outputs = cast(FusedCell, self.cell).fused_unroll(tokens[0])
             return outputs[None, :, outputs.shape[1] - read :]
         return unroll(self.cell, self.memory, tokens, input_tokens, read)
 

@@ -46,7 +46,7 @@ class VanillaCell(nn.Module):
     def weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(token rows ``[M, V, H]`` with both biases, weight of ``[extra, h]`` ``[M, E+H, H]``)."""
         w_input, w_hidden = self.input_to_hidden.weight, self.hidden_to_hidden.weight
-        bias = self.input_to_hidden.bias + self.hidden_to_hidden.bias
+        bias = self.input_to_hidden.bias_parameter() + self.hidden_to_hidden.bias_parameter()
         table = w_input[:, :, : self.tokens].transpose(1, 2) + bias[:, None]
         recurrent = torch.cat([w_input[:, :, self.tokens :], w_hidden], dim=2).transpose(1, 2)
         return table, recurrent
@@ -66,6 +66,9 @@ class LSTMCell(nn.Module):
     """hk.LSTM for ``members`` models: ``tokens`` one-hot classes plus ``extra`` inputs ->
     ``hidden_size``; state (h, c)."""
 
+    forget_offset: torch.Tensor
+    to_torch_order: torch.Tensor
+
     def __init__(self, members: int, tokens: int, extra: int, hidden_size: int) -> None:
         super().__init__()
         self.tokens, self.hidden_size, self.gate_size = tokens, hidden_size, 4 * hidden_size
@@ -82,7 +85,7 @@ class LSTMCell(nn.Module):
     def weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(token rows ``[M, V, 4H]`` with bias and forget offset, weight of ``[extra, h]``
         ``[M, E+H, 4H]``)."""
-        weight, bias = self.gates.weight, self.gates.bias + self.forget_offset
+        weight, bias = self.gates.weight, self.gates.bias_parameter() + self.forget_offset
         table = weight[:, :, : self.tokens].transpose(1, 2) + bias[:, None]
         return table, weight[:, :, self.tokens :].transpose(1, 2)
 
@@ -111,7 +114,7 @@ class LSTMCell(nn.Module):
         params = [
             weight[:, : self.tokens],
             weight[:, self.tokens :],
-            self.gates.bias[0, self.to_torch_order],
+            self.gates.bias_parameter()[0, self.to_torch_order],
             self.forget_offset[self.to_torch_order],
         ]
         h0 = one_hot.new_zeros(1, tokens.shape[0], self.hidden_size)
@@ -119,4 +122,4 @@ class LSTMCell(nn.Module):
         return outputs
 
 
-CELLS = {"rnn": VanillaCell, "lstm": LSTMCell}
+CELLS: dict[str, type[VanillaCell] | type[LSTMCell]] = {"rnn": VanillaCell, "lstm": LSTMCell}

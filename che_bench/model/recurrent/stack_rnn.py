@@ -55,7 +55,9 @@ class StackMemory(nn.Module):
     def plan(self, input_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Both read-outs of ``h`` as one map: (weight ``[M, H, cell + 3]``, bias ``[M, 1, .]``)."""
         weight = torch.cat([self.push_value.weight, self.actions.weight], dim=1).transpose(1, 2)
-        bias = torch.cat([self.push_value.bias, self.actions.bias], dim=1)[:, None]
+        bias = torch.cat([self.push_value.bias_parameter(), self.actions.bias_parameter()], dim=1)[
+            :, None
+        ]
         return weight, bias
 
     def initial(self, members: int, batch: int, like: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import pairwise
+from typing import cast
 
 import torch
 from torch import nn
@@ -68,9 +69,9 @@ class TapeMemory(nn.Module):
     def plan(self, input_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The two maps of ``h`` as one (weight ``[M, H, first + 5]``, bias ``[M, 1, .]``) and
         the moves' gathers at this input length."""
-        first = self.write_mlp[0]
+        first = cast(MemberLinear, self.write_mlp[0])
         weight = torch.cat([first.weight, self.actions.weight], dim=1).transpose(1, 2)
-        bias = torch.cat([first.bias, self.actions.bias], dim=1)[:, None]
+        bias = torch.cat([first.bias_parameter(), self.actions.bias_parameter()], dim=1)[:, None]
         return weight, bias, jump_indices(self.size, input_tokens, weight.device)
 
     def initial(self, members: int, batch: int, like: torch.Tensor) -> torch.Tensor:
