@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from che_bench.errors import CheBenchError
 
@@ -28,7 +29,7 @@ COMMAND_MODULES = (
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, no usage dump
         sys.stderr.write(f"che-bench: error: {message}\n")
         raise SystemExit(2)
 

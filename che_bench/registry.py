@@ -80,7 +80,8 @@ class Registry(Generic[Registered]):
         except CheBenchError:
             raise
         except ValueError as exc:
-            raise CheBenchError(f"{self.kind} {cls.name!r}: {one_line(exc)}") from None
+            name = getattr(cls, "name", cls.__name__)
+            raise CheBenchError(f"{self.kind} {name!r}: {one_line(exc)}") from None
 
     def origin(self, name: str) -> str | None:
         """The plugin that registered ``name`` (None: che-bench itself)."""

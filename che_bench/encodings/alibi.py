@@ -47,6 +47,9 @@ class ALiBiHook(AttentionHook):
     The bias then differs per member: ``[M, 1, H, R, T]`` instead of ``[1, 1, H, R, T]``.
     """
 
+    left_slopes: torch.Tensor
+    right_slopes: torch.Tensor
+
     def __init__(self, heads: int, mode: str) -> None:
         super().__init__()
         slopes = torch.tensor(alibi_slopes(heads))

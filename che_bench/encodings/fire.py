@@ -27,6 +27,8 @@ class FireHook(AttentionHook):
     current length.
     """
 
+    l0: torch.Tensor
+
     def __init__(self, heads: int, width: int, l0: float, members: int) -> None:
         super().__init__()
         self.mlp = nn.Sequential(

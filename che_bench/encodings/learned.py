@@ -59,7 +59,7 @@ class LearnedEncoding(PositionalEncoding):
 
     def embed(self, x: torch.Tensor, draws: Draws | None = None) -> torch.Tensor:
         length, rows = x.shape[-2], self.table.shape[1]
-        if draws is not None:  # positions [M, T]: member m reads its rows of its own table
+        if draws is not None and draws.embedding is not None:  # positions [M, T], own rows
             positions = draws.embedding
             rows_read = self.table.gather(1, positions[..., None].expand(-1, -1, self.dim))
         elif length > rows:

@@ -41,6 +41,8 @@ class RotaryHook(AttentionHook):
     rotated vectors then depend on ``i - j`` only. Randomized: the layer's sample of sorted
     positions ``[M, T]`` replaces ``0..T-1``, the same for q and k."""
 
+    theta: torch.Tensor
+
     def __init__(self, head_dim: int, base: float, pairing: str) -> None:
         super().__init__()
         exponents = torch.arange(head_dim // 2, dtype=torch.float64) * (2 / head_dim)

@@ -42,7 +42,7 @@ class SinCosEncoding(PositionalEncoding):
         self.resolved_options = {"max_time": max_time, "sin_cos_backward": sin_cos_backward}
 
     def embed(self, x: torch.Tensor, draws: Draws | None = None) -> torch.Tensor:
-        if draws is not None:  # positions [M, T] -> features [M, 1, T, D]
+        if draws is not None and draws.embedding is not None:  # positions [M, T] -> [M, 1, T, D]
             positions = draws.embedding[:, None]
         else:
             length = x.shape[-2]

@@ -57,18 +57,18 @@ def _members_attention(
     ``[B, M * H, ., d_h]``, so that a pack never falls back to the math path."""
     members, batch, heads, rows, head_dim = q.shape
     if mask is not None and mask.dim() == 5 and mask.shape[0] > 1:
-        folded = [
+        q, k, v = (
             x.transpose(0, 1).reshape(batch, members * heads, x.shape[-2], head_dim)
             for x in (q, k, v)
-        ]
+        )
         mask = mask.expand(members, mask.shape[1], heads, rows, mask.shape[-1])
         mask = mask.transpose(0, 1).reshape(mask.shape[1], members * heads, rows, mask.shape[-1])
-        out = F.scaled_dot_product_attention(*folded, attn_mask=_last_dim_contiguous(mask))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=_last_dim_contiguous(mask))
         return out.view(batch, members, heads, rows, head_dim).transpose(0, 1)
-    flat = [x.reshape(members * batch, heads, x.shape[-2], head_dim) for x in (q, k, v)]
+    q, k, v = (x.reshape(members * batch, heads, x.shape[-2], head_dim) for x in (q, k, v))
     mask = mask[0] if mask is not None and mask.dim() == 5 else mask
     out = F.scaled_dot_product_attention(
-        *flat, attn_mask=_last_dim_contiguous(mask), is_causal=is_causal
+        q, k, v, attn_mask=_last_dim_contiguous(mask), is_causal=is_causal
     )
     return out.view(members, batch, heads, rows, head_dim)
 

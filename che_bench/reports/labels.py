@@ -44,11 +44,10 @@ def run_encoding_label(config: str | Mapping[str, Any]) -> str:
     """The column name of a run's encoding, from its config (a dict or its stored JSON), as
     in the paper: ``Kerple``, ``DAPE_k1_Kerple``, ``DAPE_k3_Kerple``; ``Kerple (causal)`` for
     decoder-style attention (no published column). Every label of a run comes from here."""
-    if isinstance(config, str):
-        config = json.loads(config)
-    base = PAPER_ENCODING_LABELS.get(config["pe"], config["pe"])
-    label = base if config["kernel"] is None else f"DAPE_k{config['kernel']}_{base}"
-    return f"{label} (causal)" if config.get("causal", False) else label
+    fields: Mapping[str, Any] = json.loads(config) if isinstance(config, str) else config
+    base = PAPER_ENCODING_LABELS.get(fields["pe"], fields["pe"])
+    label = base if fields["kernel"] is None else f"DAPE_k{fields['kernel']}_{base}"
+    return f"{label} (causal)" if fields.get("causal", False) else label
 
 
 def _task_facts(name: str, params_json: str) -> tuple[str, float, str]:

@@ -47,7 +47,7 @@ class Task(abc.ABC):
     #: Number of target classes.
     output_size: int
     #: Smallest length the sampler accepts.
-    min_length: ClassVar[int] = 1
+    min_length: int = 1
     #: Largest length the sampler accepts (None: unbounded); set by tasks whose
     #: parameters cap it, e.g. the number of distinct keys of the recall probe.
     max_length: int | None = None

@@ -101,12 +101,12 @@ class MultiQueryAssociativeRecall(Task):
             self.min_length = self.length_per_pair
             self.max_length = (self.keys + 1) * self.length_per_pair - 1
         else:
-            if self.num_pairs > self.keys:
+            pairs = self.fixed_pairs()
+            if pairs > self.keys:
                 raise CheBenchError(
-                    f"task 'mqar': {self.num_pairs} pairs need vocab_size >= "
-                    f"{2 * self.num_pairs + 2}"
+                    f"task 'mqar': {pairs} pairs need vocab_size >= {2 * pairs + 2}"
                 )
-            self.min_length, self.max_length = 4 * self.num_pairs, None
+            self.min_length, self.max_length = 4 * pairs, None
 
     def params(self) -> dict:
         return {
@@ -136,7 +136,13 @@ class MultiQueryAssociativeRecall(Task):
         """D, the number of key-value pairs at length ``n``."""
         if self.axis == "pairs":
             return n
-        return self.num_pairs if self.length_per_pair is None else n // self.length_per_pair
+        return self.fixed_pairs() if self.length_per_pair is None else n // self.length_per_pair
+
+    def fixed_pairs(self) -> int:
+        """D of a task whose number of pairs does not follow the length (``num_pairs``)."""
+        if self.num_pairs is None:
+            raise CheBenchError("task 'mqar': its number of pairs follows the length")
+        return self.num_pairs
 
     def ceiling(self, n: int) -> float | None:
         """1/D with filler 0: from the bag of tokens alone the D context values are all a

@@ -94,12 +94,15 @@ def _start_worker(
         pass_fds=(lengths_read, out_write),
         env=environment,
     )
-    os.close(lengths_read), os.close(out_write)
+    os.close(lengths_read)
+    os.close(out_write)
     lengths, out = Connection(lengths_write, readable=False), Connection(out_read, writable=False)
     try:
         lengths.send((task, batch_size, states))
     except BrokenPipeError:  # it could not start (its error is on stderr)
-        lengths.close(), out.close(), process.wait()
+        lengths.close()
+        out.close()
+        process.wait()
         raise CheBenchError("a batch worker process died") from None
     return process, lengths, out
 
@@ -144,7 +147,10 @@ class BatchWorkers:
                     return
                 pending.popleft()
                 parts = [self._receive(index) for index in range(len(self._processes))]
-                arrays = tuple(np.concatenate([part[i] for part in parts]) for i in range(3))
+                inputs, targets, mask = (
+                    np.concatenate([part[i] for part in parts]) for i in range(3)
+                )
+                arrays = (inputs, targets, mask)
                 yield arrays, [state for part in parts for state in part[3]]
         finally:
             self.close()

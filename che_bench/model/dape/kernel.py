@@ -322,9 +322,7 @@ class ScoreFilter(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx, out, content, bias, weight1, bias1, weight2, grad_enabled
-    ):
+    def forward(ctx, out, content, bias, weight1, bias1, weight2, grad_enabled):
         members, width, kernel = weight1.shape[0], weight1.shape[1], weight1.shape[-1]
         heads, per_member_columns = content.shape[2], content[0, :, 0].numel()
         keep_floats = (width + kernel * heads) * per_member_columns
@@ -354,7 +352,7 @@ class ScoreFilter(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         content, bias, weight1, weight2, addends, kept_windows, kept_hidden = ctx.saved_tensors
         needs_content, needs_bias = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         members = weight1.shape[0]

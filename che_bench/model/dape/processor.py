@@ -159,7 +159,8 @@ class DapeProcessor(nn.Module):
             query = torch.arange(start, start + num_rows, device=scores.device)[:, None]
             future = torch.arange(length, device=scores.device) > query
             content = content.masked_fill(future, 0.0)
-            bias = bias.masked_fill(future, 0.0) if self.concat_bias else bias
+            if self.concat_bias and bias is not None:
+                bias = bias.masked_fill(future, 0.0)
 
         bias_channels = bias if self.concat_bias else None
         if self.uses_convolution(scores.device):
