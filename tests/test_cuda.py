@@ -12,7 +12,6 @@ import torch
 from che_bench.checks import selftest
 from che_bench.config import make_config
 from che_bench.encodings import list_encodings
-from che_bench.eval.evaluation import set_memory_budget
 from che_bench.model.encoder import build_model
 from che_bench.run.device import configure_numerics
 from che_bench.run.packing import training_bytes_per_member
@@ -44,7 +43,7 @@ def test_the_evaluation_memory_budget_holds_at_500():
     config = make_config("duplicate_string", "kerple", 3, "paper")
     task = config.build_task()
     model = build_model(task, "kerple", 3, **config.model_kwargs()).to(CUDA).eval()
-    set_memory_budget(model, budget)
+    model.set_memory_budget(budget)
     inputs = torch.randint(0, task.input_size, (64, 500), device=CUDA)
     torch.cuda.synchronize()
     baseline = torch.cuda.memory_allocated()

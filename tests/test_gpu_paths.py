@@ -332,7 +332,7 @@ def test_dape_convolutions_evaluate_as_the_chunked_filter():
         model = build_pack_model(task, configs).eval()
         for block in model.blocks:
             block.attention.dape.implementation = implementation
-        evaluation.set_memory_budget(model, 1 << 16)  # several row chunks per sub-batch
+        model.set_memory_budget(1 << 16)  # several row chunks per sub-batch
         accuracies.append(length_accuracies(model, task, configs[0], 60, torch.device("cpu")))
     assert accuracies[0] == pytest.approx(accuracies[1], abs=1e-9)
 
@@ -348,12 +348,12 @@ def test_dropout_at_evaluation_does_not_depend_on_the_memory_budget():
     model.train(True)
     scores = []
     for budget in (1 << 40, 1):  # all at once; one sequence at a time
-        evaluation.set_memory_budget(model, budget)
+        model.set_memory_budget(budget)
         scores.append([length_accuracies(model, task, config, n, torch.device("cpu"))
                        for n in config.test_lengths])
     assert scores[0] == scores[1]
     # Dropout is on: another seed per sequence gives other numbers.
-    evaluation.set_memory_budget(model, 1 << 40)
+    model.set_memory_budget(1 << 40)
     torch.manual_seed(1)
     other = model(torch.zeros(2, 41, dtype=torch.long), evaluating=True,
                   dropout_seeds=model.sample_dropout_seeds(2))

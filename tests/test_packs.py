@@ -15,7 +15,7 @@ from che_bench.cli import main
 from che_bench.config import group_into_packs, make_config
 from che_bench.errors import CheBenchError
 from che_bench.eval import evaluation
-from che_bench.eval.evaluation import length_accuracies, set_memory_budget
+from che_bench.eval.evaluation import length_accuracies
 from che_bench.model.encoder import build_model, stack_members
 from che_bench.run.runner import check_pack, execute_pack, execute_run
 from che_bench.store.result_store import ResultStore
@@ -255,7 +255,7 @@ def test_one_draw_per_batch_whatever_the_chunking(monkeypatch):
     device = torch.device("cpu")
     whole = length_accuracies(model, task, config, 60, device)
     assert len(calls) == 2  # two sub-batches of 4
-    set_memory_budget(model, 1)  # one sequence and one query row at a time
+    model.set_memory_budget(1)  # one sequence and one query row at a time
     calls.clear()
     assert length_accuracies(model, task, config, 60, device) == whole
     assert len(calls) == 2  # (and out of memory: tests/test_gpu_paths.py)

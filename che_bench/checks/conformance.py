@@ -138,7 +138,7 @@ def check_chunked_equals_unchunked(pe: str, options: dict[str, Any]) -> list[str
             model.seed_draws([7])
             whole = model(inputs)
             for budget in (3 * 51 * 4 * 6 * 5, 2000):  # a few rows per chunk; below one row
-                _set_budget(model, budget)
+                model.set_memory_budget(budget)
                 model.seed_draws([7])
                 difference = differ(model(inputs), whole)
                 if difference:
@@ -237,7 +237,7 @@ def check_memory_budget(pe: str, options: dict[str, Any]) -> list[str]:
     the encoding's hooks work on the query rows they are given and declare the maps they
     hold (``score_maps``)."""
     model = _model(pe, None, options, task=LONG_TASK).eval()
-    _set_budget(model, SMALL_BUDGET_BYTES)
+    model.set_memory_budget(SMALL_BUDGET_BYTES)
     with torch.no_grad(), _largest_tensor() as largest:
         model(_inputs(LONG_TASK, 500, 4))
     if largest["bytes"] <= SMALL_BUDGET_BYTES:
@@ -289,12 +289,6 @@ ENCODING_CHECKS: dict[str, Check] = {
     "memory": check_memory_budget,
     "draws": check_draws_reproducible,
 }
-
-
-def _set_budget(model: Encoder, budget: int) -> None:
-    model.memory_budget_bytes = budget
-    for block in model.blocks:
-        block.attention.memory_budget_bytes = budget
 
 
 class _LargestTensor(TorchDispatchMode):

@@ -70,7 +70,7 @@ def check_bias_shape(pe: str, options: dict[str, Any]) -> list[str]:
     q, k = _queries_and_keys(MEMBERS)
     failures = []
     with torch.no_grad():
-        for layer, hook in enumerate(encoding.hooks):
+        for layer, hook in enumerate(encoding.layer_hooks()):
             _, _, ctx = hook.prepare(q, k, draws.layer(layer))
             for rows in ROW_CHUNKS:
                 where = f"layer {layer}, rows {rows.start}:{rows.stop} of {LENGTH} keys"
@@ -122,7 +122,7 @@ def check_translation_invariance(pe: str, options: dict[str, Any]) -> list[str]:
                 f"embeddings of a relative encoding, got {difference} between "
                 "positions of the same token"
             )
-        for layer, hook in enumerate(encoding.hooks):
+        for layer, hook in enumerate(encoding.layer_hooks()):
             here = _logits(hook, q, k)[..., : LENGTH - SHIFT, : LENGTH - SHIFT]
             later = _logits(hook, *shifted)[..., SHIFT:, SHIFT:]
             difference = differ(later, here)

@@ -9,7 +9,6 @@ import sys
 from che_bench.commands.common import add_store_argument, existing_store
 from che_bench.store.run_prefixes import resolve_run_ids
 
-
 #: The columns of ``che-bench runs``.
 RUN_COLUMNS = (
     "run id",

@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -133,6 +133,10 @@ class PositionalEncoding(nn.Module):
         """The encoding-specific keyword options this class accepts."""
         common = {"self", "dim", "heads", "layers", "train_max_tokens", "members"}
         return [p for p in inspect.signature(cls.__init__).parameters if p not in common]
+
+    def layer_hooks(self) -> list[AttentionHook]:
+        """The attention hook of every layer, in order."""
+        return [cast(AttentionHook, hook) for hook in self.hooks]
 
     def embed(self, x: torch.Tensor, draws: Draws | None = None) -> torch.Tensor:
         """Token embeddings ``[M, B, T, D]`` (already scaled by sqrt(D)) plus the encoding."""

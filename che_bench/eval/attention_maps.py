@@ -53,18 +53,26 @@ def attention_maps(
     inputs = torch.from_numpy(batch.inputs[sample : sample + 1].copy())
     with torch.random.fork_rng(devices=[]), torch.no_grad(), model.capture_attention() as captured:
         torch.manual_seed(seed)
-        model(inputs, evaluating=True)
+        draws = model.sample_draws(inputs.shape[-1], evaluating=True)
+        seeds = model.sample_dropout_seeds(sub_batch)  # the sub-batch's, as evaluated
+        model(
+            inputs,
+            draws,
+            evaluating=True,
+            dropout_seeds=None if seeds is None else seeds[:, sample : sample + 1],
+        )
     chunks = captured[layer]
 
     def joined(name: str) -> np.ndarray | None:
-        if chunks[0][name] is None:
+        parts = [chunk[name] for chunk in chunks]
+        if any(part is None for part in parts):
             return None
-        return torch.cat([chunk[name] for chunk in chunks], dim=-2)[0, 0].numpy()
+        return torch.cat([part for part in parts if part is not None], dim=-2)[0, 0].numpy()
 
-    probabilities = joined("probabilities")
-    return AttentionMaps(
-        label, joined("scores"), joined("logits"), probabilities, probabilities.shape[-1]
-    )
+    scores, logits, probabilities = joined("scores"), joined("logits"), joined("probabilities")
+    if scores is None or probabilities is None:
+        raise CheBenchError("the attention layer recorded no scores or probabilities")
+    return AttentionMaps(label, scores, logits, probabilities, probabilities.shape[-1])
 
 
 def plot_attention(

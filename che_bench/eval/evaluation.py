@@ -102,14 +102,7 @@ def use_evaluation_budget(model: Encoder, device: torch.device) -> None:
     """On a GPU, size the model's memory budget from the memory free now; elsewhere keep
     the model's own (``memory_budget_bytes``, 1 GiB by default)."""
     if device.type == "cuda":
-        set_memory_budget(model, evaluation_budget(device))
-
-
-def set_memory_budget(model: Encoder, budget_bytes: int) -> None:
-    """The memory budget of the row chunks and sub-batches (exact whatever it is)."""
-    model.memory_budget_bytes = budget_bytes
-    for block in model.blocks:
-        block.attention.memory_budget_bytes = budget_bytes
+        model.set_memory_budget(evaluation_budget(device))
 
 
 def seed_for_length(
@@ -182,7 +175,7 @@ def _count_correct(model: Encoder, batch, device: torch.device) -> tuple[torch.T
                 raise
         # Past the except block, whose traceback held the failed attempt's maps.
         release_memory(device)
-        set_memory_budget(model, model.memory_budget_bytes // 2)
+        model.set_memory_budget(model.memory_budget_bytes // 2)
 
 
 @contextmanager

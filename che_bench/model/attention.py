@@ -131,6 +131,8 @@ class Attention(nn.Module):
 class Block(nn.Module):
     """Post-LN transformer block: ``LN(h + drop(attn(h)))`` then ``LN(h + drop(ffn(h)))``."""
 
+    attention: Attention
+
     def __init__(
         self, attention: Attention, dim: int, ffn: int, dropout: float, members: int = 1
     ) -> None:

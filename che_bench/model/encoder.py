@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -110,7 +110,7 @@ class Encoder(nn.Module):
                 Attention(
                     dim,
                     heads,
-                    encoding.hooks[layer],
+                    encoding.layer_hooks()[layer],
                     _dape(encoding, kernel, heads, dape_width, dape_variant, dape_tril, members),
                     causal,
                     memory_budget_bytes,
@@ -226,11 +226,21 @@ class Encoder(nn.Module):
         row_bytes = self.query_row_bytes(input_tokens, device)
         return max(1, min(batch, self.memory_budget_bytes // row_bytes))
 
+    def attentions(self) -> list[Attention]:
+        """Every layer's attention, in order."""
+        return [cast(Block, block).attention for block in self.blocks]
+
+    def set_memory_budget(self, budget_bytes: int) -> None:
+        """The memory budget of the row chunks and sub-batches (exact whatever it is)."""
+        self.memory_budget_bytes = budget_bytes
+        for attention in self.attentions():
+            attention.memory_budget_bytes = budget_bytes
+
     def query_row_bytes(self, input_tokens: int, device: torch.device) -> int:
         """Bytes of the maps of one query row of one sequence (every member): the least
         memory an evaluation's forward pass can be split down to."""
         length = input_tokens + self.placeholders(input_tokens)
-        channels = max(block.attention.transient_channels(device) for block in self.blocks)
+        channels = max(attention.transient_channels(device) for attention in self.attentions())
         return FLOAT_BYTES * self.members * channels * length
 
     def _forward(
@@ -258,13 +268,13 @@ class Encoder(nn.Module):
         plus the encoding's bias), ``logits`` (after DAPE; None without it) and
         ``probabilities`` (the softmax the layer uses), each ``[M, B, H, R, T]``."""
         captured: list[list[dict[str, torch.Tensor | None]]] = [[] for _ in self.blocks]
-        for block, maps in zip(self.blocks, captured):
-            block.attention.capture = maps
+        for attention, maps in zip(self.attentions(), captured, strict=True):
+            attention.capture = maps
         try:
             yield captured
         finally:
-            for block in self.blocks:
-                block.attention.capture = None
+            for attention in self.attentions():
+                attention.capture = None
 
     def describe(self) -> dict[str, Any]:
         """The fully resolved configuration of one member, for recording with results."""

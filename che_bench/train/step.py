@@ -4,7 +4,7 @@ a CPU's passes at a single run's size), then the optimizer and Kerple's projecti
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -19,7 +19,7 @@ def training_step(
     optimizer: PackOptimizer,
     inputs: torch.Tensor,
     targets: torch.Tensor,
-    projected: Sequence[torch.nn.Module],
+    projected: Sequence[Projected],
     micro_batches: int = 1,
     loss_mask: torch.Tensor | None = None,
     draws: Draws | None = None,
@@ -94,6 +94,12 @@ def micro_batches_for(members: int, device: torch.device) -> int:
     return members if device.type == "cpu" else 1
 
 
-def projected_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+class Projected(Protocol):
+    """A module whose parameters are projected after every optimizer step."""
+
+    def project_(self) -> None: ...
+
+
+def projected_modules(model: torch.nn.Module) -> list[Projected]:
     """The modules whose parameters are projected after every step (Kerple's positivity)."""
-    return [module for module in model.modules() if hasattr(module, "project_")]
+    return [cast(Projected, module) for module in model.modules() if hasattr(module, "project_")]
