@@ -7,7 +7,7 @@ is a pack of one, so there is one code path.
 
 Initialisers run member by member, so member ``m`` of a module built for ``M`` members is drawn
 exactly as a one-member module would be; packs are in any case assembled by stacking models
-built one at a time, each from its own seed (``che_bench.model.encoder.stack_members``).
+built one at a time, each from its own seed (``che_bench.model.packs.stack_members``).
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class Setting:
 
 
 def _per_preset(paper: Any, quick: Any, smoke: Any) -> dict[str, Any]:
-    return dict(zip(PRESET_NAMES, (paper, quick, smoke)))
+    return dict(zip(PRESET_NAMES, (paper, quick, smoke), strict=False))
 
 
 SETTINGS: tuple[Setting, ...] = (

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from che_bench.errors import CheBenchError
-from che_bench.model.encoder import member_state_dict
+from che_bench.model.packs import member_state_dict
 from che_bench.model.recurrent import (
     ARCHITECTURES,
     build_recurrent,

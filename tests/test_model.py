@@ -13,7 +13,8 @@ from che_bench.checks.conformance import check_pack_equals_members
 from che_bench.encodings import list_encodings
 from che_bench.errors import CheBenchError
 from che_bench.model.attention import Attention
-from che_bench.model.encoder import build_model, stack_members
+from che_bench.model.encoder import build_model
+from che_bench.model.packs import stack_members
 from che_bench.tasks import get_task, list_tasks
 
 TINY = {"layers": 1, "dim": 16, "heads": 2, "ffn": 32}

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from che_bench.encodings import list_encodings
-from che_bench.model.encoder import build_model, stack_members
+from che_bench.model.encoder import build_model
+from che_bench.model.packs import stack_members
 from che_bench.tasks import get_task
 
 BIAS_ENCODINGS = sorted(cls.name for cls in list_encodings() if cls.carries_bias)

@@ -16,7 +16,8 @@ from che_bench.config import group_into_packs, make_config
 from che_bench.errors import CheBenchError
 from che_bench.eval import evaluation
 from che_bench.eval.evaluation import length_accuracies
-from che_bench.model.encoder import build_model, stack_members
+from che_bench.model.encoder import build_model
+from che_bench.model.packs import stack_members
 from che_bench.run.runner import check_pack, execute_pack, execute_run
 from che_bench.store.result_store import ResultStore
 from che_bench.train.optimizer import PackOptimizer

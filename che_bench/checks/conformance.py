@@ -28,7 +28,8 @@ from che_bench.checks.conformance_hooks import (
 )
 from che_bench.checks.task_checks import TASK_CHECKS
 from che_bench.errors import one_line
-from che_bench.model.encoder import Encoder, build_model, member_state_dict, stack_members
+from che_bench.model.encoder import Encoder, build_model
+from che_bench.model.packs import member_state_dict, stack_members
 from che_bench.tasks import Task, get_task
 
 #: A tiny encoder: the checks are about the encoding, not the model's size.
@@ -191,7 +192,7 @@ def check_options_recorded(pe: str, options: dict[str, Any]) -> list[str]:
     try:
         json.dumps(recorded)
     except TypeError as exc:
-        return failures + [f"options recorded: expected JSON values, got {exc}"]
+        return [*failures, f"options recorded: expected JSON values, got {exc}"]
     given = {key: value for key, value in recorded.items() if key in encoding.option_names()}
     rebuilt = _model(pe, None, given).encoding.options()
     if rebuilt != recorded:

@@ -1,6 +1,7 @@
-"""Conformance checks of what an encoding's attention hooks promise (``che_bench.checks.conformance``
-runs them with the others): the bias has the shape the attention and DAPE take, and a
-``relative`` encoding's logits depend on offsets, not on absolute positions.
+"""Conformance checks of what an encoding's attention hooks promise
+(``che_bench.checks.conformance`` runs them with the others): the bias has the shape the
+attention and DAPE take, and a ``relative`` encoding's logits depend on offsets, not on
+absolute positions.
 
 Both work on the hooks alone, with random queries and keys, so a failure points at the hook
 and not at a model built on top of it.

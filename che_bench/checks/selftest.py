@@ -26,7 +26,7 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -34,7 +34,8 @@ import torch
 from che_bench.checks.speed import TASK, Measurement, measure_speed
 from che_bench.config import RunConfig, make_config
 from che_bench.encodings import list_encodings
-from che_bench.model.encoder import Encoder, build_model, stack_members
+from che_bench.model.encoder import Encoder, build_model
+from che_bench.model.packs import stack_members
 from che_bench.run.device import configure_numerics, prepare_deterministic_cublas
 from che_bench.run.runner import build_pack_model, software_versions
 from che_bench.settings import BY_NAME
@@ -118,7 +119,7 @@ def use_device_dape(model: Encoder, device: torch.device) -> None:
     """Make ``model``'s DAPE use ``device``'s implementation, the GPU's on a CPU too."""
     for module in model.modules():
         if hasattr(module, "implementation"):
-            module.implementation = "auto" if device.type == "cuda" else "convolution"
+            cast(Any, module).implementation = "auto" if device.type == "cuda" else "convolution"
 
 
 def forward_backward(
@@ -292,7 +293,11 @@ def check_training(device: torch.device, quick: bool, steps: int = 100) -> list[
     configs = _training_configs(quick, steps, dropout=0.0)
     expected, _ = train_losses(configs, torch.device("cpu"))
     got, _ = train_losses(configs, device)
-    gap = max(abs(a - b) for a, b in zip(got, expected)) if len(got) == len(expected) else math.inf
+    gap = (
+        max(abs(a - b) for a, b in zip(got, expected, strict=False))
+        if len(got) == len(expected)
+        else math.inf
+    )
     return [
         Case(
             "c",
@@ -315,7 +320,7 @@ def check_determinism(device: torch.device, quick: bool, steps: int = 20) -> lis
     finally:
         configure_numerics(tf32=False, deterministic=False)
     (first_losses, first_weights), (second_losses, second_weights) = runs
-    loss_gap = max(abs(a - b) for a, b in zip(first_losses, second_losses))
+    loss_gap = max(abs(a - b) for a, b in zip(first_losses, second_losses, strict=False))
     weight_gap = float((first_weights - second_weights).abs().max())
     subject = f"{steps} steps twice, kerple k=3"
     return [

@@ -44,8 +44,8 @@ def check_oracle_agrees(task: Task) -> list[str]:
                     (np.asarray(got) != expected).any(axis=1).sum()
                 )
                 failures.append(
-                    f"sampler and oracle agree (n={n}): expected the sampled {what}, "
-                    f"got {'other ones in ' + str(rows) + ' of 64 rows' if rows else 'shape ' + str(np.shape(got))}"
+                    f"sampler and oracle agree (n={n}): expected the sampled {what}, got "
+                    + (f"other ones in {rows} of 64 rows" if rows else f"shape {np.shape(got)}")
                 )
     return failures
 
@@ -73,23 +73,28 @@ def check_ids_shapes_masks(task: Task) -> list[str]:
         found = []
         if batch.inputs.shape != expected_in or batch.inputs.dtype != np.int64:
             found.append(
-                f"inputs {batch.inputs.dtype} {list(batch.inputs.shape)} (expected int64 {list(expected_in)})"
+                f"inputs {batch.inputs.dtype} {list(batch.inputs.shape)} (expected int64 "
+                f"{list(expected_in)})"
             )
         elif batch.inputs.min() < 0 or batch.inputs.max() >= task.input_size:
             found.append(
-                f"input ids {batch.inputs.min()}..{batch.inputs.max()} (expected 0..{task.input_size - 1})"
+                f"input ids {batch.inputs.min()}..{batch.inputs.max()} (expected "
+                f"0..{task.input_size - 1})"
             )
         if batch.targets.shape != expected_out or batch.targets.dtype != np.int64:
             found.append(
-                f"targets {batch.targets.dtype} {list(batch.targets.shape)} (expected int64 {list(expected_out)})"
+                f"targets {batch.targets.dtype} {list(batch.targets.shape)} (expected int64 "
+                f"{list(expected_out)})"
             )
         elif batch.targets.min() < 0 or batch.targets.max() >= task.output_size:
             found.append(
-                f"target ids {batch.targets.min()}..{batch.targets.max()} (expected 0..{task.output_size - 1})"
+                f"target ids {batch.targets.min()}..{batch.targets.max()} (expected "
+                f"0..{task.output_size - 1})"
             )
         if batch.mask.shape != expected_out or batch.mask.dtype != bool:
             found.append(
-                f"mask {batch.mask.dtype} {list(batch.mask.shape)} (expected bool {list(expected_out)})"
+                f"mask {batch.mask.dtype} {list(batch.mask.shape)} (expected bool "
+                f"{list(expected_out)})"
             )
         elif not batch.mask.any(axis=1).all():
             found.append("a row with no counted position (expected at least one per row)")

@@ -50,6 +50,9 @@ def _setting_arguments(setting: settings.Setting, config: dict[str, Any]) -> lis
     preset (or the setting it follows) already gives it."""
     from che_bench.tasks import get_task
 
+    flag = setting.flag
+    if flag is None:
+        return []  # set in suites and Python only
     value = settings.stored_value(config, setting)
     if setting.kind == settings.KEY_VALUES:
         defaults = get_task(config["task"]).params() if setting.name == "task_params" else {}
@@ -57,7 +60,7 @@ def _setting_arguments(setting: settings.Setting, config: dict[str, Any]) -> lis
             item
             for key, item_value in sorted(value.items())
             if defaults.get(key) != item_value
-            for item in (setting.flag, f"{key}={_flag_value(item_value)}")
+            for item in (flag, f"{key}={_flag_value(item_value)}")
         ]
     if setting.follows is not None:
         default = config[setting.follows]
@@ -70,8 +73,8 @@ def _setting_arguments(setting: settings.Setting, config: dict[str, Any]) -> lis
     if value == default:
         return []
     if setting.kind == settings.SWITCH:
-        return [setting.flag if value else "--no-" + setting.flag[2:]]
-    return [setting.flag, str(value)]
+        return [flag if value else "--no-" + flag[2:]]
+    return [flag, str(value)]
 
 
 def _flag_value(value: Any) -> str:

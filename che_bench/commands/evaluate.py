@@ -101,7 +101,9 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
     configure_numerics(_recorded_tf32(store.run_details(run_ids)), options.deterministic)
     evaluations = reevaluate(models, configs, device, progress=options.progress)
-    for run_id, original, config, result in zip(run_ids, originals, configs, evaluations):
+    for run_id, original, config, result in zip(
+        run_ids, originals, configs, evaluations, strict=False
+    ):
         if config.evaluation_protocol() == original.evaluation_protocol():
             _compare_with_stored(store, run_id, result)
         else:
@@ -165,7 +167,10 @@ def _state_cost(originals, configs, runs, confirmed: bool) -> None:
     beyond it without --yes."""
     from che_bench.eval.reevaluation import evaluation_cost
 
-    ratio = max(evaluation_cost(new) / evaluation_cost(old) for old, new in zip(originals, configs))
+    ratio = max(
+        evaluation_cost(new) / evaluation_cost(old)
+        for old, new in zip(originals, configs, strict=False)
+    )
     if ratio <= STATE_COST_ABOVE:
         return
     timings = [json.loads(text or "{}").get("eval_s") for text in runs["timings"]]
@@ -195,7 +200,7 @@ def _compare_with_stored(store, run_id: str, result) -> None:
     """The run's original protocol again: say whether the kept model reproduces its curve."""
     stored = store.per_length([run_id])
     stored = stored[stored["split"] == "test"]
-    curve = dict(zip(stored["length"], stored["accuracy"]))
+    curve = dict(zip(stored["length"], stored["accuracy"], strict=False))
     differences = [abs(curve[n] - accuracy) for n, accuracy in result.per_length.items()]
     if max(differences) == 0:
         verdict = "reproduces the stored curve exactly"

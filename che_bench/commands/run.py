@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
@@ -193,7 +194,7 @@ class RunView:
         self.store_path = store_path
         self.label = f"{cell.task} / {run_encoding_label(cell.to_dict())}"
 
-    def start(self, already_complete: list[str], todo: list[RunConfig]) -> None:
+    def start(self, already_complete: Sequence[str], todo: Sequence[RunConfig]) -> None:
         if already_complete:
             print(
                 f"already complete in {self.store_path}: {', '.join(already_complete)} "

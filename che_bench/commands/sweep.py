@@ -209,13 +209,13 @@ def _print_grid(console: Console, suite, configs, store) -> None:
     statuses = {}
     if store is not None:
         runs = store.runs(run_ids)
-        statuses = dict(zip(runs["run_id"], runs["status"]))
+        statuses = dict(zip(runs["run_id"], runs["status"], strict=False))
     console.print(
         f"suite {suite.name} ({suite.path}): {len(configs)} runs, preset {suite.preset}",
         markup=False,
     )
     width = len(str(len(configs)))
-    for index, (run_id, config) in enumerate(zip(run_ids, configs), start=1):
+    for index, (run_id, config) in enumerate(zip(run_ids, configs, strict=False), start=1):
         status = statuses.get(run_id, "to do")
         console.print(
             f"{index:>{width}}  {run_id}  {status:<8}  {describe_run(config)}",

@@ -79,7 +79,7 @@ def sample_handler(args: argparse.Namespace) -> int:
     task = get_task(args.task, **parse_key_values(args.param, "--param"))
     batch = task.sample(args.length, args.count, np.random.default_rng(args.seed))
     if args.format == "jsonl":
-        for inputs, targets, mask in zip(batch.inputs, batch.targets, batch.mask):
+        for inputs, targets, mask in zip(batch.inputs, batch.targets, batch.mask, strict=False):
             record = {
                 "task": task.name,
                 "length": args.length,
@@ -94,8 +94,13 @@ def sample_handler(args: argparse.Namespace) -> int:
         f"{task!r}  n={args.length}  input tokens={task.input_length(args.length)}  "
         f"output positions={task.output_length(args.length)}  ({MASKED} = not scored)"
     )
-    for index, (inputs, targets, mask) in enumerate(zip(batch.inputs, batch.targets, batch.mask)):
-        shown = [str(t) if keep else MASKED for t, keep in zip(targets.tolist(), mask.tolist())]
+    for index, (inputs, targets, mask) in enumerate(
+        zip(batch.inputs, batch.targets, batch.mask, strict=False)
+    ):
+        shown = [
+            str(t) if keep else MASKED
+            for t, keep in zip(targets.tolist(), mask.tolist(), strict=False)
+        ]
         print(f"[{index}] {' '.join(symbols[t] for t in inputs.tolist())}")
         print(f"  -> {' '.join(shown)}")
     return 0

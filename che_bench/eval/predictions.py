@@ -72,7 +72,9 @@ def _record(
 ) -> dict[str, Any]:
     mask = mask.astype(bool).tolist()
     target, predicted = targets.tolist(), prediction.tolist()
-    correct = [t == p if keep else None for t, p, keep in zip(target, predicted, mask)]
+    correct = [
+        t == p if keep else None for t, p, keep in zip(target, predicted, mask, strict=False)
+    ]
     return {
         "run_id": run_id,
         "task": task.name,
@@ -91,7 +93,7 @@ def _record(
 
 
 def _shown(tokens: list[int], mask: list[bool]) -> str:
-    return " ".join(str(t) if keep else MASKED for t, keep in zip(tokens, mask))
+    return " ".join(str(t) if keep else MASKED for t, keep in zip(tokens, mask, strict=False))
 
 
 def check_samples_per_length(count: int) -> None:
@@ -113,7 +115,7 @@ def write_samples(
     written = 0
     try:
         with open(out, "w", encoding="utf-8") as handle:
-            for run_id, model, config in zip(run_ids, models, configs):
+            for run_id, model, config in zip(run_ids, models, configs, strict=False):
                 for record in sample_predictions(model, config, run_id, device, count):
                     handle.write(json.dumps(record) + "\n")
                     written += 1

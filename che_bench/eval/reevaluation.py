@@ -17,7 +17,8 @@ import torch
 from che_bench import protocol
 from che_bench.config import RunConfig, check_evaluation, group_into_packs
 from che_bench.eval.evaluation import Evaluation, evaluate
-from che_bench.model.encoder import Encoder, stack_members
+from che_bench.model.encoder import Encoder
+from che_bench.model.packs import stack_members
 from che_bench.settings import BY_NAME
 
 
@@ -53,7 +54,9 @@ def reevaluate(
     """Evaluate each one-member ``models[i]`` under ``configs[i]``'s protocol; the models of
     one table cell (same everything but seeds and learning rate) are stacked and evaluated as
     one pack. Results in the order of ``configs``."""
-    by_run = {config.run_id(): (config, model) for config, model in zip(configs, models)}
+    by_run = {
+        config.run_id(): (config, model) for config, model in zip(configs, models, strict=False)
+    }
     results: dict[str, Evaluation] = {}
     for cell in group_into_packs(configs, None):
         members = [by_run[config.run_id()][1] for config in cell]
@@ -61,5 +64,7 @@ def reevaluate(
         evaluations = evaluate(
             model.to(device), cell[0].build_task(), cell[0], device, progress=progress
         )
-        results.update({config.run_id(): result for config, result in zip(cell, evaluations)})
+        results.update(
+            {config.run_id(): result for config, result in zip(cell, evaluations, strict=False)}
+        )
     return [results[config.run_id()] for config in configs]

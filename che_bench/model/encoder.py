@@ -4,9 +4,9 @@ and an optional DAPE / DAPE V2 score processor in every attention layer.
 Non-autoregressive format (spec tasks.md 3.2): the model appends ``output_length(n)``
 placeholder tokens (id ``task.input_size``) to the input and reads the logits of those last
 positions; a task whose ``output_layout`` is "in_place" (MQAR) gets the logits of its input
-positions instead, with no placeholders. Defaults follow the reference: 5 layers, width 64, 8 heads, FFN 256 (ReLU),
-dropout 0.1 after the attention output and after the FFN, embedding dropout only for
-encodings that add to the embeddings, Haiku-style initialisation.
+positions instead, with no placeholders. Defaults follow the reference: 5 layers, width 64,
+8 heads, FFN 256 (ReLU), dropout 0.1 after the attention output and after the FFN, embedding
+dropout only for encodings that add to the embeddings, Haiku-style initialisation.
 
 Members: every parameter and activation has a leading member axis (``che_bench.members``):
 one ``Encoder`` holds ``M`` models that differ only in their weights and compute them side by
@@ -34,7 +34,6 @@ from che_bench.errors import CheBenchError
 from che_bench.members import (
     MemberEmbedding,
     MemberLinear,
-    load_member_states,
 )
 from che_bench.model.attention import FLOAT_BYTES, Attention, Block
 from che_bench.model.dape import DapeProcessor, check_kernel, check_variant
@@ -196,10 +195,14 @@ class Encoder(nn.Module):
         input_tokens = inputs.shape[-1]
         # Ids index the members' stacked embedding tables, so a bad id must never get through.
         # Checked here for host tensors only (free); on a GPU the check would wait for the
-        # device, so batches are checked where they are made (``che_bench.train.metrics.check_token_ids``).
-        if input_tokens and not inputs.is_cuda:
-            if int(inputs.min()) < 0 or int(inputs.max()) >= self.task.input_size:
-                raise CheBenchError(f"input ids must lie in 0..{self.task.input_size - 1}")
+        # device, so batches are checked where they are made
+        # (``che_bench.train.metrics.check_token_ids``).
+        if (
+            input_tokens
+            and not inputs.is_cuda
+            and (int(inputs.min()) < 0 or int(inputs.max()) >= self.task.input_size)
+        ):
+            raise CheBenchError(f"input ids must lie in 0..{self.task.input_size - 1}")
         if draws is None:
             draws = self.sample_draws(input_tokens, evaluating=evaluating)
         batch = inputs.shape[1]
@@ -371,35 +374,3 @@ def build_model(
         build_options=build_options,
         **settings,
     )
-
-
-def stack_members(models: Sequence[Encoder]) -> Encoder:
-    """One model holding the members of ``models`` (built alike, each from its own seed) side
-    by side, in order; its parameters are copies. The draw generators start from member 0's
-    seed: seed them (``seed_draws``) before training or evaluating."""
-    first = models[0]
-    if any(
-        model.build_options != first.build_options
-        or model.task.params() != first.task.params()
-        or (model.task.name, model.encoding.name, model.kernel)
-        != (first.task.name, first.encoding.name, first.kernel)
-        for model in models
-    ):
-        raise CheBenchError("only models built with the same task, encoding and options stack")
-    with torch.random.fork_rng(devices=[]):  # the pack's own initialisation is overwritten
-        pack = build_model(
-            first.task,
-            first.encoding.name,
-            first.kernel,
-            members=sum(model.members for model in models),
-            **first.build_options,
-        )
-    return load_member_states(pack, models).to(first.embedding.weight.device)
-
-
-def member_state_dict(model: Encoder, member: int) -> dict[str, torch.Tensor]:
-    """The weights of one member, as a one-member model's ``state_dict`` (fresh copies, so
-    that saving one never writes the whole pack's storage)."""
-    return {
-        name: tensor[member : member + 1].clone() for name, tensor in model.state_dict().items()
-    }

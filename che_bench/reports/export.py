@@ -17,7 +17,8 @@ from che_bench.store.result_store import ResultStore
 _EXPORT_KEYS = ["task", "pe", "kernel", "encoding", "seed", "lr", "steps", "preset"]
 
 
-_EXPORT_PER_LENGTH = _EXPORT_KEYS + [
+_EXPORT_PER_LENGTH = [
+    *_EXPORT_KEYS,
     "split",
     "length",
     "accuracy",
@@ -27,7 +28,8 @@ _EXPORT_PER_LENGTH = _EXPORT_KEYS + [
 ]
 
 
-_EXPORT_RUNS = _EXPORT_KEYS + [
+_EXPORT_RUNS = [
+    *_EXPORT_KEYS,
     "score",
     "train_accuracy",
     "exact_score",
@@ -77,7 +79,7 @@ def export_frame(
     runs["eval_s"] = [_json_or_empty(text).get("eval_s") for text in runs["eval_timings"]]
     runs["test_lengths"] = [
         short_value(run_settings(config, protocol)["test_lengths"])
-        for config, protocol in zip(runs["config"], runs["protocol"])
+        for config, protocol in zip(runs["config"], runs["protocol"], strict=False)
     ]
     return runs[_EXPORT_RUNS]
 

@@ -1,13 +1,13 @@
 """``che-bench report``: one self-contained, static HTML page about a selection of runs.
 
-The page holds the CHE table (``reports.display_table``), whether the runs learned (training
-lengths, and runs whose training accuracy ended at an input-blind guess's: ``stuck.stuck_runs``), one
-accuracy-versus-length figure per task (``plotting.task_panel_png``) and one training-curves
-figure per table cell (``plotting.curves_png``), embedded as base64 PNG data URIs, what ran
-(presets, steps, versions, devices, statuses, failures) and the commands that reproduce it. It loads nothing:
-no external CSS, scripts, fonts or images, and its Content-Security-Policy forbids every fetch
-but its own inline style, its one tiny script and data: images. Every string taken from the
-store is HTML-escaped.
+The page holds the CHE table (``tables.display_table``), whether the runs learned (training
+lengths, and runs whose training accuracy ended at an input-blind guess's:
+``stuck.stuck_runs``), one accuracy-versus-length figure per task (``plots.task_panel_png``)
+and one training-curves figure per table cell (``plots.curves_png``), embedded as base64 PNG
+data URIs, what ran (presets, steps, versions, devices, statuses, failures) and the commands
+that reproduce it (``reproduce``). It loads nothing: no external CSS, scripts, fonts or
+images, and its Content-Security-Policy forbids every fetch but its own inline style, its one
+tiny script and data: images. Every string taken from the store is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def render_report(
     sections = [
         f"<h1>che-bench report: {escaped(title)}</h1>",
         f"<p>Store <code>{escaped(store.path)}</code>, generated "
-        f"{dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. Scores: {escaped(shown)}; "
+        f"{dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. Scores: "
+        f"{escaped(shown)}; "
         f"{escaped(METRIC_NOTES[metric])}.</p>",
         "<h2>Table</h2>",
         _table_html(table, notes),
@@ -180,7 +181,7 @@ def _table_html(table: pd.DataFrame, notes: list[str]) -> str:
         "<tr>"
         + "".join(
             f'<td class="{"text" if column in text_columns else "num"}">{escaped(value)}</td>'
-            for column, value in zip(frame.columns, row)
+            for column, value in zip(frame.columns, row, strict=False)
         )
         + "</tr>"
         for row in frame.itertuples(index=False)
@@ -302,7 +303,8 @@ def _learning_html(evaluated: pd.DataFrame) -> str:
         .reset_index()
     )
     rows = "".join(
-        f'<tr><td class="text">{escaped(cell.task_label)}</td><td class="text">{escaped(cell.column)}</td>'
+        f'<tr><td class="text">{escaped(cell.task_label)}</td><td '
+        f'class="text">{escaped(cell.column)}</td>'
         f'<td class="num">{100 * cell.mean:.2f}</td><td class="num">{100 * cell.min:.2f}</td>'
         f'<td class="num">{cell.size}</td></tr>'
         for cell in cells.itertuples(index=False)

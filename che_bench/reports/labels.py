@@ -92,7 +92,7 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     different protocols never share a cell. ``paper_differences`` is
     ``paper_protocol_differences`` of each run."""
     frame = frame.copy()
-    configs = [run_settings(c, p) for c, p in zip(frame["config"], frame["protocol"])]
+    configs = [run_settings(c, p) for c, p in zip(frame["config"], frame["protocol"], strict=False)]
     frame["settings"] = configs
     facts = [_task_facts(c["task"], json.dumps(c["task_params"], sort_keys=True)) for c in configs]
     frame["level"] = [level for level, _, _ in facts]
@@ -110,12 +110,12 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     ]
     varying: dict[str, list[str]] = {}
     for encoding in set(frame["encoding"]):
-        group = [v for v, e in zip(variants, frame["encoding"]) if e == encoding]
+        group = [v for v, e in zip(variants, frame["encoding"], strict=False) if e == encoding]
         keys = set().union(*group)
         varying[encoding] = sorted(k for k in keys if len({v.get(k) for v in group}) > 1)
     frame["column"] = [
         encoding + _settings_suffix(config, varying[encoding])
-        for encoding, config in zip(frame["encoding"], configs)
+        for encoding, config in zip(frame["encoding"], configs, strict=False)
     ]
     return frame
 

@@ -31,7 +31,8 @@ pre { background: #f6f6f6; padding: 0.5em; white-space: pre-wrap; word-break: br
 #: the body): the browser test reads it. It touches nothing else and needs no network.
 _SCRIPT = (
     'addEventListener("load", function () { var all = document.images, ok = 0;'
-    " for (var i = 0; i < all.length; i++) { if (all[i].complete && all[i].naturalWidth > 0) ok++; }"
+    " for (var i = 0; i < all.length; i++) "
+    "{ if (all[i].complete && all[i].naturalWidth > 0) ok++; }"
     ' document.body.setAttribute("data-images-loaded", ok + "/" + all.length); });'
 )
 

@@ -84,7 +84,7 @@ def plot_accuracy(
     axes = figure.subplots(rows, columns, squeeze=False)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
-    for ax, label in zip(axes.flat, panels):
+    for ax, label in zip(axes.flat, panels, strict=False):
         _draw_panel(ax, runs, curves, label)
     if evaluation != ORIGINAL:
         figure.suptitle(f"evaluation {evaluation}")
@@ -175,7 +175,7 @@ def _draw_task_guides(ax, task: Task, max_length: int, metric: str) -> None:
         if None not in ceiling:
             ax.plot(
                 lengths,
-                [100 * c for c in ceiling],
+                [100 * c for c in ceiling if c is not None],
                 color="0.2",
                 linestyle="--",
                 label="ceiling without positions",
@@ -226,7 +226,8 @@ def plot_curves(store: ResultStore, run_ids: Iterable[str], out: str | Path) -> 
             "kept histories have none)"
         )
     figure = Figure(figsize=(2 * PANEL_SIZE[0], PANEL_SIZE[1]))
-    _draw_curves(*figure.subplots(1, 2), curves)
+    loss_ax, accuracy_ax = figure.subplots(1, 2)
+    _draw_curves(loss_ax, accuracy_ax, curves)
     figure.tight_layout()
     return _save(figure, Path(out))
 
@@ -236,7 +237,8 @@ def curves_png(curves: pd.DataFrame, title: str, *, dpi: int = 100) -> bytes:
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(2 * PANEL_SIZE[0], PANEL_SIZE[1] * 0.8))
-    _draw_curves(*figure.subplots(1, 2), curves)
+    loss_ax, accuracy_ax = figure.subplots(1, 2)
+    _draw_curves(loss_ax, accuracy_ax, curves)
     figure.suptitle(title)
     figure.tight_layout()
     buffer = io.BytesIO()

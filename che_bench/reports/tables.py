@@ -10,9 +10,9 @@ columns, labelled with the settings that differ.
 Scores are token accuracies (the default, as in the paper) or, with ``metric="exact"``, exact
 match: the share of sequences whose every scored position is right (runs evaluated before
 exact match was recorded are left out). Scores come from one evaluation of each run: its
-original one (the default) or a re-evaluation under another protocol, chosen by protocol id (see ``che_bench.store.result_store``). Published values are
-set beside a cell always, but subtracted only where its runs followed the published protocol
-(``paper_protocol_differences``).
+original one (the default) or a re-evaluation under another protocol, chosen by protocol id
+(see ``che_bench.store.result_store``). Published values are set beside a cell always, but
+subtracted only where its runs followed the published protocol (``paper_protocol_differences``).
 """
 
 from __future__ import annotations
@@ -87,11 +87,11 @@ def summarize(
     metric: str = "token",
 ) -> pd.DataFrame:
     """Long table, one row per (task, column): level, chance, max, mean, std, n (percent) of
-    the ``metric`` scores of ``evaluation`` (see ``ResultStore.runs``). With ``compare="paper"`` also
-    ``paper``, ``comparable`` (the cell's runs followed the published protocol), ``diff``
-    (max - paper, NaN unless comparable), ``differences`` (a tuple: what differs from the
-    published protocol, empty when comparable) and ``dropout_at_eval`` (every run kept dropout
-    on at evaluation, as the reference code does)."""
+    the ``metric`` scores of ``evaluation`` (see ``ResultStore.runs``). With
+    ``compare="paper"`` also ``paper``, ``comparable`` (the cell's runs followed the published
+    protocol), ``diff`` (max - paper, NaN unless comparable), ``differences`` (a tuple: what
+    differs from the published protocol, empty when comparable) and ``dropout_at_eval`` (every
+    run kept dropout on at evaluation, as the reference code does)."""
     _check_compare(compare, metric)
     return _summarize_runs(
         complete_runs(store, tasks, run_ids, evaluation, metric), compare, metric
@@ -139,12 +139,14 @@ def _summarize_runs(runs: pd.DataFrame, compare: str, metric: str) -> pd.DataFra
         .reset_index()
     )
     paper = load_paper_table() if compare == "paper" else paper_table_or_none()
-    if compare == "paper":
+    if compare == "paper" and paper is not None:
         cells["paper"] = [
             float(paper.at[task, encoding])
             if task in paper.index and encoding in paper.columns and label == task
             else math.nan
-            for task, encoding, label in zip(cells["task"], cells["encoding"], cells["task_label"])
+            for task, encoding, label in zip(
+                cells["task"], cells["encoding"], cells["task_label"], strict=False
+            )
         ]
         cells["comparable"] = [not differences for differences in cells["paper_differences"]]
         cells["diff"] = (cells["max"] - cells["paper"]).where(cells["comparable"])

@@ -26,7 +26,8 @@ from che_bench.config import RunConfig, RunResult, group_into_packs
 from che_bench.device_memory import release_memory
 from che_bench.errors import CheBenchError
 from che_bench.eval.evaluation import Evaluation, evaluate
-from che_bench.model.encoder import Encoder, build_model, member_state_dict, stack_members
+from che_bench.model.encoder import Encoder, build_model
+from che_bench.model.packs import member_state_dict, stack_members
 from che_bench.run.device import (
     configure_numerics,
     describe_device,
@@ -303,7 +304,9 @@ def _record_outcome(
 ) -> None:
     """Fill the results of a pack that trained and evaluated, log the evaluations to the
     trackers and keep completed runs' weights."""
-    for member, (config, result, evaluation) in enumerate(zip(configs, results, evaluations)):
+    for member, (config, result, evaluation) in enumerate(
+        zip(configs, results, evaluations, strict=False)
+    ):
         result.timings.update(training.timings)
         result.timings["eval_s"] = evaluation.seconds
         diverged_at = training.diverged_at[member]

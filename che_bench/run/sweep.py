@@ -150,7 +150,9 @@ def _split_grid(
     """The outcome so far (runs complete in the store already) and the runs to do now."""
     completed = store.completed_run_ids()
     run_ids = [config.run_id() for config in configs]
-    todo = [config for config, run_id in zip(configs, run_ids) if run_id not in completed]
+    todo = [
+        config for config, run_id in zip(configs, run_ids, strict=False) if run_id not in completed
+    ]
     outcome = SweepOutcome(
         run_ids=run_ids,
         already_complete=len(configs) - len(todo),
@@ -164,10 +166,7 @@ def _split_grid(
 
 def _packs(todo: list[RunConfig], pack: int | str, backend: Backend) -> deque[list[RunConfig]]:
     """The runs to do, grouped into the packs submitted to ``backend``."""
-    if pack == AUTO:
-        group_width = None if backend.on_gpu else CPU_AUTO_WIDTH
-    else:
-        group_width = int(pack)
+    group_width = (None if backend.on_gpu else CPU_AUTO_WIDTH) if pack == AUTO else int(pack)
     return deque(group_into_packs(todo, group_width))
 
 
@@ -290,7 +289,8 @@ class LocalBackend:
             return
         for process in list(self._pool._processes.values()):
             try:
-                os.kill(process.pid, signal.SIGINT)
+                if process.pid is not None:
+                    os.kill(process.pid, signal.SIGINT)
             except ProcessLookupError:
                 pass
         self._pool.shutdown(wait=True, cancel_futures=True)

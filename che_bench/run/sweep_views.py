@@ -13,6 +13,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
@@ -77,7 +78,7 @@ class GridView:
             console=console,
             disable=not (live and console.is_terminal),
         )
-        self.task = None
+        self.task: TaskID | None = None
 
     def start(self, already_complete: Sequence[str], todo: Sequence[RunConfig]) -> None:
         self.total = len(todo)
@@ -93,6 +94,8 @@ class GridView:
         self.progress.stop()
 
     def update(self, *, running: int, left: int) -> None:
+        if self.task is None:  # not started
+            return
         self.progress.update(
             self.task, running=running, left=left, failed=self.failed, eta=self._eta(running + left)
         )
@@ -113,7 +116,8 @@ class GridView:
             markup=True,
             soft_wrap=True,
         )
-        self.progress.advance(self.task)
+        if self.task is not None:
+            self.progress.advance(self.task)
         self.update(running=running, left=left)
 
     def _eta(self, remaining: int) -> str:

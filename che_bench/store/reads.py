@@ -7,6 +7,8 @@ import json
 import math
 import sqlite3
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -38,6 +40,11 @@ def describe_protocol(protocol: dict[str, Any]) -> str:
 class StoreReads:
     """The reading methods of ``ResultStore`` (which provides ``_connect`` and ``path``)."""
 
+    path: Path
+
+    def _connect(self) -> AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError  # ResultStore's
+
     def completed_run_ids(self) -> set[str]:
         with self._connect() as connection:
             rows = connection.execute("SELECT run_id FROM runs WHERE status = 'complete'")
@@ -63,8 +70,8 @@ class StoreReads:
             join, params = self._evaluation_join(connection, evaluation)
             frame = pd.read_sql_query(
                 f"""SELECT {run_columns}, e.score, e.train_accuracy, e.exact_score,
-                           e.train_exact_accuracy, e.evaluation_id AS evaluation, e.protocol, e.device AS eval_device,
-                           e.timings AS eval_timings
+                           e.train_exact_accuracy, e.evaluation_id AS evaluation, e.protocol,
+                           e.device AS eval_device, e.timings AS eval_timings
                     FROM runs r {join}
                     ORDER BY r.created_at, r.run_id""",
                 connection,
@@ -153,7 +160,7 @@ class StoreReads:
             )
         ]
         if evaluation not in known:
-            listed = ", ".join([ORIGINAL] + known[:20]) + (", ..." if len(known) > 20 else "")
+            listed = ", ".join([ORIGINAL, *known[:20]]) + (", ..." if len(known) > 20 else "")
             raise CheBenchError(
                 f"unknown evaluation {evaluation!r} in {self.path}; known: {listed} "
                 "(see `che-bench evaluations`)"

@@ -215,7 +215,7 @@ class ResultStore(StoreReads):
         try:
             # Re-check inside the lock: another process may have upgraded the store meanwhile.
             current = schema_version(connection)
-            if current != SCHEMA_VERSION:
+            if current is not None and current != SCHEMA_VERSION:
                 migrate(connection, current)
         except BaseException as exc:
             connection.execute("ROLLBACK")

@@ -191,7 +191,8 @@ def check_choice_param(task_name: str, name: str, value: object, choices: tuple[
     """``value`` if it is one of ``choices``, else a CheBenchError listing them."""
     if value not in choices:
         raise CheBenchError(
-            f"task {task_name!r}: parameter {name!r} must be one of {', '.join(choices)}, got {value!r}"
+            f"task {task_name!r}: parameter {name!r} must be one of {', '.join(choices)}, got "
+            f"{value!r}"
         )
     return str(value)
 

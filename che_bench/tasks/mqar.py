@@ -130,7 +130,7 @@ class MultiQueryAssociativeRecall(Task):
     @property
     def input_symbols(self) -> tuple[str, ...]:
         half = self.vocab_size // 2
-        return ("_",) + tuple(f"k{i}" for i in range(1, half)) + tuple(f"v{i}" for i in range(half))
+        return ("_", *tuple(f"k{i}" for i in range(1, half)), *tuple(f"v{i}" for i in range(half)))
 
     def pairs(self, n: int) -> int:
         """D, the number of key-value pairs at length ``n``."""
@@ -193,7 +193,7 @@ class MultiQueryAssociativeRecall(Task):
         return np.argsort(-race, axis=1)[:, :pairs]
 
     def _solve(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        batch_size, length = inputs.shape
+        _batch_size, length = inputs.shape
         half = self.vocab_size // 2
         pairs = self._context_pairs(inputs) if self.axis == "pairs" else self.pairs(length)
         self.check_length(pairs if self.axis == "pairs" else length)
@@ -204,9 +204,9 @@ class MultiQueryAssociativeRecall(Task):
             raise CheBenchError(f"{self.name}: the context keys must be distinct")
         targets = np.zeros(inputs.shape, dtype=np.int64)
         mask = np.zeros(inputs.shape, dtype=bool)
-        for row, (row_keys, row_values) in enumerate(zip(keys, values)):
+        for row, (row_keys, row_values) in enumerate(zip(keys, values, strict=False)):
             slot_tokens = list(inputs[row, 2 * pairs :: 2])
-            for key, value in zip(row_keys, row_values):
+            for key, value in zip(row_keys, row_values, strict=False):
                 if key not in slot_tokens:
                     raise CheBenchError(f"{self.name}: key {key} is never queried")
                 position = 2 * pairs + 2 * slot_tokens.index(key)

@@ -177,7 +177,7 @@ class Induction(Task):
 
     @property
     def input_symbols(self) -> tuple[str, ...]:
-        return tuple(str(i) for i in range(self.alphabet)) + ("*",)
+        return (*tuple(str(i) for i in range(self.alphabet)), "*")
 
     def output_length(self, n: int) -> int:
         return 1

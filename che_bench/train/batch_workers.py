@@ -14,6 +14,8 @@ owner closes the pipes or dies (even by SIGKILL: the pipe ends, or its parent ch
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -59,7 +61,7 @@ def _serve(lengths: Connection, out: Connection) -> None:
     try:
         task, batch_size, states = lengths.recv()
         rngs = [np.random.default_rng() for _ in states]
-        for rng, state in zip(rngs, states):
+        for rng, state in zip(rngs, states, strict=False):
             rng.bit_generator.state = state
         while True:
             length = _next_length(lengths, owner)
@@ -75,10 +77,8 @@ def _serve(lengths: Connection, out: Connection) -> None:
     except (_OwnerGone, EOFError, BrokenPipeError):  # stopped: batches made ahead stay unread
         return
     except Exception as exc:
-        try:
+        with contextlib.suppress(OSError):  # the owner may be gone too
             out.send(f"{type(exc).__name__}: {exc}")
-        except OSError:  # the owner is gone too
-            pass
 
 
 def _start_worker(
@@ -110,7 +110,7 @@ def _start_worker(
 def shares(members: int, workers: int) -> list[range]:
     """Contiguous member ranges, one per worker, as even as possible."""
     bounds = np.linspace(0, members, min(workers, members) + 1).round().astype(int)
-    return [range(start, stop) for start, stop in zip(bounds[:-1], bounds[1:])]
+    return [range(start, stop) for start, stop in itertools.pairwise(bounds)]
 
 
 class BatchWorkers:

@@ -8,15 +8,16 @@ import os
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from che_bench.config import RunConfig
 from che_bench.encodings.base import Draws
+from che_bench.errors import CheBenchError
 from che_bench.model.encoder import Encoder
 from che_bench.tasks.base import Task
 from che_bench.train.metrics import check_token_ids
@@ -151,13 +152,16 @@ class BatchStream:
     def _from_workers(self) -> Iterator[PackBatch]:
         from che_bench.train.batch_workers import BatchWorkers
 
+        length_rng = self.length_rng
+        if length_rng is None:  # never: runs that train as a pack share a length seed
+            raise CheBenchError("batch workers need the runs' shared length seed")
         workers = BatchWorkers(self.task, self.batch_size, self.states()["data"], self.workers)
-        drawn: deque[tuple[int, dict]] = deque()  # lengths sent ahead, with the state after
+        drawn: deque[tuple[int, Any]] = deque()  # lengths sent ahead, with the state after
 
         def lengths() -> Iterator[int]:
             while True:
                 length = self._draw_length()
-                drawn.append((length, self.length_rng.bit_generator.state))
+                drawn.append((length, length_rng.bit_generator.state))
                 yield length
 
         try:
@@ -177,7 +181,7 @@ def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def on_device(
     batches: Iterator[PackBatch], device: torch.device, prefetch: bool | None = None
-) -> Iterator[PackBatch]:
+) -> Generator[PackBatch, None, None]:
     """The batches on ``device`` (``host_to_device``), made ahead on a background thread
     (``PREFETCH_DEPTH`` of them) when ``prefetch`` (default: on a GPU)."""
     if prefetch is None:
@@ -194,9 +198,10 @@ def on_device(
 
 
 _EXHAUSTED = object()
+T = TypeVar("T")
 
 
-def prefetched(items: Iterator[Any], depth: int) -> Iterator[Any]:
+def prefetched(items: Iterator[T], depth: int) -> Generator[T, None, None]:
     """``items`` in order, computed up to ``depth`` ahead on a background thread; an error
     there is raised here, and closing this generator stops the thread."""
     ready: queue.Queue = queue.Queue(maxsize=depth)

@@ -238,7 +238,9 @@ class _PackRun:
             )
 
     def save(self) -> None:
-        """Every member's checkpoint at the step reached."""
+        """Every member's checkpoint at the step reached (none without a checkpoint path)."""
+        if self.checkpoints is None:
+            return
         self.readings.read()  # the history's open window goes into the checkpoints whole
         save_checkpoints(
             self.checkpoints,

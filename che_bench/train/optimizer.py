@@ -47,7 +47,7 @@ class PackOptimizer:
         self.flat_grad = torch.zeros_like(self.flat)
         offset = 0
         with torch.no_grad():
-            for parameter, size in zip(self.parameters, sizes):
+            for parameter, size in zip(self.parameters, sizes, strict=False):
                 columns = slice(offset, offset + size)
                 self.flat[:, columns].copy_(parameter.reshape(members, size))
                 parameter.data = self.flat[:, columns].view(parameter.shape)

@@ -70,9 +70,12 @@ class Readings:
         values = torch.stack(self.values).tolist()  # [steps][4][M]
         seconds, first_step = list(self.seconds), self.first_step
         # Taken off before use: an interruption below never feeds a step to the history twice.
-        self.values.clear(), self.seconds.clear()
+        self.values.clear()
+        self.seconds.clear()
         self.first_step += len(values)
-        for offset, ((losses, correct, counted, norms), elapsed) in enumerate(zip(values, seconds)):
+        for offset, ((losses, correct, counted, norms), elapsed) in enumerate(
+            zip(values, seconds, strict=False)
+        ):
             note_divergence(first_step + offset, losses, self.diverged_at, self.running_losses)
             self.history.add(first_step + offset, losses, correct, counted, norms, elapsed)
         correct, counted = (
@@ -100,7 +103,8 @@ def check_in(
         on_step(step, step_losses)
     if readings.all_diverged():
         raise Diverged(
-            f"diverged at step {min(readings.diverged_at)}: loss is not finite "
+            f"diverged at step {min(at for at in readings.diverged_at if at is not None)}: "
+            "loss is not finite "
             f"(lr {', '.join(f'{c.lr:g}' for c in configs)})",
             readings.history.rows,
         )

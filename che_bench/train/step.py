@@ -3,6 +3,7 @@ a CPU's passes at a single run's size), then the optimizer and Kerple's projecti
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any, Protocol, cast
 
@@ -85,7 +86,7 @@ def micro_batch_rows(batch: int, parts: int) -> list[slice]:
     bounds = [0]
     for part in range(parts):
         bounds.append(bounds[-1] + size + (part < longer))
-    return [slice(start, stop) for start, stop in zip(bounds[:-1], bounds[1:])]
+    return [slice(start, stop) for start, stop in itertools.pairwise(bounds)]
 
 
 def micro_batches_for(members: int, device: torch.device) -> int:

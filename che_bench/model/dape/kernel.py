@@ -374,7 +374,7 @@ class ScoreFilter(torch.autograd.Function):
                 needs_content,
                 needs_bias,
             )
-            for collected, value in zip(grads, member_grads):
+            for collected, value in zip(grads, member_grads, strict=False):
                 collected.append(value)
         grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2 = (
             None if values[0] is None else torch.stack(values) for values in grads

@@ -20,7 +20,8 @@ def check_kernel(kernel: object) -> int:
     """Validate a DAPE kernel size (1 = DAPE, odd >= 3 = DAPE V2) and return it."""
     if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
         raise CheBenchError(
-            f"DAPE kernel must be a positive odd integer (1 = DAPE, 3/5/7 = DAPE V2), got {kernel!r}"
+            "DAPE kernel must be a positive odd integer (1 = DAPE, 3/5/7 = DAPE V2), got "
+            f"{kernel!r}"
         )
     return kernel
 
@@ -112,7 +113,7 @@ class DapeProcessor(nn.Module):
         member by member."""
         with torch.no_grad():
             for weights, biases in ((self.weight1, self.bias1), (self.weight2, self.bias2)):
-                for weight, bias in zip(weights, biases):
+                for weight, bias in zip(weights, biases, strict=False):
                     nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
                     bound = 1 / math.sqrt(weight.shape[1] * weight.shape[2])
                     nn.init.uniform_(bias, -bound, bound)

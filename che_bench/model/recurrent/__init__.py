@@ -3,7 +3,7 @@
 
 ``build_recurrent(name, task, members=..., **options)`` builds one (initialised from torch's
 global RNG); ``stack_recurrent_members`` packs several, each built from its own seed;
-``che_bench.model.encoder.member_state_dict`` takes one member back out.
+``che_bench.model.packs.member_state_dict`` takes one member back out.
 """
 
 from __future__ import annotations
