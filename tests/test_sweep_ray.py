@@ -52,6 +52,6 @@ def test_ray_sweep_end_to_end_on_a_local_instance(tmp_path, local_ray, capsys):
 
 def test_ray_backend_sizes_runs_to_the_cluster(local_ray):
     backend = RayBackend(run_cpus=1)
-    assert backend.capacity() == 2 and backend.run_gpus == 0 and backend.device == "cpu"
+    assert backend.capacity() == 2 and backend.run_gpus == 0 and backend.options.device == "cpu"
     assert RayBackend(run_cpus=0.5).capacity() == 4
     assert RayBackend(run_cpus=1, max_in_flight=7).capacity() == 7
