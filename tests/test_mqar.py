@@ -73,6 +73,17 @@ def test_pairs_as_a_function_of_the_length():
     assert (batch.mask.sum(1) == 8).all()
 
 
+def test_formula_and_axis_label_name_the_axis_of_each_instance():
+    by_length = get_task("mqar")
+    by_pairs = get_task("mqar", axis="pairs", sequence_length=64)
+    assert (by_length.output_length_formula, by_length.length_label) == ("n (in place)", "length n")
+    assert (by_pairs.output_length_formula, by_pairs.length_label) == (
+        "64 (in place)",
+        "pairs D (length 64)",
+    )
+    assert get_task("mqar").output_length_formula == "n (in place)"  # the class keeps its own
+
+
 def test_pairs_axis_fixes_the_length_and_the_oracle_counts_the_pairs():
     task = get_task("mqar", vocab_size=64, axis="pairs", sequence_length=64)
     assert (task.min_length, task.max_length, task.length_label) == (1, 16, "pairs D (length 64)")

@@ -53,8 +53,9 @@ class Task(abc.ABC):
     max_length: int | None = None
     #: True when the target depends only on the multiset of input tokens.
     permutation_invariant: ClassVar[bool] = False
-    #: ``output_length(n)`` as a short formula, for listings ("1", "n+1", "ceil(n/2)").
-    output_length_formula: ClassVar[str]
+    #: ``output_length(n)`` as a short formula, for listings ("1", "n+1", "ceil(n/2)"); set on
+    #: the class (a task whose formula depends on its parameters refines it per instance).
+    output_length_formula: str
     #: Where the model reads its outputs: "appended" (``output_length(n)`` placeholder tokens
     #: after the input, the CHE format) or "in_place" (one output per input position, no
     #: placeholders; then the loss, like the accuracy, counts the masked positions only).
@@ -62,8 +63,9 @@ class Task(abc.ABC):
     #: Whether the task is defined with causal (decoder-style) attention: the default of the
     #: ``causal`` run setting for it (CHE's tasks: an encoder, bidirectional).
     causal: ClassVar[bool] = False
-    #: What the length ``n`` of this task counts, for axis labels.
-    length_label: ClassVar[str] = "length n"
+    #: What the length ``n`` of this task counts, for axis labels (refined per instance like
+    #: ``output_length_formula``).
+    length_label: str = "length n"
 
     @property
     def chance(self) -> float:

@@ -43,6 +43,9 @@ class MultiQueryAssociativeRecall(Task):
     level = "recall"
     output_layout = "in_place"
     causal = True  # Zoology's task is causal language modelling (--no-causal: bidirectional)
+    # Those of axis="length"; __init__ sets axis="pairs"' own (they name the fixed L).
+    output_length_formula = "n (in place)"
+    length_label = "length n"
     AXES = ("length", "pairs")
 
     def __init__(
@@ -91,6 +94,9 @@ class MultiQueryAssociativeRecall(Task):
         self.keys = self.vocab_size // 2 - 1
         self.input_size, self.output_size = self.vocab_size, self.vocab_size // 2
         self._set_length_range()
+        if self.axis == "pairs":
+            self.output_length_formula = f"{self.sequence_length} (in place)"
+            self.length_label = f"pairs D (length {self.sequence_length})"
 
     def _set_length_range(self) -> None:
         """min_length / max_length: every length must hold 4D <= L and D <= V/2 - 1 keys."""
@@ -118,14 +124,6 @@ class MultiQueryAssociativeRecall(Task):
             "axis": self.axis,
             "sequence_length": self.sequence_length,
         }
-
-    @property
-    def output_length_formula(self) -> str:  # type: ignore[override]
-        return "n (in place)" if self.axis == "length" else f"{self.sequence_length} (in place)"
-
-    @property
-    def length_label(self) -> str:  # type: ignore[override]
-        return "length n" if self.axis == "length" else f"pairs D (length {self.sequence_length})"
 
     @property
     def input_symbols(self) -> tuple[str, ...]:
