@@ -9,7 +9,7 @@ single-output task, enough to see learning, far too short to reproduce the paper
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, SupportsInt
 
 from che_bench.errors import CheBenchError
 from che_bench.settings import PRESET_NAMES, preset_values
@@ -78,10 +78,10 @@ def _as_length(value: object, spec: object) -> int:
     try:
         if isinstance(value, str):
             return int(value.strip())
-        if isinstance(value, bool) or int(value) != value:  # type: ignore[call-overload]
+        if isinstance(value, bool) or not isinstance(value, SupportsInt) or int(value) != value:
             raise ValueError
-        return int(value)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
+        return int(value)
+    except (OverflowError, TypeError, ValueError):  # OverflowError: an infinite float
         raise CheBenchError(f"bad length {value!r} in length specification {spec!r}") from None
 
 

@@ -34,7 +34,7 @@ def test_parse_lengths():
     assert parse_lengths("41:500:20,500")[-3:] == (461, 481, 500)
     assert parse_lengths("100,41, 60") == (41, 60, 100)
     assert parse_lengths([50, 41]) == (41, 50)
-    for bad in ("500:41", "41:", "a:b", "41:500:0", "0:3", ""):
+    for bad in ("500:41", "41:", "a:b", "41:500:0", "0:3", "", [41, float("inf")], [2.5]):
         with pytest.raises(CheBenchError):
             parse_lengths(bad)
 
