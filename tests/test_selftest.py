@@ -11,6 +11,9 @@ import torch
 from che_bench.checks import selftest, speed
 from che_bench.cli import main
 from che_bench.encodings import get_encoding_class
+from che_bench.model.dape import DapeProcessor
+from che_bench.model.encoder import build_model
+from che_bench.tasks import get_task
 
 
 @pytest.fixture
@@ -24,6 +27,14 @@ def perturbed_dape(model, device):
     """A device that computes differently: one weight off by 1e-2 after the copy."""
     with torch.no_grad():
         next(model.parameters()).view(-1)[0] += 1e-2
+
+
+def test_device_dape_on_a_cpu_is_the_gpus_convolution_in_every_layer():
+    model = build_model(get_task("parity_check"), "kerple", 3, layers=2, dim=16, heads=2, ffn=32)
+    selftest.use_device_dape(model, torch.device("cpu"))
+    processors = [module for module in model.modules() if isinstance(module, DapeProcessor)]
+    assert len(processors) == 2
+    assert {processor.implementation for processor in processors} == {"convolution"}
 
 
 def test_agreement_passes_on_cpu_and_catches_a_different_device(two_encodings, monkeypatch):

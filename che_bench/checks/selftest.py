@@ -26,7 +26,7 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ import torch
 from che_bench.checks.speed import TASK, Measurement, measure_speed
 from che_bench.config import RunConfig, make_config
 from che_bench.encodings import list_encodings
+from che_bench.model.dape import DapeProcessor
 from che_bench.model.encoder import Encoder, build_model
 from che_bench.model.packs import stack_members
 from che_bench.run.device import configure_numerics, prepare_deterministic_cublas
@@ -118,8 +119,8 @@ def model_sizes(quick: bool) -> dict[str, int]:
 def use_device_dape(model: Encoder, device: torch.device) -> None:
     """Make ``model``'s DAPE use ``device``'s implementation, the GPU's on a CPU too."""
     for module in model.modules():
-        if hasattr(module, "implementation"):
-            cast(Any, module).implementation = "auto" if device.type == "cuda" else "convolution"
+        if isinstance(module, DapeProcessor):
+            module.implementation = "auto" if device.type == "cuda" else "convolution"
 
 
 def forward_backward(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from che_bench.commands.common import (
     add_runtime_arguments,
@@ -12,6 +13,11 @@ from che_bench.commands.common import (
     use_threads,
 )
 from che_bench.errors import CheBenchError
+
+if TYPE_CHECKING:  # imported when the command runs: torch loads only then
+    from rich.table import Table
+
+    from che_bench.checks.selftest import SelftestReport
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -74,7 +80,7 @@ def selftest_command(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _cases_table(report):
+def _cases_table(report: SelftestReport) -> Table:
     """One row per check and subject, its quantities side by side: ``measured (<= tolerance)``."""
     from rich.table import Table
 
@@ -99,7 +105,7 @@ def _cases_table(report):
     return table
 
 
-def _speed_table(report):
+def _speed_table(report: SelftestReport) -> Table:
     """(d): measured figures and labelled estimates."""
     from rich.table import Table
 
