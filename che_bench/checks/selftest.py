@@ -40,6 +40,7 @@ from che_bench.model.packs import stack_members
 from che_bench.run.device import configure_numerics, prepare_deterministic_cublas
 from che_bench.run.runner import build_pack_model, software_versions
 from che_bench.settings import BY_NAME
+from che_bench.tasks import Task, get_task
 from che_bench.train.loop import train_pack
 from che_bench.train.metrics import token_loss
 
@@ -142,9 +143,9 @@ def forward_backward(
     return logits.detach().cpu(), gradients.cpu()
 
 
-def _batch(task_name: str, length: int, batch: int, seed: int = 0):
-    from che_bench.tasks import get_task
-
+def _batch(
+    task_name: str, length: int, batch: int, seed: int = 0
+) -> tuple[Task, torch.Tensor, torch.Tensor]:
     task = get_task(task_name)
     sample = task.sample(length, batch, np.random.default_rng(seed))
     return task, torch.from_numpy(sample.inputs.copy()), torch.from_numpy(sample.targets.copy())

@@ -12,6 +12,7 @@ from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
 from che_bench.encodings.common import check_choice, toeplitz_rows, two_sided
 from che_bench.encodings.randomized import (
     DEFAULT_NOISE_MAX_LENGTH,
+    Distances,
     LayerDraws,
     RandomizedLayers,
     RandomOptions,
@@ -58,7 +59,9 @@ class ALiBiHook(AttentionHook):
         self.register_buffer("right_slopes", right, persistent=False)
         self.left_offset = 0.5 if mode == "symmetric_offset" else 0.0
 
-    def prepare(self, q: torch.Tensor, k: torch.Tensor, draw=None):
+    def prepare(
+        self, q: torch.Tensor, k: torch.Tensor, draw: Distances | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, Distances]:
         """ctx: left and right distances ``[M or 1, T-1]`` of the keys 1..T-1 tokens away."""
         if draw is None:
             plain = torch.arange(1, q.shape[-2], device=q.device, dtype=torch.float32)[None]

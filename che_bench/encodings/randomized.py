@@ -43,9 +43,13 @@ def sample_sorted(
     return drawn.sort(dim=1).values + start
 
 
+#: A layer's randomized (left, right) distances, each ``[M, T-1]`` (see ``sample_distances``).
+Distances = tuple[torch.Tensor, torch.Tensor]
+
+
 def sample_distances(
     length: int, limit: int, generators: list[torch.Generator], both_sides: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Distances:
     """Randomized distances for the offset-sampling variants (relative, ALiBi): sorted
     ``s_1 < ... < s_{T-1}`` from ``[1, limit)`` replace token distances ``1..T-1``. Returns
     (left, right), each ``[M, T-1]``: the same draw mirrored, or two independent draws with

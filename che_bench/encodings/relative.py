@@ -12,6 +12,7 @@ from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
 from che_bench.encodings.common import check_positive, offset_index, offsets, sinusoid, two_sided
 from che_bench.encodings.randomized import (
     DEFAULT_NOISE_MAX_LENGTH,
+    Distances,
     LayerDraws,
     RandomizedLayers,
     RandomOptions,
@@ -58,7 +59,9 @@ class RelativeHook(AttentionHook):
         # Haiku's default linear init, as in the reference code.
         self.w_r = MemberLinear(members, dim, dim, bias=False)
 
-    def offset_positions(self, length: int, device: torch.device, draw) -> torch.Tensor:
+    def offset_positions(
+        self, length: int, device: torch.device, draw: Distances | None
+    ) -> torch.Tensor:
         """The value fed to the sinusoid for every offset ``-(T-1) .. T-1`` (per-offset order),
         ``[M or 1, 2T-1]``."""
         if draw is None:
@@ -71,7 +74,7 @@ class RelativeHook(AttentionHook):
         return two_sided(-left, right)
 
     def prepare(
-        self, q: torch.Tensor, k: torch.Tensor, draw=None
+        self, q: torch.Tensor, k: torch.Tensor, draw: Distances | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """ctx: the projected offset features per head, ``[M, H, 2T-1, d_h]``."""
         length, members = q.shape[-2], q.shape[0]

@@ -28,9 +28,12 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from che_bench.errors import CheBenchError
+
+if TYPE_CHECKING:  # imported when a suite is expanded: torch loads only then
+    from che_bench.config import RunConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -98,7 +101,7 @@ class Suite:
     overrides: dict[str, Any]
     resources: Resources
 
-    def configs(self) -> list:
+    def configs(self) -> list[RunConfig]:
         """Every run of the grid as a RunConfig, in a stable order, without duplicates.
 
         Order: seed, then learning rate, then task, encoding, kernel, so a sweep that
@@ -112,7 +115,7 @@ class Suite:
             for kernel in (encoding.kernels if encoding.kernels is not None else self.kernels)
         ]
         learning_rates = self.learning_rates or (None,)
-        configs: dict[str, Any] = {}
+        configs: dict[str, RunConfig] = {}
         for seed in self.seeds:
             for lr in learning_rates:
                 for cell in cells:
@@ -127,7 +130,7 @@ class Suite:
         kernel: int | None,
         seed: int,
         lr: float | None,
-    ):
+    ) -> RunConfig:
         from che_bench.config import make_config  # torch-heavy; only when expanding
 
         overrides = dict(self.overrides, seed=seed)
