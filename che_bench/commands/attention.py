@@ -51,7 +51,7 @@ def attention_command(args: argparse.Namespace) -> int:
             sample=args.sample,
             layer=args.layer,
         )
-        for run_id, (config, model) in zip(run_ids, loaded, strict=False)
+        for run_id, (config, model) in zip(run_ids, loaded, strict=True)
     ]
     config = loaded[0][0]
     heads = (

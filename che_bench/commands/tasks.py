@@ -79,7 +79,7 @@ def sample_handler(args: argparse.Namespace) -> int:
     task = get_task(args.task, **parse_key_values(args.param, "--param"))
     batch = task.sample(args.length, args.count, np.random.default_rng(args.seed))
     if args.format == "jsonl":
-        for inputs, targets, mask in zip(batch.inputs, batch.targets, batch.mask, strict=False):
+        for inputs, targets, mask in zip(batch.inputs, batch.targets, batch.mask, strict=True):
             record = {
                 "task": task.name,
                 "length": args.length,
@@ -95,11 +95,11 @@ def sample_handler(args: argparse.Namespace) -> int:
         f"output positions={task.output_length(args.length)}  ({MASKED} = not scored)"
     )
     for index, (inputs, targets, mask) in enumerate(
-        zip(batch.inputs, batch.targets, batch.mask, strict=False)
+        zip(batch.inputs, batch.targets, batch.mask, strict=True)
     ):
         shown = [
             str(t) if keep else MASKED
-            for t, keep in zip(targets.tolist(), mask.tolist(), strict=False)
+            for t, keep in zip(targets.tolist(), mask.tolist(), strict=True)
         ]
         print(f"[{index}] {' '.join(symbols[t] for t in inputs.tolist())}")
         print(f"  -> {' '.join(shown)}")

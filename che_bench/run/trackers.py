@@ -122,7 +122,7 @@ class Trackers:
         self.steps = [config.steps for config in configs]
         if options is None:
             return
-        for runs, config in zip(self.members, configs, strict=False):
+        for runs, config in zip(self.members, configs, strict=True):
             if options.tensorboard is not None:
                 runs.append(_TensorBoardRun(options.tensorboard, config))
             if options.wandb is not None:

@@ -269,7 +269,7 @@ class BinaryMultiplication(_BinaryOperation):
 
     def _combine(self, n: int, first: np.ndarray, second: np.ndarray) -> np.ndarray:
         products = [
-            a * b for a, b in zip(_le_bits_to_ints(first), _le_bits_to_ints(second), strict=False)
+            a * b for a, b in zip(_le_bits_to_ints(first), _le_bits_to_ints(second), strict=True)
         ]
         length = np.array([product.bit_length() for product in products])
         return _terminated(_ints_to_le_bits(products, n), length, n)

@@ -202,9 +202,9 @@ class MultiQueryAssociativeRecall(Task):
             raise CheBenchError(f"{self.name}: the context keys must be distinct")
         targets = np.zeros(inputs.shape, dtype=np.int64)
         mask = np.zeros(inputs.shape, dtype=bool)
-        for row, (row_keys, row_values) in enumerate(zip(keys, values, strict=False)):
+        for row, (row_keys, row_values) in enumerate(zip(keys, values, strict=True)):
             slot_tokens = list(inputs[row, 2 * pairs :: 2])
-            for key, value in zip(row_keys, row_values, strict=False):
+            for key, value in zip(row_keys, row_values, strict=True):
                 if key not in slot_tokens:
                     raise CheBenchError(f"{self.name}: key {key} is never queried")
                 position = 2 * pairs + 2 * slot_tokens.index(key)

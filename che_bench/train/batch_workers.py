@@ -61,7 +61,7 @@ def _serve(lengths: Connection, out: Connection) -> None:
     try:
         task, batch_size, states = lengths.recv()
         rngs = [np.random.default_rng() for _ in states]
-        for rng, state in zip(rngs, states, strict=False):
+        for rng, state in zip(rngs, states, strict=True):
             rng.bit_generator.state = state
         while True:
             length = _next_length(lengths, owner)

@@ -100,7 +100,7 @@ def save_checkpoints(
         "torch_rng": torch.get_rng_state(),
         "device_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
     }
-    for member, (path, config) in enumerate(zip(paths, configs, strict=False)):
+    for member, (path, config) in enumerate(zip(paths, configs, strict=True)):
         state = {
             **shared,
             "run_id": config.run_id(),
@@ -122,7 +122,7 @@ def load_checkpoints(
 ) -> tuple[int, float]:
     """Restore every member from its file (all at one step); returns (step, training
     seconds before)."""
-    states = [read_checkpoint(path, config) for path, config in zip(paths, configs, strict=False)]
+    states = [read_checkpoint(path, config) for path, config in zip(paths, configs, strict=True)]
     steps = {int(state["step"]) for state in states}
     if len(steps) != 1:
         raise CheBenchError("the members of a pack must resume from the same step")
