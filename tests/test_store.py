@@ -22,8 +22,8 @@ import pytest
 from che_bench.cli import main
 from che_bench.config import RunResult, Scores, make_config, protocol_id
 from che_bench.errors import CheBenchError
+from che_bench.store import ResultStore
 from che_bench.store import schema as store_schema
-from che_bench.store.result_store import ResultStore
 from che_bench.store.schema import APPLICATION_ID, SCHEMA_VERSION
 
 
