@@ -18,7 +18,7 @@ from rich.console import Console
 
 from che_bench.run.suites import load_suite
 from che_bench.run.sweep import LocalBackend, available_cpus, run_sweep
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ResultStore
 
 
 def measure(name: str, configs, make_backend) -> None:

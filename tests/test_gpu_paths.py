@@ -20,7 +20,7 @@ from che_bench.model.encoder import build_model
 from che_bench.run import device, packing, runner
 from che_bench.run.device import resolve_device
 from che_bench.run.runner import build_pack_model, execute_pack
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ResultStore
 from che_bench.train import checkpoints
 from che_bench.train import loop as training
 from che_bench.train.batches import BatchStream, on_device

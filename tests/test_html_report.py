@@ -22,7 +22,7 @@ from che_bench.commands.run import overrides_from_args
 from che_bench.config import make_config
 from che_bench.errors import CheBenchError
 from che_bench.reports.html import render_report, write_report
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ResultStore
 
 CHROMIUM = Path("/usr/bin/chromium")
 #: Set in CI (.ci/run), where Chromium is installed: there a missing browser fails the test

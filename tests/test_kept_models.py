@@ -7,7 +7,7 @@ import torch
 
 from che_bench.cli import main
 from che_bench.run.kept_models import load_model, models_dir_for
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ResultStore
 
 TINY = ["--preset", "smoke", "--steps", "6", "--test-lengths", "41,60", "--eval-samples", "8",
         "--eval-batch-size", "4", "--no-progress", "--device", "cpu"]

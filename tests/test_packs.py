@@ -19,7 +19,7 @@ from che_bench.eval.evaluation import length_accuracies
 from che_bench.model.encoder import build_model
 from che_bench.model.packs import stack_members
 from che_bench.run.runner import check_pack, execute_pack, execute_run
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ResultStore
 from che_bench.train.optimizer import PackOptimizer
 
 SMALL = dict(steps=6, dropout=0.0, test_lengths="41,50", eval_samples=8, eval_batch_size=4,

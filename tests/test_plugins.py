@@ -17,7 +17,7 @@ from che_bench.cli import main
 from che_bench.encodings import canonical_encoding_name, list_encodings
 from che_bench.encodings.base import ENCODINGS
 from che_bench.errors import CheBenchError
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ResultStore
 from che_bench.tasks import TASKS, get_task, list_tasks
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

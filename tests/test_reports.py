@@ -23,8 +23,7 @@ from che_bench.reports.labels import run_encoding_label
 from che_bench.reports.plots import plot_accuracy
 from che_bench.reports.tables import format_table, summarize
 from che_bench.run.kept_models import model_path, models_dir_for
-from che_bench.store.result_store import ResultStore
-from che_bench.store.run_prefixes import resolve_run_ids
+from che_bench.store import ResultStore, resolve_run_ids
 from che_bench.tasks import get_task, list_tasks
 
 REPOSITORY = Path(__file__).resolve().parent.parent

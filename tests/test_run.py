@@ -18,7 +18,7 @@ from che_bench.config import RunConfig, RunResult, make_config
 from che_bench.errors import CheBenchError
 from che_bench.protocol import parse_lengths
 from che_bench.run.runner import execute_run
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ResultStore
 
 TINY = ["--preset", "smoke", "--steps", "8", "--test-lengths", "41,50", "--eval-samples", "4",
         "--eval-batch-size", "4", "--no-progress", "--device", "cpu"]

@@ -16,7 +16,7 @@ from che_bench.model.encoder import build_model
 from che_bench.protocol import PRESETS
 from che_bench.reports.tables import summarize
 from che_bench.run.suites import parse_suite
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ResultStore
 
 #: RunConfig fields that are not run settings: the grid point itself, the resolved option
 #: dicts and the fixed parts of the published protocol.

@@ -18,7 +18,7 @@ from che_bench.cli import main
 from che_bench.errors import CheBenchError
 from che_bench.run.suites import load_suite
 from che_bench.run.sweep import LocalBackend, run_sweep
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ResultStore
 
 TINY = """
     preset = "smoke"

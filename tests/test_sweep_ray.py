@@ -11,7 +11,7 @@ ray = pytest.importorskip("ray")
 from che_bench.cli import main  # noqa: E402
 from che_bench.run.ray_backend import RayBackend  # noqa: E402
 from che_bench.run.suites import load_suite  # noqa: E402
-from che_bench.store.result_store import ResultStore  # noqa: E402
+from che_bench.store import ResultStore  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

@@ -47,7 +47,7 @@ def test_tensorboard_event_files_hold_the_history_and_the_evaluation(tmp_path):
     assert {"train/loss", "train/accuracy", "train/grad_norm", "train/lr", "eval/score",
             "eval/exact_score", "eval/accuracy_by_length"} <= set(tags)
 
-    from che_bench.store.result_store import ResultStore
+    from che_bench.store import ResultStore
 
     store = ResultStore(tmp_path / "s.sqlite")
     history = store.history([run_id])

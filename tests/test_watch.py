@@ -24,7 +24,7 @@ from che_bench.reports.export import curves_frame
 from che_bench.reports.plots import run_labels
 from che_bench.reports.stuck import stuck_runs
 from che_bench.run.runner import build_pack_model, execute_run
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ResultStore
 from che_bench.store.schema import SCHEMA_VERSION
 from che_bench.train.history import TrainingHistory, input_blind_accuracy
 from che_bench.train.loop import train_pack

@@ -32,7 +32,7 @@ def attention_command(args: argparse.Namespace) -> int:
     from che_bench.eval.attention_maps import attention_maps, plot_attention
     from che_bench.reports.labels import run_encoding_label
     from che_bench.run.kept_models import load_model, models_dir_for
-    from che_bench.store.run_prefixes import resolve_run_ids
+    from che_bench.store import resolve_run_ids
 
     store = existing_store(args.store)
     run_ids = resolve_run_ids(store, [args.run_id] + ([args.compare] if args.compare else []))

@@ -179,7 +179,7 @@ def writable_directory(path: Path, what: str) -> Path:
 def existing_store(path: str | None, *, for_writing: bool = False):
     """Open an existing store, read-only unless ``for_writing`` (reading never modifies it);
     a missing file is an error rather than a new empty store."""
-    from che_bench.store.result_store import ResultStore, default_store_path
+    from che_bench.store import ResultStore, default_store_path
 
     resolved = Path(path) if path else default_store_path()
     if not resolved.exists():

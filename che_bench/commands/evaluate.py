@@ -83,7 +83,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
         resolve_device,
     )
     from che_bench.run.kept_models import load_model, models_dir_for
-    from che_bench.store.run_prefixes import resolve_run_ids
+    from che_bench.store import resolve_run_ids
 
     options = runtime_options_from_args(args)
     if options.deterministic:
@@ -133,7 +133,7 @@ def _record_evaluation(store, run_id: str, config, result, device) -> None:
     """Record a re-evaluation under a new protocol and say what it scored."""
     from che_bench.run.device import describe_device
     from che_bench.run.runner import software_versions
-    from che_bench.store.reads import describe_protocol
+    from che_bench.store import describe_protocol
 
     protocol = config.evaluation_protocol()
     described = describe_device(device)

@@ -7,7 +7,7 @@ import os
 import sys
 
 from che_bench.commands.common import add_store_argument, existing_store
-from che_bench.store.run_prefixes import resolve_run_ids
+from che_bench.store import resolve_run_ids
 
 #: The columns of ``che-bench runs``.
 RUN_COLUMNS = (

@@ -10,7 +10,7 @@ from pathlib import Path
 from che_bench.commands.common import add_store_argument, existing_store
 from che_bench.errors import CheBenchError
 from che_bench.reports.tables import FORMATS, METRICS
-from che_bench.store.run_prefixes import resolve_run_ids
+from che_bench.store import resolve_run_ids
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

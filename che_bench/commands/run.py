@@ -137,7 +137,7 @@ def run_command(args: argparse.Namespace) -> int:
     from che_bench.run.device import resolve_device
     from che_bench.run.packing import parse_pack_width
     from che_bench.run.sweep import InProcessBackend, run_sweep
-    from che_bench.store.result_store import ResultStore
+    from che_bench.store import ResultStore
 
     configs = cell_configs(args)
     width = parse_pack_width(args.pack)

@@ -122,7 +122,7 @@ def _run_grid(
     from che_bench.reports.tables import format_table
     from che_bench.run.kept_models import models_dir_for
     from che_bench.run.sweep import checkpoint_dir_for, run_sweep
-    from che_bench.store.result_store import ResultStore
+    from che_bench.store import ResultStore
 
     store = ResultStore(args.store)
     options = options.with_changes(
@@ -163,7 +163,7 @@ def _run_grid(
 
 def _store_if_any(path: str | None):
     """The store at ``path`` (default location) if it exists: a dry run creates none."""
-    from che_bench.store.result_store import ResultStore, default_store_path
+    from che_bench.store import ResultStore, default_store_path
 
     store_path = path or default_store_path()
     return ResultStore(store_path, read_only=True) if Path(store_path).is_file() else None

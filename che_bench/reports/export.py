@@ -11,8 +11,7 @@ import pandas as pd
 
 from che_bench.reports.labels import run_encoding_label, run_settings, short_value
 from che_bench.reports.tables import check_metric, with_metric
-from che_bench.store.reads import ORIGINAL
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ORIGINAL, ResultStore
 
 _EXPORT_KEYS = ["task", "pe", "kernel", "encoding", "seed", "lr", "steps", "preset"]
 

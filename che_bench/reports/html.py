@@ -31,8 +31,7 @@ from che_bench.reports.reproduce import CommandLine, page_command, reproduce_htm
 from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
 from che_bench.reports.tables import METRIC_NOTES, display_table
 from che_bench.reports.unregistered import task_names
-from che_bench.store.reads import ORIGINAL, describe_protocol
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ORIGINAL, ResultStore, describe_protocol
 
 #: At most this many table cells get a training-curves figure (the page stays a few MB).
 MAX_CURVE_FIGURES = 48

@@ -22,8 +22,7 @@ from che_bench.reports.export import curves_frame
 from che_bench.reports.labels import labelled_runs
 from che_bench.reports.tables import complete_runs, with_metric
 from che_bench.reports.unregistered import task_known
-from che_bench.store.reads import ORIGINAL
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ORIGINAL, ResultStore
 from che_bench.tasks import Task, get_task
 
 PANEL_SIZE = (6, 4)  # inches

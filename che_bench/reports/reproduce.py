@@ -11,8 +11,7 @@ from typing import Any
 import pandas as pd
 
 from che_bench.reports.page import escaped
-from che_bench.store.reads import ORIGINAL
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ORIGINAL, ResultStore
 
 #: Up to this many runs, the page lists one ``che-bench run`` command per run.
 MAX_RUN_COMMANDS = 10

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from che_bench.reports import unregistered
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ResultStore
 
 #: History rows (``log_every`` steps each) whose mean training accuracy is judged.
 STUCK_WINDOWS = 3

@@ -35,8 +35,7 @@ from che_bench.reports.paper import (
     paper_table_or_none,
 )
 from che_bench.reports.unregistered import UNKNOWN_LEVEL
-from che_bench.store.reads import ORIGINAL, describe_protocol
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ORIGINAL, ResultStore, describe_protocol
 
 FORMATS = ("text", "csv", "markdown", "latex")
 #: ``--metric``: token-level accuracy (the paper's) or sequence-level exact match.

@@ -41,7 +41,7 @@ CREATE TABLE runs (
 );
 """
 #: What version 2 added to version 1 (whose ``accuracies`` had one curve per run); run both
-#: by ``_create`` and by the upgrade of a version-1 store.
+#: by ``opening._create`` and by the upgrade of a version-1 store.
 EVALUATIONS_SCHEMA = """
 CREATE TABLE evaluations (
     run_id TEXT NOT NULL REFERENCES runs(run_id),
@@ -69,7 +69,7 @@ CREATE TABLE accuracies (
 );
 """
 #: What version 3 added to version 2: exact-match accuracies (NULL in evaluations made before
-#: they were recorded) and training histories; run by ``_create`` and by the upgrade.
+#: they were recorded) and training histories; run by ``opening._create`` and by the upgrade.
 EXACT_AND_HISTORY_SCHEMA = """
 ALTER TABLE evaluations ADD COLUMN exact_score REAL;
 ALTER TABLE evaluations ADD COLUMN train_exact_accuracy REAL;
@@ -131,7 +131,7 @@ def execute_script(connection: sqlite3.Connection, script: str) -> None:
 
 
 def _migrate_1_to_2(connection: sqlite3.Connection) -> None:
-    """Schema version 1 -> 2 inside the caller's transaction (see ``_upgrade``)."""
+    """Schema version 1 -> 2 inside the caller's transaction (see ``opening._upgrade``)."""
     connection.execute("ALTER TABLE accuracies RENAME TO accuracies_v1")
     execute_script(connection, EVALUATIONS_SCHEMA)
     evaluated = connection.execute(

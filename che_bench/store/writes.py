@@ -1,16 +1,19 @@
-"""What the result store checks before it writes an evaluation, and the rows it writes."""
+"""The result store's writes: a run's start, a finished run, a re-evaluation (``ResultStore``
+inherits them), what it checks before it writes an evaluation, and the rows it writes."""
 
 from __future__ import annotations
 
 import json
 import math
 import sqlite3
+from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
-from che_bench.config import Scores
+from che_bench.config import RunConfig, RunResult, Scores, protocol_id
 from che_bench.errors import CheBenchError
 from che_bench.protocol import format_lengths
-from che_bench.store.schema import now
+from che_bench.store.schema import checked_protocol, now
 from che_bench.train.history import HISTORY_FIELDS
 
 
@@ -122,3 +125,145 @@ def replace_history(
 
 def finite_or_none(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class StoreWrites:
+    """The writing methods of ``ResultStore`` (which provides ``_transaction`` and ``path``)."""
+
+    path: Path
+
+    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError  # ResultStore's
+
+    def mark_started(self, config: RunConfig) -> None:
+        """Record that a run begins (a complete run is left untouched)."""
+        run_id = config.run_id()
+        with self._transaction() as connection:
+            connection.execute(
+                """INSERT INTO runs (run_id, task, pe, kernel, seed, lr, steps, preset, status,
+                                     config, created_at)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'started', ?, ?)
+                   ON CONFLICT (run_id) DO UPDATE SET
+                       status = 'started', attempts = attempts + 1, error = NULL,
+                       finished_at = NULL
+                   WHERE status != 'complete'""",
+                (
+                    run_id,
+                    config.task,
+                    config.pe,
+                    config.kernel,
+                    config.seed,
+                    config.lr,
+                    config.steps,
+                    config.preset,
+                    json.dumps(config.to_dict()),
+                    now(),
+                ),
+            )
+
+    def record(self, result: RunResult) -> None:
+        """Write a finished run (row, original evaluation and its curves, training history)
+        in one transaction. The run's re-evaluations are kept."""
+        config = result.config
+        row = (
+            result.run_id,
+            config.task,
+            config.pe,
+            config.kernel,
+            config.seed,
+            config.lr,
+            config.steps,
+            config.preset,
+            result.status,
+            result.score,
+            result.train_accuracy,
+            json.dumps(config.to_dict()),
+            json.dumps(result.versions),
+            result.device,
+            json.dumps(result.timings),
+            json.dumps(result.details, default=str),
+            result.error,
+            now(),
+            now(),
+        )
+        protocol = config.evaluation_protocol()
+        evaluation_id = protocol_id(protocol)
+        with self._transaction() as connection:
+            connection.execute(
+                """INSERT INTO runs (run_id, task, pe, kernel, seed, lr, steps, preset, status,
+                                     score, train_accuracy, config, versions, device, timings,
+                                     details, error, created_at, finished_at)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (run_id) DO UPDATE SET
+                       status = excluded.status, score = excluded.score,
+                       train_accuracy = excluded.train_accuracy, config = excluded.config,
+                       versions = excluded.versions, device = excluded.device,
+                       timings = excluded.timings, details = excluded.details,
+                       error = excluded.error, finished_at = excluded.finished_at""",
+                row,
+            )
+            delete_evaluation(connection, result.run_id, evaluation_id)
+            if result.status == "complete" or result.per_length or result.train_per_length:
+                insert_evaluation(
+                    connection,
+                    result.run_id,
+                    evaluation_id,
+                    protocol,
+                    result,
+                    is_original=True,
+                    device=result.device,
+                    versions=result.versions,
+                    timings=result.timings,
+                )
+            replace_history(connection, result.run_id, result.history)
+
+    def record_evaluation(
+        self,
+        run_id: str,
+        protocol: dict[str, Any],
+        scores: Scores,
+        *,
+        device: str,
+        versions: dict[str, str],
+        timings: dict[str, float],
+    ) -> str:
+        """Record a re-evaluation of complete run ``run_id`` under ``protocol`` (a dict like
+        ``RunConfig.evaluation_protocol()``) with its ``scores`` in one transaction, replacing
+        an earlier one under the same protocol; returns the evaluation id (the protocol's id).
+        The curves must cover exactly the protocol's test and in-distribution lengths; the
+        exact-match values come all together or not at all."""
+        protocol = checked_protocol(protocol)
+        check_scores(scores, protocol)
+        evaluation_id = protocol_id(protocol)
+        with self._transaction() as connection:
+            run = connection.execute(
+                "SELECT status FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if run is None:
+                raise CheBenchError(f"no run {run_id!r} in result store {self.path}")
+            if run[0] != "complete":
+                raise CheBenchError(
+                    f"run {run_id} is {run[0]}, not complete: nothing to re-evaluate"
+                )
+            original = connection.execute(
+                "SELECT evaluation_id FROM evaluations WHERE run_id = ? AND is_original = 1",
+                (run_id,),
+            ).fetchone()
+            if original is not None and original[0] == evaluation_id:
+                raise CheBenchError(
+                    f"protocol {evaluation_id} is the original evaluation of run {run_id}; "
+                    "re-evaluate under another protocol"
+                )
+            delete_evaluation(connection, run_id, evaluation_id)
+            insert_evaluation(
+                connection,
+                run_id,
+                evaluation_id,
+                protocol,
+                scores,
+                is_original=False,
+                device=device,
+                versions=versions,
+                timings=timings,
+            )
+        return evaluation_id

@@ -10,7 +10,7 @@ import numpy as np
 from che_bench.checks import conformance
 from che_bench.cli import main
 from che_bench.encodings.base import ENCODINGS
-from che_bench.store.result_store import ResultStore
+from che_bench.store import ResultStore
 from che_bench.tasks import TASKS, get_task
 
 
