@@ -1,7 +1,7 @@
-"""The configuration of a run and its result: what defines a run, and what it produced.
+"""The configuration of a run: what defines it (``RunConfig``), how runs group into packs.
 
-``make_config`` resolves a preset plus overrides into a validated ``RunConfig``; ``RunResult`` is
-what executing one returns (see ``che_bench.run.runner``) and what the store records. This module
+``make_config`` resolves a preset plus overrides into a validated ``RunConfig``; what a run
+produced is ``che_bench.outcomes``' (``Scores``, ``RunResult``). This module
 imports nothing that trains or evaluates, so configuration flows one way: config -> training,
 evaluation -> runner. It does not import torch either (the model-build check of
 ``check_evaluation`` is ``che_bench.model.check``'s, imported when a config is checked), so
@@ -21,6 +21,10 @@ import numpy as np
 
 from che_bench import protocol, settings
 from che_bench.errors import CheBenchError
+
+#: The default architecture (``che_bench.model.architectures.TRANSFORMER``; this module
+#: imports no model code).
+TRANSFORMER = settings.BY_NAME["arch"].default
 
 #: Model options a config records (and the flags that override them).
 MODEL_OPTION_NAMES = tuple(setting.name for setting in settings.settings_where(settings.MODEL))
@@ -82,6 +86,10 @@ class RunConfig:
     length_seed: int | None = None
     #: Decoder-style (causal) attention instead of the CHE encoder's bidirectional one.
     causal: bool = False
+    #: The architecture (``che_bench.model.architectures``) and, for one other than the
+    #: transformer, the options given to it (the transformer's are ``model_options``).
+    arch: str = TRANSFORMER
+    arch_options: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-compatible dict (tuples become lists)."""
@@ -126,8 +134,18 @@ class RunConfig:
         """The test lengths the score averages over."""
         return protocol.score_lengths(self.test_lengths, self.train_max_length, self.score_from_42)
 
+    @property
+    def is_transformer(self) -> bool:
+        return self.arch == TRANSFORMER
+
+    def model_arguments(self) -> dict[str, Any]:
+        """Keyword arguments of ``build_architecture`` besides arch and task."""
+        if not self.is_transformer:
+            return dict(self.arch_options)
+        return {"pe": self.pe, "kernel": self.kernel, **self.model_kwargs()}
+
     def model_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``build_model`` besides task, pe and kernel."""
+        """The transformer's keyword arguments of ``build_model`` besides task, pe and kernel."""
         return {
             **self.model_options,
             **self.dape_options,
@@ -175,78 +193,12 @@ def protocol_id(evaluation_protocol: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
 
-@dataclass
-class Scores:
-    """What an evaluation measured, carried as one object from the evaluation to the store.
-    Accuracies are fractions in [0, 1]: token-level (``score``, ``per_length``, ...) and exact
-    match, the share of sequences whose every masked position is right (``exact_score``,
-    ``exact_per_length``, ...). ``train_*``: at the in-distribution lengths; the curves map a
-    length to its accuracy. A new score is one field here (and its column in the store)."""
-
-    score: float | None = None
-    train_accuracy: float | None = None
-    per_length: dict[int, float] = field(default_factory=dict)
-    train_per_length: dict[int, float] = field(default_factory=dict)
-    exact_score: float | None = None
-    train_exact_accuracy: float | None = None
-    exact_per_length: dict[int, float] = field(default_factory=dict)
-    train_exact_per_length: dict[int, float] = field(default_factory=dict)
-
-    def take_scores(self, other: Scores) -> None:
-        """Copy ``other``'s scores into this object."""
-        for score in dataclasses.fields(Scores):
-            setattr(self, score.name, getattr(other, score.name))
-
-    def has_exact_match(self) -> bool:
-        """Whether exact match was measured (stores of schema 2 have none)."""
-        return (
-            self.exact_score is not None
-            or self.train_exact_accuracy is not None
-            or bool(self.exact_per_length)
-            or bool(self.train_exact_per_length)
-        )
-
-
-@dataclass(kw_only=True)
-class RunResult(Scores):
-    """Outcome of ``execute_run`` (picklable): its scores (``Scores``) and how it went."""
-
-    run_id: str
-    config: RunConfig
-    status: str  # "complete" | "failed"
-    #: Training history rows (``che_bench.train.history``), also of failed runs.
-    history: list[dict[str, Any]] = field(default_factory=list)
-    error: str | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    versions: dict[str, str] = field(default_factory=dict)
-    device: str = ""
-    #: ``model.describe()`` plus anything else worth keeping (e.g. a failure's traceback).
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["config"] = self.config.to_dict()
-        for name in _CURVE_FIELDS:
-            data[name] = {str(n): acc for n, acc in getattr(self, name).items()}
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunResult:
-        data = dict(data)
-        data["config"] = RunConfig.from_dict(data["config"])
-        for name in _CURVE_FIELDS:
-            data[name] = {int(n): acc for n, acc in data.get(name, {}).items()}
-        return cls(**data)
-
-
-#: The per-length curves of ``Scores`` (JSON keys are strings).
-_CURVE_FIELDS = tuple(
-    score.name for score in dataclasses.fields(Scores) if score.name.endswith("per_length")
-)
-
-
 def make_config(
-    task: str, pe: str = "none", kernel: int | None = None, preset: str = "quick", **overrides: Any
+    task: str,
+    pe: str | None = None,
+    kernel: int | None = None,
+    preset: str = "quick",
+    **overrides: Any,
 ) -> RunConfig:
     """Resolve ``preset`` plus ``overrides`` into a validated ``RunConfig``.
 
@@ -254,35 +206,83 @@ def make_config(
     ``che_bench.settings``, each checked by its validator: steps, batch_size, lr, seed,
     data_seed, train_max_length, test_lengths and train_eval_lengths (length specs, see
     ``protocol.parse_lengths``; train_eval_lengths also "auto"), eval_samples,
-    eval_batch_size, layers, dim, heads, ffn (default 4 * dim when dim is overridden),
-    dropout, dape_width, dape_variant, dape_tril, pe_options (dict), task_params (dict),
-    dropout_at_eval, score_from_42, length_seed, causal. Raises CheBenchError for anything
-    invalid.
+    eval_batch_size, dropout_at_eval, score_from_42, length_seed, task_params (dict), arch,
+    and the transformer's (``pe`` and ``kernel`` too): layers, dim, heads, ffn (default
+    4 * dim when dim is overridden), dropout, dape_width, dape_variant, dape_tril,
+    pe_options (dict), causal; another architecture takes arch_options (dict) instead, and
+    trains with its own settings under a preset where it has them. Raises CheBenchError for
+    anything invalid.
     """
-    from che_bench.encodings import canonical_encoding_name
+    from che_bench.model.architectures import canonical_architecture
     from che_bench.tasks import get_task
 
     overrides = {key: value for key, value in overrides.items() if value is not None}
-    values = _preset_with_overrides(preset, overrides)
+    arch = overrides["arch"] = canonical_architecture(overrides.get("arch", TRANSFORMER))
+    values = _preset_with_overrides(preset, overrides, arch)
     task_obj = get_task(task, **dict(values.get("task_params", {})))
-    kernel = _checked_kernel(kernel)
-    config = RunConfig(
-        task=task_obj.name,
-        pe=canonical_encoding_name(pe),
-        kernel=kernel,
-        dape_options=_dape_options(values, overrides, kernel),
-        model_options={name: values[name] for name in MODEL_OPTION_NAMES},
-        preset=preset,
-        **_run_fields(values, task_obj),
-    )
+    if arch == TRANSFORMER:
+        model_fields = _transformer_fields(pe, kernel, values, overrides)
+    else:
+        model_fields = _other_architecture_fields(arch, pe, kernel, overrides)
+    run_fields = _run_fields(values, task_obj)
+    if arch != TRANSFORMER:
+        run_fields["causal"] = False  # attention's setting; a recurrent model reads in order
+    config = RunConfig(task=task_obj.name, preset=preset, **model_fields, **run_fields)
     check_evaluation(config)
     return config
 
 
-def _preset_with_overrides(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The preset's settings updated with ``overrides`` (known run settings only); an
-    overridden ``dim`` brings ``ffn = 4 * dim`` unless ``ffn`` is given too."""
+def _transformer_fields(
+    pe: str | None, kernel: Any, values: dict[str, Any], overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """The transformer's encoding, kernel, DAPE and model options."""
+    from che_bench.encodings import canonical_encoding_name
+
+    if overrides.get("arch_options"):
+        raise CheBenchError(
+            "--arch-option applies to architectures other than the transformer (its options: "
+            "--layers, --dim, --heads, --ffn, --dropout, --pe-option)"
+        )
+    kernel = _checked_kernel(kernel)
+    return {
+        "pe": canonical_encoding_name(pe or "none"),
+        "kernel": kernel,
+        "dape_options": _dape_options(values, overrides, kernel),
+        "model_options": {name: values[name] for name in MODEL_OPTION_NAMES},
+    }
+
+
+#: Settings only the transformer takes.
+TRANSFORMER_ONLY = (*MODEL_OPTION_NAMES, *DAPE_OPTION_NAMES, "pe_options", "causal")
+
+
+def _other_architecture_fields(
+    arch: str, pe: str | None, kernel: Any, overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """No encoding, kernel, DAPE or transformer options (giving one is an error); the
+    architecture's given options, checked."""
+    from che_bench.model.architectures import architecture_options
+
+    given = ["--pe"] if pe not in (None, "none") else []
+    given += ["--kernel"] if kernel is not None else []
+    given += [settings.BY_NAME[name].flag or name for name in TRANSFORMER_ONLY if name in overrides]
+    if given:
+        raise CheBenchError(
+            f"{', '.join(given)} apply to the transformer only, not to architecture {arch!r} "
+            "(its options: --arch-option KEY=VALUE)"
+        )
+    architecture_options(arch, dict(overrides.get("arch_options", {})))
+    return {"pe": "none", "kernel": None, "dape_options": {}, "model_options": {}}
+
+
+def _preset_with_overrides(preset: str, overrides: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The preset's settings (with the architecture's own under it) updated with
+    ``overrides`` (known run settings only); an overridden ``dim`` brings ``ffn = 4 * dim``
+    unless ``ffn`` is given too."""
+    from che_bench.model.architectures import get_architecture
+
     values = protocol.preset_settings(preset)
+    values.update(get_architecture(arch).presets.get(preset, {}))
     known = {setting.name for setting in settings.run_settings()}
     unknown = sorted(set(overrides) - known)
     if unknown:
@@ -328,6 +328,7 @@ def _run_fields(values: dict[str, Any], task) -> dict[str, Any]:
         fields[setting.name] = setting.validate(value)
     fields["task_params"] = task.params()
     fields["pe_options"] = dict(fields["pe_options"])
+    fields["arch_options"] = dict(fields["arch_options"])
     train_max_length = fields["train_max_length"]
     if train_max_length < task.min_length:
         raise CheBenchError(
@@ -371,7 +372,7 @@ def check_evaluation(config: RunConfig) -> None:
     lengths = config.test_lengths
     task.check_length(max(lengths))
     max_tokens = max_input_tokens(
-        config.task, config.task_params, config.pe, config.kernel, config.model_kwargs()
+        config.task, config.task_params, config.arch, config.model_arguments()
     )
     longest = max(task.model_length(n) for n in lengths)
     if max_tokens is not None and longest > max_tokens:

@@ -186,6 +186,26 @@ SETTINGS: tuple[Setting, ...] = (
         default=False,
         check=true_or_false,
     ),
+    # The architecture.
+    Setting(
+        "arch",
+        str,
+        "architecture: transformer (default: the encoder, the only one with --pe, --kernel "
+        "and the transformer's flags), CHE's rnn, lstm, stack_rnn, stack_lstm, tape_rnn, or "
+        "a plugin's (see `che-bench models`)",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        default="transformer",
+    ),
+    Setting(
+        "arch_options",
+        KEY_VALUES,
+        "option of a non-transformer architecture (repeatable), e.g. hidden_size=128; VALUE "
+        "parsed as JSON when possible",
+        flag="--arch-option",
+        metavar="KEY=VALUE",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        default={},
+    ),
     # The model.
     Setting("layers", int, "encoder layers", where=MODEL, presets=_per_preset(5, 2, 1)),
     Setting("dim", int, "model width", where=MODEL, presets=_per_preset(64, 64, 16)),

@@ -11,12 +11,11 @@ import pytest
 import torch
 
 from che_bench.errors import CheBenchError
-from che_bench.model.packs import member_state_dict
+from che_bench.model.packs import member_state_dict, stack_members
 from che_bench.model.recurrent import (
     ARCHITECTURES,
     build_recurrent,
     recurrent_defaults,
-    stack_recurrent_members,
 )
 from che_bench.model.recurrent.stack_rnn import update_stack
 from che_bench.model.recurrent.tape_rnn import jump_indices, update_tape
@@ -58,7 +57,7 @@ def test_forward_returns_logits_of_every_output_position(name, task_name, n, out
 def test_a_pack_member_computes_what_the_model_alone_does(name):
     task = get_task("reverse_string")
     alone = [tiny(name, task, seed=seed) for seed in (0, 1)]
-    pack = stack_recurrent_members(alone)
+    pack = stack_members(alone)
     assert pack.members == 2 and pack.describe() == alone[0].describe()
     shared, own = inputs_for(task, 5), torch.stack([inputs_for(task, 5, seed=s) for s in (2, 3)])
     with torch.no_grad():

@@ -16,7 +16,7 @@ LAYERS = (
      "che_bench.device_memory", "che_bench.plugins", "che_bench.protocol", "che_bench.members"),
     ("che_bench.tasks", "che_bench.encodings"),
     ("che_bench.model",),
-    ("che_bench.config",),
+    ("che_bench.config", "che_bench.outcomes"),
     ("che_bench.train",),
     ("che_bench.eval",),
     ("che_bench.store",),

@@ -14,7 +14,8 @@ import torch
 import che_bench.run.runner as runner
 import che_bench.train.step as train_step
 from che_bench.cli import main
-from che_bench.config import RunConfig, RunResult, make_config
+from che_bench.config import RunConfig, make_config
+from che_bench.outcomes import RunResult
 from che_bench.errors import CheBenchError
 from che_bench.protocol import parse_lengths
 from che_bench.run.runner import execute_run

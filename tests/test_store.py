@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from che_bench.cli import main
-from che_bench.config import RunResult, Scores, make_config, protocol_id
+from che_bench.config import make_config, protocol_id
+from che_bench.outcomes import RunResult, Scores
 from che_bench.errors import CheBenchError
 from che_bench.store import ResultStore
 from che_bench.store import schema as store_schema

@@ -18,7 +18,8 @@ import torch
 
 import che_bench.run.runner as runner
 from che_bench.cli import main
-from che_bench.config import RunResult, make_config
+from che_bench.config import make_config
+from che_bench.outcomes import RunResult
 from che_bench.errors import CheBenchError
 from che_bench.reports.export import curves_frame
 from che_bench.reports.plots import run_labels

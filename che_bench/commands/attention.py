@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, cast
 
 from che_bench.commands.common import add_store_argument, existing_store
 from che_bench.errors import CheBenchError
+
+if TYPE_CHECKING:
+    from che_bench.model.encoder import Encoder
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,6 +41,11 @@ def attention_command(args: argparse.Namespace) -> int:
     store = existing_store(args.store)
     run_ids = resolve_run_ids(store, [args.run_id] + ([args.compare] if args.compare else []))
     loaded = [load_model(models_dir_for(store.path), run_id) for run_id in run_ids]
+    for (config, _), run_id in zip(loaded, run_ids, strict=True):
+        if not config.is_transformer:
+            raise CheBenchError(
+                f"run {run_id} is a {config.arch}: attention maps need a transformer"
+            )
     if len({(config.task, str(config.task_params), config.eval_seed) for config, _ in loaded}) > 1:
         raise CheBenchError(
             "--compare needs a run of the same task and evaluation seed "
@@ -44,7 +53,7 @@ def attention_command(args: argparse.Namespace) -> int:
         )
     maps = [
         attention_maps(
-            model,
+            cast("Encoder", model),
             config,
             f"{run_encoding_label(config.to_dict())} ({run_id})",
             length=args.length,

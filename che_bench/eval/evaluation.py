@@ -30,9 +30,10 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from che_bench.config import RunConfig, Scores
+from che_bench.config import RunConfig
 from che_bench.device_memory import free_gpu_memory, release_memory
-from che_bench.model.encoder import Encoder
+from che_bench.model.base import BenchModel
+from che_bench.outcomes import Scores
 from che_bench.tasks.base import Task
 from che_bench.train.batches import host_to_device
 from che_bench.train.metrics import check_token_ids, exact_counts, masked_counts
@@ -50,7 +51,7 @@ class Evaluation(Scores):
 
 
 def evaluate(
-    model: Encoder, task: Task, config: RunConfig, device: torch.device, *, progress: bool = True
+    model: BenchModel, task: Task, config: RunConfig, device: torch.device, *, progress: bool = True
 ) -> list[Evaluation]:
     """Per-length accuracies on the test and in-distribution lengths, score and timing, for
     each member of ``model`` (all evaluated under ``config``'s evaluation protocol)."""
@@ -98,7 +99,7 @@ def evaluation_budget(device: torch.device) -> int:
     return int(free_gpu_memory(device) * GPU_BUDGET_SHARE)
 
 
-def use_evaluation_budget(model: Encoder, device: torch.device) -> None:
+def use_evaluation_budget(model: BenchModel, device: torch.device) -> None:
     """On a GPU, size the model's memory budget from the memory free now; elsewhere keep
     the model's own (``memory_budget_bytes``, 1 GiB by default)."""
     if device.type == "cuda":
@@ -106,7 +107,7 @@ def use_evaluation_budget(model: Encoder, device: torch.device) -> None:
 
 
 def seed_for_length(
-    model: Encoder, config: RunConfig, length: int
+    model: BenchModel, config: RunConfig, length: int
 ) -> tuple[np.random.Generator, int]:
     """The test data generator of ``length`` and the seed of its dropout (when on), with
     which the model's draw generators are seeded too (alike for every member): every model
@@ -117,14 +118,14 @@ def seed_for_length(
 
 
 def length_accuracies(
-    model: Encoder, task: Task, config: RunConfig, length: int, device: torch.device
+    model: BenchModel, task: Task, config: RunConfig, length: int, device: torch.device
 ) -> list[float]:
     """Each member's mean over sub-batches of the pooled masked token accuracy at one length."""
     return length_scores(model, task, config, length, device)[0]
 
 
 def length_scores(
-    model: Encoder, task: Task, config: RunConfig, length: int, device: torch.device
+    model: BenchModel, task: Task, config: RunConfig, length: int, device: torch.device
 ) -> tuple[list[float], list[float]]:
     """Each member's token accuracy (``length_accuracies``) and exact-match accuracy (mean
     over sub-batches of the share of sequences with every masked position right) at one
@@ -146,7 +147,7 @@ def _sub_batch_sizes(samples: int, batch_size: int) -> list[int]:
     return [batch_size] * full + ([rest] if rest else [])
 
 
-def _count_correct(model: Encoder, batch, device: torch.device) -> tuple[torch.Tensor, ...]:
+def _count_correct(model: BenchModel, batch, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Correct and counted positions, exactly right and counted sequences of one sub-batch per
     member (``[M]`` each, on the device, so that a length costs one synchronisation); one
     random draw serves the whole sub-batch (positions, and dropout's per-sequence seeds). On

@@ -23,14 +23,14 @@ import torch
 from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
 from che_bench.eval.evaluation import seed_for_length
-from che_bench.model.encoder import Encoder
+from che_bench.model.base import BenchModel
 from che_bench.tasks.base import MASKED
 
 DEFAULT_SAMPLES_PER_LENGTH = 8
 
 
 def sample_predictions(
-    model: Encoder,
+    model: BenchModel,
     config: RunConfig,
     run_id: str,
     device: torch.device,
@@ -104,7 +104,7 @@ def check_samples_per_length(count: int) -> None:
 def write_samples(
     out: str | Path,
     run_ids: Sequence[str],
-    models: Sequence[Encoder],
+    models: Sequence[BenchModel],
     configs: Sequence[RunConfig],
     device: torch.device,
     count: int = DEFAULT_SAMPLES_PER_LENGTH,

@@ -17,7 +17,7 @@ import torch
 from che_bench import protocol
 from che_bench.config import RunConfig, check_evaluation, group_into_packs
 from che_bench.eval.evaluation import Evaluation, evaluate
-from che_bench.model.encoder import Encoder
+from che_bench.model.base import BenchModel
 from che_bench.model.packs import stack_members
 from che_bench.settings import BY_NAME
 
@@ -45,7 +45,7 @@ def evaluation_cost(config: RunConfig) -> float:
 
 
 def reevaluate(
-    models: Sequence[Encoder],
+    models: Sequence[BenchModel],
     configs: Sequence[RunConfig],
     device: torch.device,
     *,

@@ -20,6 +20,7 @@ the whole sequence is ever materialised. With gradients everything is one chunk.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -36,6 +37,7 @@ from che_bench.members import (
     MemberLinear,
 )
 from che_bench.model.attention import FLOAT_BYTES, Attention, Block
+from che_bench.model.base import BenchModel
 from che_bench.model.dape import DapeProcessor, check_kernel, check_variant
 from che_bench.model.dropout import SequenceDropout, sequence_seeds
 from che_bench.settings import BY_NAME, DAPE, MODEL, settings_where
@@ -55,7 +57,7 @@ MODEL_DEFAULTS: dict[str, Any] = {
 }
 
 
-class Encoder(nn.Module):
+class Encoder(BenchModel):
     """The CHE encoder for one task, ``members`` models side by side; ``forward(inputs)``
     returns the output logits ``[M, B, output_length, output_size]`` (at the placeholders, or
     at the input positions for an in-place task).
@@ -63,6 +65,9 @@ class Encoder(nn.Module):
     Randomized encodings draw from ``draw_generators`` (one CPU generator per member, seeded
     by ``seed_draws``), never from the global RNG that dropout uses.
     """
+
+    name = "transformer"
+    label = "Transformer"
 
     def __init__(
         self,
@@ -239,9 +244,11 @@ class Encoder(nn.Module):
         for attention in self.attentions():
             attention.memory_budget_bytes = budget_bytes
 
-    def query_row_bytes(self, input_tokens: int, device: torch.device) -> int:
-        """Bytes of the maps of one query row of one sequence (every member): the least
-        memory an evaluation's forward pass can be split down to."""
+    def query_row_bytes(self, input_tokens: int, device: torch.device | None = None) -> int:
+        """Bytes of the maps of one query row of one sequence (every member) on ``device``
+        (default: the model's): the least memory an evaluation's forward pass can be split
+        down to."""
+        device = device or self.embedding.weight.device
         length = input_tokens + self.placeholders(input_tokens)
         channels = max(attention.transient_channels(device) for attention in self.attentions())
         return FLOAT_BYTES * self.members * channels * length
@@ -278,6 +285,19 @@ class Encoder(nn.Module):
         finally:
             for attention in self.attentions():
                 attention.capture = None
+
+    def max_input_tokens(self) -> int | None:
+        return self.encoding.max_tokens()
+
+    def with_members(self, members: int) -> Encoder:
+        return build_model(
+            self.task, self.encoding.name, self.kernel, members=members, **self.build_options
+        )
+
+    def build_key(self) -> str:
+        return json.dumps(
+            [super().build_key(), self.encoding.name, self.kernel], sort_keys=True, default=repr
+        )
 
     def describe(self) -> dict[str, Any]:
         """The fully resolved configuration of one member, for recording with results."""

@@ -1,44 +1,34 @@
-"""Packs of encoders: several models built alike, each from its own seed, held side by side as
+"""Packs of models: several models built alike, each from its own seed, held side by side as
 one model's members, and one member taken back out as a one-member model's weights."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar, cast
 
 import torch
 
 from che_bench.errors import CheBenchError
-from che_bench.members import (
-    load_member_states,
-)
-from che_bench.model.encoder import Encoder, build_model
+from che_bench.members import load_member_states
+from che_bench.model.base import BenchModel
+
+ModelT = TypeVar("ModelT", bound=BenchModel)
 
 
-def stack_members(models: Sequence[Encoder]) -> Encoder:
+def stack_members(models: Sequence[ModelT]) -> ModelT:
     """One model holding the members of ``models`` (built alike, each from its own seed) side
-    by side, in order; its parameters are copies. The draw generators start from member 0's
-    seed: seed them (``seed_draws``) before training or evaluating."""
+    by side, in order; its parameters are copies. A randomized encoding's draw generators
+    start from member 0's seed: seed them (``seed_draws``) before training or evaluating."""
     first = models[0]
-    if any(
-        model.build_options != first.build_options
-        or model.task.params() != first.task.params()
-        or (model.task.name, model.encoding.name, model.kernel)
-        != (first.task.name, first.encoding.name, first.kernel)
-        for model in models
-    ):
-        raise CheBenchError("only models built with the same task, encoding and options stack")
+    if any(model.build_key() != first.build_key() for model in models):
+        raise CheBenchError("only models built with the same task, architecture and options stack")
+    device = next(first.parameters()).device
     with torch.random.fork_rng(devices=[]):  # the pack's own initialisation is overwritten
-        pack = build_model(
-            first.task,
-            first.encoding.name,
-            first.kernel,
-            members=sum(model.members for model in models),
-            **first.build_options,
-        )
-    return load_member_states(pack, models).to(first.embedding.weight.device)
+        pack = first.with_members(sum(model.members for model in models))
+    return cast(ModelT, load_member_states(pack, models).to(device))
 
 
-def member_state_dict(model: Encoder, member: int) -> dict[str, torch.Tensor]:
+def member_state_dict(model: BenchModel, member: int) -> dict[str, torch.Tensor]:
     """The weights of one member, as a one-member model's ``state_dict`` (fresh copies, so
     that saving one never writes the whole pack's storage)."""
     return {

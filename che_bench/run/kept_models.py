@@ -15,7 +15,8 @@ import torch
 from che_bench.atomic import save_atomically
 from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
-from che_bench.model.encoder import Encoder, build_model
+from che_bench.model.architectures import build_architecture
+from che_bench.model.base import BenchModel
 
 FORMAT = "che-bench-model"
 VERSION = 1
@@ -44,7 +45,7 @@ def save_model(models_dir: str | Path, config: RunConfig, state: dict[str, torch
     return path
 
 
-def load_model(models_dir: str | Path, run_id: str) -> tuple[RunConfig, Encoder]:
+def load_model(models_dir: str | Path, run_id: str) -> tuple[RunConfig, BenchModel]:
     """The configuration and the rebuilt model (one member, on the CPU, eval mode) of a kept
     run; a missing, foreign or damaged file is a CheBenchError."""
     path = model_path(models_dir, run_id)
@@ -70,7 +71,7 @@ def load_model(models_dir: str | Path, run_id: str) -> tuple[RunConfig, Encoder]
         config = RunConfig.from_dict(content["config"])
         if config.run_id() != run_id or content.get("run_id") != run_id:
             raise CheBenchError(f"kept model {path} belongs to another run")
-        model = build_model(config.build_task(), config.pe, config.kernel, **config.model_kwargs())
+        model = build_architecture(config.arch, config.build_task(), **config.model_arguments())
         model.load_state_dict(content["state"])
     except CheBenchError:
         raise

@@ -45,13 +45,13 @@ def parse_pack_width(text: str) -> int | str:
 def training_bytes_per_member(config: RunConfig, device: torch.device) -> int:
     """Peak device memory of one training step of one member at the longest training length
     (measured on ``device``, a GPU; elsewhere only with faked memory queries, in tests)."""
-    from che_bench.model.encoder import build_model
+    from che_bench.model.architectures import build_architecture
     from che_bench.train.metrics import token_loss
 
     task = config.build_task()
     length = config.train_max_length
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        model = build_model(task, config.pe, config.kernel, **config.model_kwargs()).to(device)
+        model = build_architecture(config.arch, task, **config.model_arguments()).to(device)
         batch = task.sample(length, config.batch_size, np.random.default_rng(0))
         inputs = torch.from_numpy(batch.inputs.copy())
         torch.cuda.synchronize(device)

@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from che_bench import plugins
-from che_bench.config import RunConfig, RunResult
+from che_bench.config import RunConfig
 from che_bench.device_memory import share_gpu
 from che_bench.errors import CheBenchError
+from che_bench.outcomes import RunResult
 from che_bench.run.options import RuntimeOptions
 from che_bench.run.runner import execute_runs
 

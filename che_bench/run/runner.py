@@ -22,12 +22,14 @@ import torch
 
 import che_bench
 from che_bench import plugins
-from che_bench.config import RunConfig, RunResult, group_into_packs
+from che_bench.config import RunConfig, group_into_packs
 from che_bench.device_memory import release_memory
 from che_bench.errors import CheBenchError
 from che_bench.eval.evaluation import Evaluation, evaluate
-from che_bench.model.encoder import Encoder, build_model
-from che_bench.model.packs import member_state_dict, stack_members
+from che_bench.model.architectures import build_members
+from che_bench.model.base import BenchModel
+from che_bench.model.packs import member_state_dict
+from che_bench.outcomes import RunResult
 from che_bench.run.device import (
     configure_numerics,
     describe_device,
@@ -273,7 +275,7 @@ def _train_and_evaluate(
     device: torch.device,
     checkpoints: list[Path] | None,
     **training_options: Any,
-) -> tuple[Encoder, PackTraining, list[Evaluation]]:
+) -> tuple[BenchModel, PackTraining, list[Evaluation]]:
     """The pack's model, its training (``training_options``: ``train_pack``'s keywords) and
     its members' evaluations; notes the model (and the pack) in ``results``."""
     task = configs[0].build_task()
@@ -296,7 +298,7 @@ def _train_and_evaluate(
 def _record_outcome(
     configs: list[RunConfig],
     results: list[RunResult],
-    model: Encoder,
+    model: BenchModel,
     training: PackTraining,
     evaluations: list[Evaluation],
     models_dir: str | Path | None,
@@ -320,14 +322,13 @@ def _record_outcome(
             save_model(models_dir, config, member_state_dict(model, member))
 
 
-def build_pack_model(task: Task, configs: Sequence[RunConfig]) -> Encoder:
+def build_pack_model(task: Task, configs: Sequence[RunConfig]) -> BenchModel:
     """The model of a pack (on the CPU): member m initialised exactly as run m alone would be,
     from ``torch.manual_seed(configs[m].seed)``; the global RNG is left after the last one."""
-    models = []
-    for config in configs:
-        torch.manual_seed(config.seed)
-        models.append(build_model(task, config.pe, config.kernel, **config.model_kwargs()))
-    return models[0] if len(models) == 1 else stack_members(models)
+    first = configs[0]
+    return build_members(
+        first.arch, task, [config.seed for config in configs], **first.model_arguments()
+    )
 
 
 def execute_runs(

@@ -28,7 +28,8 @@ from typing import Protocol
 
 from rich.console import Console
 
-from che_bench.config import RunConfig, RunResult, group_into_packs
+from che_bench.config import RunConfig, group_into_packs
+from che_bench.outcomes import RunResult
 from che_bench.run.options import RuntimeOptions
 from che_bench.run.packing import AUTO, CPU_AUTO_WIDTH
 from che_bench.run.runner import execute_runs, software_versions

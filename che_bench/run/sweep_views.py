@@ -18,7 +18,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from che_bench.config import RunConfig, RunResult
+from che_bench.config import RunConfig
+from che_bench.outcomes import RunResult
 
 
 class SweepView(Protocol):

@@ -10,8 +10,9 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from che_bench.config import RunConfig, RunResult, Scores, protocol_id
+from che_bench.config import RunConfig, protocol_id
 from che_bench.errors import CheBenchError
+from che_bench.outcomes import RunResult, Scores
 from che_bench.protocol import format_lengths
 from che_bench.store.schema import checked_protocol, now
 from che_bench.train.history import HISTORY_FIELDS

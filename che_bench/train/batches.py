@@ -18,7 +18,7 @@ import torch
 from che_bench.config import RunConfig
 from che_bench.encodings.base import Draws
 from che_bench.errors import CheBenchError
-from che_bench.model.encoder import Encoder
+from che_bench.model.base import BenchModel
 from che_bench.tasks.base import Task
 from che_bench.train.metrics import check_token_ids
 
@@ -79,7 +79,7 @@ class BatchStream:
         task: Task,
         configs: Sequence[RunConfig],
         workers: int = 0,
-        model: Encoder | None = None,
+        model: BenchModel | None = None,
     ) -> None:
         first = configs[0]
         self.task, self.batch_size = task, first.batch_size

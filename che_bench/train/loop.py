@@ -51,7 +51,7 @@ from rich.progress import (
 )
 
 from che_bench.config import RunConfig
-from che_bench.model.encoder import Encoder
+from che_bench.model.base import BenchModel
 from che_bench.tasks.base import Task
 from che_bench.train.batches import BatchStream, PackBatch, batch_workers_for, on_device
 from che_bench.train.checkpoints import (
@@ -89,7 +89,7 @@ class PackTraining:
 
 
 def train_pack(
-    model: Encoder,
+    model: BenchModel,
     task: Task,
     configs: Sequence[RunConfig],
     device: torch.device,
@@ -146,7 +146,7 @@ class _PackRun:
 
     def __init__(
         self,
-        model: Encoder,
+        model: BenchModel,
         task: Task,
         configs: Sequence[RunConfig],
         device: torch.device,

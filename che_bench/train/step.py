@@ -10,13 +10,13 @@ from typing import Any, Protocol, cast
 import torch
 
 from che_bench.encodings.base import Draws
-from che_bench.model.encoder import Encoder
+from che_bench.model.base import BenchModel
 from che_bench.train.metrics import token_loss
 from che_bench.train.optimizer import PackOptimizer
 
 
 def training_step(
-    model: Encoder,
+    model: BenchModel,
     optimizer: PackOptimizer,
     inputs: torch.Tensor,
     targets: torch.Tensor,
@@ -55,7 +55,7 @@ def training_step(
 
 
 def _micro_batched_backward(
-    model: Encoder,
+    model: BenchModel,
     inputs: torch.Tensor,
     targets: torch.Tensor,
     loss_mask: torch.Tensor | None,

@@ -17,14 +17,14 @@ pass computes once), ``initial(members, batch, like)``, ``read(memory)`` and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
 from typing import Any, Protocol, cast
 
 import torch
-from torch import nn
 
 from che_bench.errors import CheBenchError
 from che_bench.members import MemberLinear
+from che_bench.model.base import BenchModel
 from che_bench.tasks.base import Task
 
 FLOAT_BYTES = 4
@@ -113,7 +113,7 @@ def unroll(
     return torch.stack(outputs, dim=2)
 
 
-class RecurrentModel(nn.Module):
+class RecurrentModel(BenchModel):
     """One of CHE's recurrent baselines for one task, ``members`` models side by side;
     ``forward(inputs)`` returns the logits ``[M, B, output_length(n), output_size]`` (at the
     appended empty positions, or at the inputs for an in-place task), as ``Encoder`` does.
@@ -145,29 +145,7 @@ class RecurrentModel(nn.Module):
         # CHE models/rnn.py make_rnn: output = hk.Linear(output_size)(relu(core output)).
         self.head = MemberLinear(members, cell.hidden_size, task.output_size)
 
-    # -- random draws: none (CHE's recurrent models draw nothing, not even dropout) ---------
-
-    def seed_draws(self, seeds: Sequence[int]) -> None:
-        if len(seeds) != self.members:
-            raise ValueError(f"{len(seeds)} seeds for {self.members} members")
-
-    def draw_states(self) -> list[None]:
-        return [None] * self.members
-
-    def set_draw_states(self, states: Sequence[Any]) -> None:
-        if len(states) != self.members:
-            raise ValueError(f"{len(states)} draw states for {self.members} members")
-
-    def sample_draws(self, input_tokens: int, *, evaluating: bool | None = None) -> None:
-        return None
-
-    def sample_dropout_seeds(self, batch: int) -> None:
-        return None  # CHE's recurrent models have no dropout
-
     # -- memory budget ----------------------------------------------------------------------
-
-    def set_memory_budget(self, budget_bytes: int) -> None:
-        self.memory_budget_bytes = budget_bytes
 
     def query_row_bytes(self, input_tokens: int, device: torch.device | None = None) -> int:
         """Bytes one sequence (every member) holds during a forward pass without gradients:
@@ -234,6 +212,14 @@ class RecurrentModel(nn.Module):
         return unroll(self.cell, self.memory, tokens, input_tokens, read)
 
     # -- inspection -------------------------------------------------------------------------
+
+    def with_members(self, members: int) -> RecurrentModel:
+        from che_bench.model.recurrent import build_recurrent
+
+        return build_recurrent(self.architecture, self.task, members=members, **self.build_options)
+
+    def build_key(self) -> str:
+        return json.dumps([super().build_key(), self.architecture], sort_keys=True, default=repr)
 
     def describe(self) -> dict[str, Any]:
         """The fully resolved configuration of one member, for recording with results."""

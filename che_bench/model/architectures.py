@@ -1,0 +1,167 @@
+"""Every architecture che-bench trains, by name: ``transformer`` (the encoder, with a
+positional encoding and DAPE), CHE's recurrent baselines, and the models plugins register.
+
+A plugin's model is a ``che_bench.model.base.BenchModel`` subclass decorated with
+``@register_model`` (see that module for what a model receives and returns); it is built as
+``cls(task, members=M, **options)`` with every option of its ``defaults`` resolved (the
+given ones over the defaults). ``build_architecture`` builds any of them,
+``build_members`` a pack whose member m is initialised as run m alone would be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from che_bench.errors import CheBenchError, one_line
+from che_bench.members import load_member_states
+from che_bench.model.base import BenchModel
+from che_bench.model.encoder import Encoder, build_model
+from che_bench.model.recurrent import (
+    ARCHITECTURES as RECURRENT,
+)
+from che_bench.model.recurrent import (
+    LABELS as RECURRENT_LABELS,
+)
+from che_bench.model.recurrent import (
+    PRESETS as RECURRENT_PRESETS,
+)
+from che_bench.model.recurrent import (
+    build_recurrent,
+    recurrent_defaults,
+)
+from che_bench.registry import Registry
+from che_bench.tasks.base import Task
+
+#: The default architecture: the only one with a positional encoding and DAPE.
+TRANSFORMER = "transformer"
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A registered architecture: ``build(task, members=M, **options)`` (None for the
+    transformer, built with its encoding by ``build_model``), its ``defaults`` (every option
+    and its value when not given), its ``label`` in tables and the run settings it trains
+    with under each preset where they differ from the transformer's (``presets``)."""
+
+    name: str
+    label: str
+    build: Callable[..., BenchModel] | None
+    defaults: dict[str, Any] = field(default_factory=dict)
+    presets: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+ARCHITECTURES: Registry[Architecture] = Registry("architecture")
+
+
+def register_model(*aliases: Any):
+    """Class decorator: make a ``BenchModel`` subclass available as an architecture under
+    its ``name`` and ``aliases`` (``@register_model`` or ``@register_model("alias")``); a
+    name already taken, or a class that is not a named BenchModel, is a CheBenchError."""
+
+    def decorate(cls: type[BenchModel]) -> type[BenchModel]:
+        if not (isinstance(cls, type) and issubclass(cls, BenchModel)):
+            raise CheBenchError(
+                f"register_model: {cls!r} is not a che_bench.model.BenchModel subclass"
+            )
+        if not cls.name:
+            raise CheBenchError(f"model class {cls.__name__} does not set name")
+        entry = Architecture(
+            cls.name,
+            cls.label or cls.name,
+            cls,
+            dict(cls.defaults),
+            {preset: dict(values) for preset, values in cls.presets.items()},
+        )
+        ARCHITECTURES.add(cls.name, entry, aliases)
+        return cls
+
+    if len(aliases) == 1 and isinstance(aliases[0], type):  # bare @register_model
+        return decorate(aliases[0])
+    return decorate
+
+
+def canonical_architecture(name: str) -> str:
+    return ARCHITECTURES.canonical(name)
+
+
+def get_architecture(name: str) -> Architecture:
+    return ARCHITECTURES.get(name)
+
+
+def architecture_options(arch: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Every option of ``arch`` (not the transformer): ``options`` over its defaults; an
+    option it does not take is a CheBenchError naming those it does."""
+    entry = get_architecture(arch)
+    unknown = sorted(set(options) - set(entry.defaults))
+    if unknown:
+        takes = ", ".join(entry.defaults) or "none"
+        raise CheBenchError(f"{entry.name} takes no option {', '.join(unknown)} (options: {takes})")
+    return {**entry.defaults, **options}
+
+
+def build_architecture(
+    arch: str,
+    task: Task,
+    *,
+    pe: str = "none",
+    kernel: int | None = None,
+    members: int = 1,
+    **options: Any,
+) -> BenchModel:
+    """Architecture ``arch`` for ``task``, ``members`` models side by side, initialised from
+    torch's global RNG. ``pe``, ``kernel`` and ``options``: the transformer's
+    (``build_model``), or the other architecture's options (``architecture_options``)."""
+    entry = get_architecture(arch)
+    if entry.build is None:
+        return build_model(task, pe, kernel, members=members, **options)
+    resolved = architecture_options(entry.name, options)
+    try:
+        return entry.build(task, members=members, **resolved)
+    except CheBenchError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise CheBenchError(f"architecture {entry.name!r}: {one_line(exc)}") from None
+
+
+def build_members(arch: str, task: Task, seeds: Sequence[int], **arguments: Any) -> BenchModel:
+    """A pack of ``len(seeds)`` members (``build_architecture``'s ``arguments``), member m
+    initialised exactly as the model built alone after ``torch.manual_seed(seeds[m])``; the
+    global RNG is left after the last one."""
+    models = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        models.append(build_architecture(arch, task, **arguments))
+    if len(models) == 1:
+        return models[0]
+    with torch.random.fork_rng(devices=[]):  # the pack's own initialisation is overwritten
+        pack = build_architecture(arch, task, members=len(models), **arguments)
+    return load_member_states(pack, models)
+
+
+def _register_built_ins() -> None:
+    ARCHITECTURES.add(TRANSFORMER, Architecture(TRANSFORMER, Encoder.label or TRANSFORMER, None))
+    for name in RECURRENT:
+        ARCHITECTURES.add(
+            name,
+            Architecture(
+                name,
+                RECURRENT_LABELS[name],
+                _recurrent_builder(name),
+                recurrent_defaults(name),
+                RECURRENT_PRESETS,
+            ),
+        )
+
+
+def _recurrent_builder(name: str) -> Callable[..., BenchModel]:
+    def build(task: Task, *, members: int, **options: Any) -> BenchModel:
+        return build_recurrent(name, task, members=members, **options)
+
+    return build
+
+
+_register_built_ins()
