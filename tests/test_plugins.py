@@ -50,7 +50,7 @@ def test_a_plugin_named_on_the_command_line_runs_like_a_built_in(example_on_path
     table = capsys.readouterr().out
     assert "majority" in table and "log_length_nope" in table
     assert main(["export", "--format", "csv", *common]) == 0
-    assert "majority,log_length_nope,,log_length_nope," in capsys.readouterr().out
+    assert "majority,transformer,log_length_nope,,log_length_nope," in capsys.readouterr().out
     assert main(["report", *common, "--out", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()
     assert "plugin che_bench_loglength 0.1.0" in page

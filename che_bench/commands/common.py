@@ -187,3 +187,22 @@ def existing_store(path: str | None, *, for_writing: bool = False):
             f"no result store at {resolved} (run `che-bench run` first or pass --store)"
         )
     return ResultStore(resolved, read_only=not for_writing)
+
+
+def add_arch_filter_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--arch",
+        action="append",
+        dest="archs",
+        metavar="ARCH",
+        help="only runs of this architecture (repeatable): transformer, lstm, ...",
+    )
+
+
+def runs_of_arch_filter(store, archs: list[str] | None) -> list[str] | None:
+    """The ids of the store's runs of ``archs`` (``--arch``), None (every run) without."""
+    if archs is None:
+        return None
+    from che_bench.reports.labels import runs_of_architectures
+
+    return runs_of_architectures(store.runs(), archs)

@@ -6,14 +6,19 @@ import argparse
 import os
 import sys
 
-from che_bench.commands.common import add_store_argument, existing_store
+from che_bench.commands.common import (
+    add_arch_filter_argument,
+    add_store_argument,
+    existing_store,
+    runs_of_arch_filter,
+)
 from che_bench.store import resolve_run_ids
 
 #: The columns of ``che-bench runs``.
 RUN_COLUMNS = (
     "run id",
     "task",
-    "encoding",
+    "model",
     "seed",
     "lr",
     "steps",
@@ -22,7 +27,7 @@ RUN_COLUMNS = (
     "score %",
     "in-dist. %",
     "learned",
-    "model",
+    "kept model",
     "finished / error",
 )
 
@@ -30,6 +35,7 @@ RUN_COLUMNS = (
 def register(subparsers: argparse._SubParsersAction) -> None:
     """``runs`` and ``evaluations``: what the store holds."""
     runs = subparsers.add_parser("runs", help="list the store's runs and their status")
+    add_arch_filter_argument(runs)
     add_store_argument(runs)
     runs.set_defaults(handler=runs_command)
 
@@ -58,7 +64,7 @@ def runs_command(args: argparse.Namespace) -> int:
     from che_bench.run.kept_models import model_path, models_dir_for
 
     store = existing_store(args.store)
-    runs = store.runs()
+    runs = store.runs(runs_of_arch_filter(store, args.archs))
     learning = stuck_runs(store).set_index("run_id")["stuck"]
     stuck = set(learning[learning].index)
     models_dir = models_dir_for(store.path)

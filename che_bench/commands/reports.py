@@ -7,7 +7,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from che_bench.commands.common import add_store_argument, existing_store
+from che_bench.commands.common import (
+    add_arch_filter_argument,
+    add_store_argument,
+    existing_store,
+    runs_of_arch_filter,
+)
 from che_bench.errors import CheBenchError
 from che_bench.reports.tables import FORMATS, METRICS
 from che_bench.store import resolve_run_ids
@@ -36,6 +41,7 @@ def _register_table(subparsers: argparse._SubParsersAction) -> None:
     table.add_argument(
         "--task", action="append", dest="tasks", metavar="TASK", help="only this task (repeatable)"
     )
+    add_arch_filter_argument(table)
     _add_evaluation_argument(table)
     _add_metric_argument(table)
     add_store_argument(table)
@@ -58,6 +64,7 @@ def _register_export(subparsers: argparse._SubParsersAction) -> None:
         "training accuracy, gradient norm, lr, elapsed seconds)",
     )
     export.add_argument("--out", help="output file (default or '-': standard output)")
+    add_arch_filter_argument(export)
     _add_evaluation_argument(export)
     _add_metric_argument(export)
     add_store_argument(export)
@@ -74,6 +81,7 @@ def _register_plot(subparsers: argparse._SubParsersAction) -> None:
         help="only this task (repeatable; default every task in the store)",
     )
     plot.add_argument("--out", required=True, help="image file, e.g. accuracy.png")
+    add_arch_filter_argument(plot)
     _add_evaluation_argument(plot)
     _add_metric_argument(plot)
     add_store_argument(plot)
@@ -102,6 +110,7 @@ def _register_report(subparsers: argparse._SubParsersAction) -> None:
         help="these runs (ids or unique id prefixes; default: every run in the store)",
     )
     report.add_argument("--out", required=True, help="HTML file, e.g. report.html")
+    add_arch_filter_argument(report)
     _add_evaluation_argument(report)
     _add_metric_argument(report)
     add_store_argument(report)
@@ -164,6 +173,7 @@ def table_command(args: argparse.Namespace) -> int:
         format_table(
             store,
             tasks=args.tasks,
+            run_ids=runs_of_arch_filter(store, args.archs),
             compare=args.compare,
             fmt=args.fmt,
             evaluation=args.evaluation,
@@ -181,11 +191,16 @@ def export_command(args: argparse.Namespace) -> int:
             "--curves exports training histories: --metric and --evaluation do not apply"
         )
     store = existing_store(args.store)
+    run_ids = runs_of_arch_filter(store, args.archs)
     if args.curves:
-        frame = curves_frame(store)
+        frame = curves_frame(store, run_ids)
     else:
         frame = export_frame(
-            store, per_length=args.per_length, evaluation=args.evaluation, metric=args.metric
+            store,
+            per_length=args.per_length,
+            run_ids=run_ids,
+            evaluation=args.evaluation,
+            metric=args.metric,
         )
     written = _write_text(frame.to_csv(index=False), args.out)
     if written is not None:
@@ -198,7 +213,12 @@ def plot_command(args: argparse.Namespace) -> int:
 
     store = existing_store(args.store)
     path = plot_accuracy(
-        store, args.out, tasks=args.tasks, evaluation=args.evaluation, metric=args.metric
+        store,
+        args.out,
+        tasks=args.tasks,
+        run_ids=runs_of_arch_filter(store, args.archs),
+        evaluation=args.evaluation,
+        metric=args.metric,
     )
     print(f"wrote {path}")
     return 0
@@ -226,6 +246,7 @@ def report_command(args: argparse.Namespace) -> int:
         suite=args.suite,
         tasks=args.tasks,
         run_ids=run_ids,
+        archs=args.archs,
         evaluation=args.evaluation,
         metric=args.metric,
     )

@@ -9,11 +9,26 @@ from typing import Any
 
 import pandas as pd
 
-from che_bench.reports.labels import run_encoding_label, run_settings, short_value
+from che_bench.reports.labels import (
+    run_architecture,
+    run_encoding_label,
+    run_settings,
+    short_value,
+)
 from che_bench.reports.tables import check_metric, with_metric
 from che_bench.store import ORIGINAL, ResultStore
 
-_EXPORT_KEYS = ["task", "pe", "kernel", "encoding", "seed", "lr", "steps", "preset"]
+_EXPORT_KEYS = [
+    "task",
+    "architecture",
+    "pe",
+    "kernel",
+    "encoding",
+    "seed",
+    "lr",
+    "steps",
+    "preset",
+]
 
 
 _EXPORT_PER_LENGTH = [
@@ -53,6 +68,7 @@ def export_frame(
     store: ResultStore,
     *,
     per_length: bool = False,
+    run_ids: Iterable[str] | None = None,
     evaluation: str = ORIGINAL,
     metric: str = "token",
 ) -> pd.DataFrame:
@@ -63,15 +79,17 @@ def export_frame(
     with ``metric="exact"``, ``score`` / ``train_accuracy`` / ``accuracy`` hold exact match
     too, and only runs that have it are exported (``with_metric``)."""
     check_metric(metric)
-    runs = store.runs(evaluation=evaluation)
+    runs = store.runs(run_ids, evaluation)
     if metric == "exact":
         runs = with_metric(runs, metric)
     if runs.empty:
         return pd.DataFrame(columns=_EXPORT_PER_LENGTH if per_length else _EXPORT_RUNS)
     runs["encoding"] = [run_encoding_label(config) for config in runs["config"]]
+    runs["architecture"] = [run_architecture(json.loads(config)) for config in runs["config"]]
     if per_length:
-        curves = with_metric(store.per_length(evaluation=evaluation), metric)
-        return curves.merge(runs[["run_id", "encoding"]], on="run_id")[_EXPORT_PER_LENGTH]
+        curves = with_metric(store.per_length(run_ids, evaluation), metric)
+        labels = runs[["run_id", "architecture", "encoding"]]
+        return curves.merge(labels, on="run_id")[_EXPORT_PER_LENGTH]
     run_timings = [_json_or_empty(text) for text in runs["timings"]]
     runs["train_s"] = [timing.get("train_s") for timing in run_timings]
     runs["total_s"] = [timing.get("total_s") for timing in run_timings]

@@ -24,7 +24,7 @@ import pandas as pd
 
 from che_bench.errors import CheBenchError
 from che_bench.reports.export import curves_frame
-from che_bench.reports.labels import labelled_runs, run_encoding_label
+from che_bench.reports.labels import labelled_runs, run_encoding_label, runs_of_architectures
 from che_bench.reports.page import escaped, page_html
 from che_bench.reports.paper import paper_table_or_none
 from che_bench.reports.reproduce import CommandLine, page_command, reproduce_html
@@ -43,10 +43,11 @@ def select_runs(
     suite: str | None = None,
     tasks: Iterable[str] | None = None,
     run_ids: Iterable[str] | None = None,
+    archs: Iterable[str] | None = None,
 ) -> tuple[pd.DataFrame, str]:
     """The runs (``store.runs()`` rows, every status) of a suite file, of some tasks, with
-    some run ids, or (none given) the whole store, and a title for them. Selecting nothing is a
-    CheBenchError."""
+    some run ids, or (none given) the whole store, and a title for them; with ``archs``, only
+    those of these architectures. Selecting nothing is a CheBenchError."""
     if sum(choice is not None for choice in (suite, tasks, run_ids)) > 1:
         raise CheBenchError("select runs by one of --suite, --task or --run")
     runs = store.runs()
@@ -70,6 +71,10 @@ def select_runs(
         title = missing = f"run{'s' if len(run_ids) > 1 else ''} {', '.join(run_ids)}"
     else:
         title, missing = f"all runs in {store.path.name}", "at all"
+    if archs is not None:
+        runs = runs[runs["run_id"].isin(runs_of_architectures(runs, archs))]
+        title = f"{title}, architecture{'s' if len(list(archs)) > 1 else ''} {', '.join(archs)}"
+        missing = title
     if runs.empty:
         raise CheBenchError(f"no runs {missing} in {store.path}: nothing to report")
     return runs.reset_index(drop=True), title
@@ -81,6 +86,7 @@ def render_report(
     suite: str | None = None,
     tasks: Iterable[str] | None = None,
     run_ids: Iterable[str] | None = None,
+    archs: Iterable[str] | None = None,
     evaluation: str = ORIGINAL,
     metric: str = "token",
     out: str | Path = "report.html",
@@ -91,7 +97,7 @@ def render_report(
     run_id)`` gives the ``che-bench run`` arguments that recreate a run (None: no such
     command); the command line provides it (``che_bench.commands.command_lines``), since
     only it knows its own flags. Without it the page lists no per-run commands."""
-    runs, title = select_runs(store, suite=suite, tasks=tasks, run_ids=run_ids)
+    runs, title = select_runs(store, suite=suite, tasks=tasks, run_ids=run_ids, archs=archs)
     ids = list(runs["run_id"])
     evaluated = store.runs(ids, evaluation)
     if evaluation != ORIGINAL and not (evaluated["status"] == "complete").any():
@@ -127,7 +133,7 @@ def render_report(
             suite,
             shown,
             command_line,
-            page_command(store, suite, tasks, run_ids, evaluation, metric, out),
+            page_command(store, suite, tasks, run_ids, archs, evaluation, metric, out),
         ),
     ]
     return page_html(f"che-bench report: {title}", sections)

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import Any
 
 import pandas as pd
 
+from che_bench.config import TRANSFORMER
 from che_bench.reports import unregistered
 from che_bench.reports.paper import paper_protocol_differences
 from che_bench.reports.unregistered import UNKNOWN_LEVEL, recorded_task_label
 
 #: Config fields that identify a cell's row and column, or vary within a cell (seeds, lrs).
 CELL_FIELDS = {
+    "arch",
     "task",
     "task_params",
     "pe",
@@ -41,13 +43,54 @@ PAPER_ENCODING_LABELS = {
 
 
 def run_encoding_label(config: str | Mapping[str, Any]) -> str:
-    """The column name of a run's encoding, from its config (a dict or its stored JSON), as
-    in the paper: ``Kerple``, ``DAPE_k1_Kerple``, ``DAPE_k3_Kerple``; ``Kerple (causal)`` for
-    decoder-style attention (no published column). Every label of a run comes from here."""
+    """The column name of a run, from its config (a dict or its stored JSON): a transformer's
+    encoding as in the paper, ``Kerple``, ``DAPE_k1_Kerple``, ``DAPE_k3_Kerple``, and
+    ``Kerple (causal)`` for decoder-style attention (no published column); another
+    architecture's label, e.g. ``LSTM``. Every label of a run comes from here."""
     fields: Mapping[str, Any] = json.loads(config) if isinstance(config, str) else config
+    if run_architecture(fields) != TRANSFORMER:
+        return architecture_label(run_architecture(fields))
     base = PAPER_ENCODING_LABELS.get(fields["pe"], fields["pe"])
     label = base if fields["kernel"] is None else f"DAPE_k{fields['kernel']}_{base}"
     return f"{label} (causal)" if fields.get("causal", False) else label
+
+
+def run_architecture(config: Mapping[str, Any]) -> str:
+    """A stored config's architecture (configs stored before architectures: the transformer)."""
+    return str(config.get("arch", TRANSFORMER))
+
+
+@cache
+def architecture_label(name: str) -> str:
+    """How tables name an architecture (``Transformer``, ``LSTM``, ``Stack-RNN``); its name
+    when the plugin that registered it is not loaded."""
+    from che_bench.model.architectures import ARCHITECTURES
+
+    return ARCHITECTURES.get(name).label if name in ARCHITECTURES.names() else name
+
+
+def architecture_order(name: str) -> int:
+    """Where an architecture's columns go: the transformer's first, then in registration
+    order (CHE's baselines, then plugins'), unknown ones last."""
+    from che_bench.model.architectures import ARCHITECTURES
+
+    names = ARCHITECTURES.names()
+    return names.index(name) if name in names else len(names)
+
+
+def runs_of_architectures(runs: pd.DataFrame, archs: Iterable[str]) -> list[str]:
+    """The run ids among ``runs`` (a ``ResultStore.runs()`` frame) of the architectures
+    ``archs`` (names or aliases; an unknown one is a CheBenchError unless some stored run
+    has it, as for a plugin not loaded)."""
+    from che_bench.model.architectures import canonical_architecture
+
+    stored = {run_architecture(json.loads(config)) for config in runs["config"]}
+    wanted = {arch if arch in stored else canonical_architecture(arch) for arch in archs}
+    return [
+        run_id
+        for run_id, config in zip(runs["run_id"], runs["config"], strict=True)
+        if run_architecture(json.loads(config)) in wanted
+    ]
 
 
 def _task_facts(name: str, params_json: str) -> tuple[str, float, str]:
@@ -99,6 +142,7 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     frame["chance"] = [chance for _, chance, _ in facts]
     frame["task_label"] = [label for _, _, label in facts]
     frame["encoding"] = [run_encoding_label(config) for config in configs]
+    frame["architecture"] = [run_architecture(config) for config in configs]
     frame["paper_differences"] = [tuple(paper_protocol_differences(c)) for c in configs]
     variants = [
         {

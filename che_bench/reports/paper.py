@@ -58,7 +58,7 @@ def paper_protocol_differences(settings: dict[str, Any]) -> list[str]:
     differences += [
         _model_option_text(name, model.get(name))
         for name in _MODEL_OPTION_WORDS
-        if model.get(name) != paper[name]
+        if settings.get("arch", "transformer") == "transformer" and model.get(name) != paper[name]
     ]
     if settings["batch_size"] != paper["batch_size"]:
         differences.append(f"batch {settings['batch_size']}")

@@ -76,6 +76,7 @@ def page_command(
     suite: str | None,
     tasks: Iterable[str] | None,
     run_ids: Iterable[str] | None,
+    archs: Iterable[str] | None,
     evaluation: str,
     metric: str,
     out: str | Path,
@@ -88,6 +89,8 @@ def page_command(
         report += ["--task", str(task)]
     if run_ids is not None:
         report += ["--run", *map(str, run_ids)]
+    for arch in archs or ():
+        report += ["--arch", str(arch)]
     if evaluation != ORIGINAL:
         report += ["--evaluation", evaluation]
     if metric != "token":

@@ -23,10 +23,18 @@ from collections.abc import Iterable
 
 import pandas as pd
 
+from che_bench.config import TRANSFORMER
 from che_bench.errors import CheBenchError
 from che_bench.reports import unregistered
 from che_bench.reports.chance import run_exact_chance
-from che_bench.reports.labels import LEVEL_LABELS, PAPER_ENCODING_LABELS, labelled_runs
+from che_bench.reports.labels import (
+    LEVEL_LABELS,
+    PAPER_ENCODING_LABELS,
+    architecture_label,
+    architecture_order,
+    labelled_runs,
+    run_architecture,
+)
 from che_bench.reports.paper import (
     PAPER_NOTE,
     SHOWN_DIFFERENCES,
@@ -119,6 +127,7 @@ def _summarize_runs(runs: pd.DataFrame, compare: str, metric: str) -> pd.DataFra
         runs["chance"] = [run_exact_chance(settings) for settings in runs["settings"]]
     runs["score_pct"] = runs["score"] * 100
     runs["kernel_order"] = [-1 if k is None else int(k) for k in runs["kernel"]]
+    runs["arch_order"] = [architecture_order(arch) for arch in runs["architecture"]]
     runs["dropout_at_eval"] = [settings["dropout_at_eval"] for settings in runs["settings"]]
     cells = (
         runs.groupby(["level", "task_label", "column"], sort=False)
@@ -127,6 +136,7 @@ def _summarize_runs(runs: pd.DataFrame, compare: str, metric: str) -> pd.DataFra
             pe=("pe", "first"),
             encoding=("encoding", "first"),
             kernel_order=("kernel_order", "first"),
+            arch_order=("arch_order", "first"),
             chance=("chance", "first"),
             max=("score_pct", "max"),
             mean=("score_pct", "mean"),
@@ -178,8 +188,9 @@ def _union(groups: pd.Series) -> tuple:
 
 
 def _cell_order(cells: pd.DataFrame, paper_tasks: list[str]) -> list[int]:
-    """Rows by level (R, DCF, CS, recall), then in the paper's task order; columns plain
-    encodings first, then by kernel, each in the paper's encoding order."""
+    """Rows by level (R, DCF, CS, recall), then in the paper's task order; columns by
+    architecture (the transformer's first), its plain encodings first, then by kernel, each
+    in the paper's encoding order."""
     levels = list(LEVEL_LABELS.values())
     encodings = list(PAPER_ENCODING_LABELS)
 
@@ -192,6 +203,7 @@ def _cell_order(cells: pd.DataFrame, paper_tasks: list[str]) -> list[int]:
             position(row["level"], levels, len(levels)),
             position(row["task"], paper_tasks, len(paper_tasks)),
             row["task_label"],
+            row["arch_order"],
             row["kernel_order"],
             position(row["pe"], encodings, -1),
             row["column"],
@@ -336,6 +348,13 @@ def _notes(
             f"{PAPER_NOTE}; in brackets: ours (max) minus paper where the runs followed the "
             f"published protocol ({paper_protocol_text()}), otherwise what differs"
         )
+        stored = {run_architecture(json.loads(config)) for config in runs["config"]}
+        baselines = sorted(stored - {TRANSFORMER}, key=architecture_order)
+        if baselines:
+            notes.append(
+                f"{', '.join(architecture_label(arch) for arch in baselines)}: no published "
+                "reference (the CHE paper's table, arXiv 2207.02098, could not be read here)"
+            )
         shown = cells[~cells["paper"].isna()]
         if (shown["comparable"] & ~shown["dropout_at_eval"].astype(bool)).any():
             notes.append(

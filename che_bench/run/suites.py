@@ -7,6 +7,7 @@ through ``make_config`` with the suite's preset and overrides. Example::
     description = "ALiBi and Kerple, with and without DAPE V2"
     preset = "quick"                     # a preset of che_bench.protocol
     tasks = ["even_pairs", { name = "associative_recall", params = { distance = "far" } }]
+    architectures = ["transformer", "lstm", { name = "tape_rnn", options = { memory_size = 60 } }]
     encodings = ["none", "alibi", { name = "kerple", kernels = ["none", 1, 3] }]
     kernels = ["none", 3]                # "none" = no DAPE, 1 = DAPE, odd >= 3 = DAPE V2
     seeds = [0, 1, 2]
@@ -17,6 +18,9 @@ through ``make_config`` with the suite's preset and overrides. Example::
     num_cpus = 1
     num_gpus = 0.25
 
+``architectures`` defaults to the transformer alone; the transformer's runs are the
+encodings x kernels, each other architecture is one run per task, seed and learning rate
+(``encodings`` may be left out when the transformer is not listed).
 ``tasks = "all"`` / ``encodings = "all"`` (or a list holding ``"all"``) expand from the
 registries, so new tasks and encodings join such suites without edits. The whole grid
 is validated when the suite is expanded, before anything runs: an unknown task or
@@ -30,7 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from che_bench.config import TRANSFORMER
 from che_bench.errors import CheBenchError
+from che_bench.registry import normalise_name
 
 if TYPE_CHECKING:  # imported when a suite is expanded: torch loads only then
     from che_bench.config import RunConfig
@@ -48,6 +54,7 @@ _TOP_LEVEL_KEYS = {
     "description",
     "preset",
     "tasks",
+    "architectures",
     "encodings",
     "kernels",
     "seeds",
@@ -78,6 +85,19 @@ class EncodingEntry:
 
 
 @dataclass(frozen=True)
+class ArchitectureEntry:
+    """One architecture of a suite with its options (``transformer``: none; its runs are
+    the suite's encodings x kernels)."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_transformer(self) -> bool:
+        return normalise_name(self.name) == TRANSFORMER
+
+
+@dataclass(frozen=True)
 class Resources:
     """What one run asks of a Ray cluster; ``num_gpus=None`` means 'decide from the cluster'."""
 
@@ -94,6 +114,7 @@ class Suite:
     description: str
     preset: str
     tasks: tuple[TaskEntry, ...]
+    architectures: tuple[ArchitectureEntry, ...]
     encodings: tuple[EncodingEntry, ...]
     kernels: tuple[int | None, ...]
     seeds: tuple[int, ...]
@@ -104,15 +125,15 @@ class Suite:
     def configs(self) -> list[RunConfig]:
         """Every run of the grid as a RunConfig, in a stable order, without duplicates.
 
-        Order: seed, then learning rate, then task, encoding, kernel, so a sweep that
-        stops part-way has filled whole tables for its first seeds. Raises
+        Order: seed, then learning rate, then task, architecture, encoding, kernel, so a
+        sweep that stops part-way has filled whole tables for its first seeds. Raises
         CheBenchError (naming the suite file and the grid point) for any invalid point.
         """
         cells = [
-            (task, encoding, kernel)
+            (task, architecture, encoding, kernel)
             for task in self._expanded_tasks()
-            for encoding in self._expanded_encodings()
-            for kernel in (encoding.kernels if encoding.kernels is not None else self.kernels)
+            for architecture in self.architectures
+            for encoding, kernel in self._encoding_cells(architecture)
         ]
         learning_rates = self.learning_rates or (None,)
         configs: dict[str, RunConfig] = {}
@@ -123,29 +144,43 @@ class Suite:
                     configs.setdefault(config.run_id(), config)
         return list(configs.values())
 
+    def _encoding_cells(
+        self, architecture: ArchitectureEntry
+    ) -> list[tuple[EncodingEntry | None, int | None]]:
+        """The (encoding, kernel) pairs of an architecture: the transformer's grid, or none."""
+        if not architecture.is_transformer:
+            return [(None, None)]
+        return [
+            (encoding, kernel)
+            for encoding in self._expanded_encodings()
+            for kernel in (encoding.kernels if encoding.kernels is not None else self.kernels)
+        ]
+
     def _cell_config(
         self,
         task: TaskEntry,
-        encoding: EncodingEntry,
+        architecture: ArchitectureEntry,
+        encoding: EncodingEntry | None,
         kernel: int | None,
         seed: int,
         lr: float | None,
     ) -> RunConfig:
         from che_bench.config import make_config  # torch-heavy; only when expanding
 
-        overrides = dict(self.overrides, seed=seed)
+        overrides = dict(self.overrides, seed=seed, arch=architecture.name)
+        if architecture.options:
+            overrides["arch_options"] = dict(architecture.options)
         if lr is not None:
             overrides["lr"] = lr
         if task.params:
             overrides["task_params"] = dict(task.params)
-        if encoding.options:
+        if encoding is not None and encoding.options:
             overrides["pe_options"] = dict(encoding.options)
+        pe = encoding.name if encoding is not None else None
         try:
-            return make_config(
-                task.name, pe=encoding.name, kernel=kernel, preset=self.preset, **overrides
-            )
+            return make_config(task.name, pe=pe, kernel=kernel, preset=self.preset, **overrides)
         except CheBenchError as exc:
-            point = _describe_point(task, encoding, kernel, seed, lr)
+            point = _describe_point(task, architecture, encoding, kernel, seed, lr)
             raise CheBenchError(f"{self.path}: {point}: {exc}") from None
 
     def _expanded_tasks(self) -> list[TaskEntry]:
@@ -204,28 +239,33 @@ def parse_suite(data: dict[str, Any], path: Path) -> Suite:
         raise fail(
             f"unknown key(s) {', '.join(unknown)}; expected {', '.join(sorted(_TOP_LEVEL_KEYS))}"
         )
-    for required in ("tasks", "encodings"):
-        if required not in data:
-            raise fail(f"missing {required!r}")
+    if "tasks" not in data:
+        raise fail("missing 'tasks'")
     preset = data.get("preset", "quick")
     if not isinstance(preset, str):
         raise fail("'preset' must be a string")
     overrides = data.get("overrides", {})
     if not isinstance(overrides, dict):
         raise fail("'overrides' must be a table")
-    for reserved in ("seed", "lr", "task_params", "pe_options"):
+    for reserved in ("seed", "lr", "task_params", "pe_options", "arch", "arch_options"):
         if reserved in overrides:
             raise fail(f"set {reserved!r} through the suite's grid keys, not [overrides]")
     try:
+        architectures = _architectures(data.get("architectures", [TRANSFORMER]))
+        if any(entry.is_transformer for entry in architectures) and "encodings" not in data:
+            raise fail("missing 'encodings' (the transformer's)")
         return Suite(
             name=str(data.get("name", path.stem)),
             path=path,
             description=str(data.get("description", "")),
             preset=preset,
             tasks=tuple(_task_entry(item) for item in _as_list(data["tasks"], "tasks")),
+            architectures=architectures,
             encodings=tuple(
-                _encoding_entry(item) for item in _as_list(data["encodings"], "encodings")
-            ),
+                _encoding_entry(item) for item in _as_list(data.get("encodings", []), "encodings")
+            )
+            if "encodings" in data
+            else (),
             kernels=_kernels(data.get("kernels", [_NO_KERNEL]), "kernels"),
             seeds=_seeds(data.get("seeds", [0])),
             learning_rates=_learning_rates(data.get("learning_rates")),
@@ -237,11 +277,18 @@ def parse_suite(data: dict[str, Any], path: Path) -> Suite:
 
 
 def _describe_point(
-    task: TaskEntry, encoding: EncodingEntry, kernel: int | None, seed: int, lr: float | None
+    task: TaskEntry,
+    architecture: ArchitectureEntry,
+    encoding: EncodingEntry | None,
+    kernel: int | None,
+    seed: int,
+    lr: float | None,
 ) -> str:
     task_text = task.name + (f"{task.params}" if task.params else "")
-    kernel_text = "no DAPE" if kernel is None else f"kernel {kernel}"
     lr_text = "" if lr is None else f", lr {lr:g}"
+    if encoding is None:
+        return f"task {task_text}, architecture {architecture.name}, seed {seed}{lr_text}"
+    kernel_text = "no DAPE" if kernel is None else f"kernel {kernel}"
     return f"task {task_text}, encoding {encoding.name}, {kernel_text}, seed {seed}{lr_text}"
 
 
@@ -270,6 +317,17 @@ def _task_entry(item: Any) -> TaskEntry:
     if not isinstance(params, dict):
         raise CheBenchError(f"task {name!r}: 'params' must be a table")
     return TaskEntry(name, dict(params))
+
+
+def _architectures(value: Any) -> tuple[ArchitectureEntry, ...]:
+    entries = []
+    for item in _as_list(value, "architectures"):
+        name, table = _named_table(item, "architectures", {"options"})
+        options = table.get("options", {})
+        if not isinstance(options, dict):
+            raise CheBenchError(f"architecture {name!r}: 'options' must be a table")
+        entries.append(ArchitectureEntry(name, dict(options)))
+    return tuple(entries)
 
 
 def _encoding_entry(item: Any) -> EncodingEntry:
