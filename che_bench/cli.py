@@ -17,6 +17,7 @@ from che_bench.errors import CheBenchError
 COMMAND_MODULES = (
     "che_bench.commands.tasks",
     "che_bench.commands.encodings",
+    "che_bench.commands.models",
     "che_bench.commands.run",
     "che_bench.commands.reports",
     "che_bench.commands.listings",

@@ -265,10 +265,17 @@ def _other_architecture_fields(
 
     given = ["--pe"] if pe not in (None, "none") else []
     given += ["--kernel"] if kernel is not None else []
-    given += [settings.BY_NAME[name].flag or name for name in TRANSFORMER_ONLY if name in overrides]
+    given += [
+        settings.BY_NAME[name].flag or name
+        for name in TRANSFORMER_ONLY
+        # causal = false is what another architecture's config records anyway (a suite's
+        # override for its transformers may say so for every run)
+        if name in overrides and not (name == "causal" and overrides[name] is False)
+    ]
     if given:
+        verb = "applies" if len(given) == 1 else "apply"
         raise CheBenchError(
-            f"{', '.join(given)} apply to the transformer only, not to architecture {arch!r} "
+            f"{', '.join(given)} {verb} to the transformer only, not to architecture {arch!r} "
             "(its options: --arch-option KEY=VALUE)"
         )
     architecture_options(arch, dict(overrides.get("arch_options", {})))

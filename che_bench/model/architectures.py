@@ -52,6 +52,7 @@ class Architecture:
     build: Callable[..., BenchModel] | None
     defaults: dict[str, Any] = field(default_factory=dict)
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    description: str = ""
 
 
 ARCHITECTURES: Registry[Architecture] = Registry("architecture")
@@ -75,6 +76,7 @@ def register_model(*aliases: Any):
             cls,
             dict(cls.defaults),
             {preset: dict(values) for preset, values in cls.presets.items()},
+            (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "),
         )
         ARCHITECTURES.add(cls.name, entry, aliases)
         return cls
@@ -142,8 +144,28 @@ def build_members(arch: str, task: Task, seeds: Sequence[int], **arguments: Any)
     return load_member_states(pack, models)
 
 
+#: What ``che-bench models`` says of the built-ins.
+_DESCRIPTIONS = {
+    TRANSFORMER: "the CHE encoder (5 layers x 64 wide x 8 heads in the paper preset) with a "
+    "positional encoding (--pe) and DAPE (--kernel)",
+    "rnn": "CHE's vanilla RNN (hk.VanillaRNN, ReLU)",
+    "lstm": "CHE's LSTM (hk.LSTM)",
+    "stack_rnn": "CHE's Stack-RNN: a vanilla RNN with a differentiable stack (push, pop, no-op)",
+    "stack_lstm": "CHE's Stack-LSTM: an LSTM with a differentiable stack (push, pop, no-op)",
+    "tape_rnn": "CHE's Tape-RNN: a vanilla RNN with a tape (write, stay, left, right, jumps)",
+}
+
+
 def _register_built_ins() -> None:
-    ARCHITECTURES.add(TRANSFORMER, Architecture(TRANSFORMER, Encoder.label or TRANSFORMER, None))
+    ARCHITECTURES.add(
+        TRANSFORMER,
+        Architecture(
+            TRANSFORMER,
+            Encoder.label or TRANSFORMER,
+            None,
+            description=_DESCRIPTIONS[TRANSFORMER],
+        ),
+    )
     for name in RECURRENT:
         ARCHITECTURES.add(
             name,
@@ -153,6 +175,7 @@ def _register_built_ins() -> None:
                 _recurrent_builder(name),
                 recurrent_defaults(name),
                 RECURRENT_PRESETS,
+                _DESCRIPTIONS[name],
             ),
         )
 

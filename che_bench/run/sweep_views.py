@@ -41,7 +41,8 @@ class SweepView(Protocol):
 
 
 def describe_run(config: RunConfig) -> str:
-    """One-line label of a grid point: task(non-default params) pe kernel lr seed."""
+    """One-line label of a grid point: task(non-default params) pe kernel (or the
+    architecture, for one other than the transformer) lr seed."""
     defaults = _default_task_params(config.task)
     params = ",".join(
         f"{key}={value}"
@@ -50,7 +51,8 @@ def describe_run(config: RunConfig) -> str:
     )
     task = f"{config.task}({params})" if params else config.task
     kernel = "-" if config.kernel is None else f"k{config.kernel}"
-    return f"{task} {config.pe} {kernel} lr={config.lr:g} seed={config.seed}"
+    model = f"{config.pe} {kernel}" if config.is_transformer else config.arch
+    return f"{task} {model} lr={config.lr:g} seed={config.seed}"
 
 
 @functools.cache
