@@ -181,3 +181,13 @@ def test_models_lists_every_architecture(capsys):
     for name in ("transformer", "rnn", "lstm", "stack_rnn", "stack_lstm", "tape_rnn"):
         assert name in listing
     assert "Stack-LSTM" in listing and '"steps": 1000000' in listing
+
+
+def test_a_reports_command_line_recreates_a_baseline_run():
+    from che_bench.commands.command_lines import run_command_line
+
+    config = make_config("mqar", preset="paper", arch="tape_rnn", seed=3,
+                         arch_options={"memory_size": 5})
+    assert run_command_line(config.to_dict(), config.run_id()) == [
+        "run", "--task", "mqar", "--preset", "paper", "--seed", "3", "--arch", "tape_rnn",
+        "--arch-option", "memory_size=5"]

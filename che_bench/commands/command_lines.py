@@ -20,7 +20,9 @@ def run_command_line(config: dict[str, Any], run_id: str) -> list[str] | None:
     from che_bench.config import make_config
 
     try:
-        argv = ["run", "--task", config["task"], "--pe", config["pe"]]
+        argv = ["run", "--task", config["task"]]
+        if config.get("arch", "transformer") == "transformer":
+            argv += ["--pe", config["pe"]]
         if config["kernel"] is not None:
             argv += ["--kernel", str(config["kernel"])]
         argv += ["--preset", config["preset"]]
@@ -48,11 +50,14 @@ def run_command_line(config: dict[str, Any], run_id: str) -> list[str] | None:
 def _setting_arguments(setting: settings.Setting, config: dict[str, Any]) -> list[str]:
     """The flag (and value) that gives ``setting`` its stored value, or nothing when the
     preset (or the setting it follows) already gives it."""
+    from che_bench.config import TRANSFORMER_ONLY
     from che_bench.tasks import get_task
 
     flag = setting.flag
     if flag is None:
         return []  # set in suites and Python only
+    if config.get("arch", "transformer") != "transformer" and setting.name in TRANSFORMER_ONLY:
+        return []
     value = settings.stored_value(config, setting)
     if setting.kind == settings.KEY_VALUES:
         defaults = get_task(config["task"]).params() if setting.name == "task_params" else {}
@@ -67,7 +72,7 @@ def _setting_arguments(setting: settings.Setting, config: dict[str, Any]) -> lis
     elif setting.task_default is not None:
         default = settings.task_default(setting, get_task(config["task"], **config["task_params"]))
     else:
-        default = setting.default_for(config["preset"])
+        default = _preset_value(setting, config)
     if setting.where == settings.DAPE and setting.name not in config["dape_options"]:
         return []  # no kernel, no DAPE options
     if value == default:
@@ -75,6 +80,14 @@ def _setting_arguments(setting: settings.Setting, config: dict[str, Any]) -> lis
     if setting.kind == settings.SWITCH:
         return [flag if value else "--no-" + flag[2:]]
     return [flag, str(value)]
+
+
+def _preset_value(setting: settings.Setting, config: dict[str, Any]) -> Any:
+    """The value the run's preset gives ``setting`` for the run's architecture."""
+    from che_bench.model.architectures import get_architecture
+
+    own = get_architecture(config.get("arch", "transformer")).presets.get(config["preset"], {})
+    return own.get(setting.name, setting.default_for(config["preset"]))
 
 
 def _flag_value(value: Any) -> str:
