@@ -175,6 +175,29 @@ def test_fused_lstm_evaluation_matches_the_batched_loop():
         torch.testing.assert_close(fused(inputs), looped(inputs), rtol=1e-5, atol=1e-5)
 
 
+def test_fused_lstm_training_on_a_gpu_has_the_batched_loops_gradients(monkeypatch):
+    """A one-member lstm trains with torch's kernel on a GPU: forced here on the CPU, its
+    outputs and every parameter's gradient are the batched loop's."""
+    import che_bench.model.recurrent.base as base
+
+    task = get_task("reverse_string")
+    torch.manual_seed(0)
+    fused = build_recurrent("lstm", task, hidden_size=16)
+    looped = build_recurrent("lstm", task, hidden_size=16, fused=False)
+    looped.load_state_dict(fused.state_dict())
+    inputs = inputs_for(task, 12, batch=4)
+    monkeypatch.setattr(base, "FUSED_TRAINING_DEVICES", ("cpu",))
+    calls = []
+    original = type(fused.cell).fused_unroll
+    monkeypatch.setattr(type(fused.cell), "fused_unroll",
+                        lambda cell, tokens: calls.append(1) or original(cell, tokens))
+    for model in (fused, looped):
+        model(inputs).square().sum().backward()
+    assert calls == [1]  # the fused model only
+    for (name, a), b in zip(fused.named_parameters(), looped.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_haiku_initialisation_and_the_reference_parameter_counts():
     torch.manual_seed(0)
     task = get_task("reverse_string")  # input_size 2: one-hot of 3 classes

@@ -28,6 +28,10 @@ from che_bench.model.base import BenchModel
 from che_bench.tasks.base import Task
 
 FLOAT_BYTES = 4
+#: Devices on which a one-member fused cell trains with torch's kernel too (cuDNN's on a GPU,
+#: against ~10 kernel launches per time step unfused). On a CPU its training step measured
+#: slower than the batched loop (docs/baselines.md), so there it serves evaluation only.
+FUSED_TRAINING_DEVICES = ("cuda",)
 
 
 class Cell(Protocol):
@@ -119,7 +123,8 @@ class RecurrentModel(BenchModel):
     appended empty positions, or at the inputs for an in-place task), as ``Encoder`` does.
 
     ``fused``: a one-member model runs its cell's ``fused_unroll`` (torch's kernel) when not
-    computing gradients (the builder sets it for the lstm only).
+    computing gradients, and when training on a ``FUSED_TRAINING_DEVICES`` device (the
+    builder sets it for the lstm only).
     """
 
     def __init__(
@@ -206,7 +211,11 @@ class RecurrentModel(BenchModel):
         return inputs
 
     def _hidden_outputs(self, tokens: torch.Tensor, input_tokens: int, read: int) -> torch.Tensor:
-        if self.fused and self.members == 1 and not torch.is_grad_enabled():
+        if (
+            self.fused
+            and self.members == 1
+            and (not torch.is_grad_enabled() or tokens.device.type in FUSED_TRAINING_DEVICES)
+        ):
             outputs = cast(FusedCell, self.cell).fused_unroll(tokens[0])
             return outputs[None, :, outputs.shape[1] - read :]
         return unroll(self.cell, self.memory, tokens, input_tokens, read)
