@@ -146,6 +146,9 @@ def test_tables_and_listings_filter_and_group_by_architecture(tmp_path, capsys):
                  "--out", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()
     assert "LSTM" in page and "--arch lstm" in page
+    assert main(["report", "--store", str(store), "--out", str(tmp_path / "all.html")]) == 0
+    assert "runs per architecture</b>: Transformer: 1 (Kerple); LSTM: 1" in (
+        tmp_path / "all.html").read_text()
     assert main(["table", "--store", str(store), "--arch", "gru2"]) == 2
     assert "unknown architecture 'gru2'" in capsys.readouterr().err
 

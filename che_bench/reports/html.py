@@ -24,7 +24,12 @@ import pandas as pd
 
 from che_bench.errors import CheBenchError
 from che_bench.reports.export import curves_frame
-from che_bench.reports.labels import labelled_runs, run_encoding_label, runs_of_architectures
+from che_bench.reports.labels import (
+    architecture_summary,
+    labelled_runs,
+    run_encoding_label,
+    runs_of_architectures,
+)
 from che_bench.reports.page import escaped, page_html
 from che_bench.reports.paper import paper_table_or_none
 from che_bench.reports.reproduce import CommandLine, page_command, reproduce_html
@@ -350,6 +355,7 @@ def _what_ran_html(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> s
                 f"{statuses[status]} {status}" for status in ("complete", "failed", "started")
             ),
         ),
+        ("runs per architecture", architecture_summary(runs["config"])),
         ("presets", _counts(runs["preset"])),
         ("training steps", _counts(runs["steps"])),
         ("devices", _counts(finished["device"].fillna("-"))),

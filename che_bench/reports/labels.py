@@ -78,6 +78,20 @@ def architecture_order(name: str) -> int:
     return names.index(name) if name in names else len(names)
 
 
+def architecture_summary(configs: Iterable[str]) -> str:
+    """Runs per architecture, the transformer's with their columns, from stored configs
+    (JSON), e.g. ``Transformer: 6 (Kerple, DAPE_k3_Kerple); LSTM: 3``."""
+    columns: dict[str, list[str]] = {}
+    for config in map(json.loads, configs):
+        columns.setdefault(run_architecture(config), []).append(run_encoding_label(config))
+    parts = []
+    for arch in sorted(columns, key=architecture_order):
+        labels = columns[arch]
+        named = f" ({', '.join(dict.fromkeys(labels))})" if arch == TRANSFORMER else ""
+        parts.append(f"{architecture_label(arch)}: {len(labels)}{named}")
+    return "; ".join(parts)
+
+
 def runs_of_architectures(runs: pd.DataFrame, archs: Iterable[str]) -> list[str]:
     """The run ids among ``runs`` (a ``ResultStore.runs()`` frame) of the architectures
     ``archs`` (names or aliases; an unknown one is a CheBenchError unless some stored run
