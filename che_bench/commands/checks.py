@@ -1,5 +1,6 @@
-"""``che-bench check-encoding NAME`` and ``che-bench check-task NAME``: the conformance checks
-of ``che_bench.checks.conformance`` for any registered encoding or task (plugins included)."""
+"""``che-bench check-encoding NAME``, ``check-task NAME`` and ``check-model NAME``: the
+conformance checks of ``che_bench.checks.conformance`` and ``che_bench.checks.model_checks``
+for any registered encoding, task or architecture (plugins included)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     task.set_defaults(handler=check_task_command)
 
+    model = subparsers.add_parser(
+        "check-model",
+        help="check that an architecture works as che-bench needs (exit 1 if not)",
+        description="For an architecture other than the transformer (see check-encoding): "
+        "shapes and finite outputs at training lengths and test lengths up to 500 (and on an "
+        "in-place task), a pack of 3 equals its members alone and gives back each member's "
+        "weights, state_dict round trip, options recorded (describe, build_options, build_key), "
+        "100 training steps reduce the loss, same seed same weights, logits independent of the "
+        "batch. Built-in baselines are checked at tiny sizes, a plugin's model with its "
+        "defaults. One line per failure.",
+    )
+    model.add_argument("name", help="architecture name (see `che-bench models`)")
+    model.add_argument(
+        "--arch-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="architecture option to check with (repeatable)",
+    )
+    model.set_defaults(handler=check_model_command)
+
 
 def check_encoding_command(args: argparse.Namespace) -> int:
     from che_bench.checks import conformance
@@ -75,6 +97,22 @@ def check_task_command(args: argparse.Namespace) -> int:
         f"task {task.name}",
         conformance.TASK_CHECKS,
         lambda check: conformance.run_task_check(check, task),
+    )
+
+
+def check_model_command(args: argparse.Namespace) -> int:
+    from che_bench.checks import model_checks
+    from che_bench.model.architectures import build_architecture, canonical_architecture
+    from che_bench.tasks import get_task
+
+    name = canonical_architecture(args.name)
+    options = model_checks.check_options(name, parse_key_values(args.arch_option, "--arch-option"))
+    # Bad options are a usage error (exit 2), not a failed check.
+    build_architecture(name, get_task(model_checks.SHORT_TASK), **options)
+    return _report(
+        f"architecture {name}",
+        model_checks.MODEL_CHECKS,
+        lambda check: model_checks.run_model_check(check, name, options),
     )
 
 

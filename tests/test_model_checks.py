@@ -1,0 +1,119 @@
+"""The model conformance checks (`che-bench check-model NAME`) over every built-in recurrent
+baseline at tiny sizes, and their verdicts on a broken plugin model."""
+
+from __future__ import annotations
+
+import pytest
+
+from che_bench.checks import model_checks
+from che_bench.cli import main
+from che_bench.errors import CheBenchError
+from che_bench.members import MemberEmbedding, MemberLinear
+from che_bench.model import BenchModel, register_model
+from che_bench.model.architectures import ARCHITECTURES
+from che_bench.model.recurrent import ARCHITECTURES as RECURRENT
+
+
+@pytest.fixture
+def scratch_architectures(monkeypatch):
+    """Architectures a test registers disappear after it."""
+    for attribute in ("_entries", "_aliases", "_origins"):
+        monkeypatch.setattr(ARCHITECTURES, attribute, dict(getattr(ARCHITECTURES, attribute)))
+
+
+@pytest.mark.parametrize("check", list(model_checks.MODEL_CHECKS))
+@pytest.mark.parametrize("name", list(RECURRENT))
+def test_every_built_in_recurrent_baseline_conforms(name, check):
+    assert model_checks.run_model_check(check, name) == []
+
+
+def test_built_ins_are_checked_at_tiny_sizes_plugins_with_their_defaults():
+    assert model_checks.check_options("tape_rnn") == {
+        "hidden_size": 16, "memory_cell_size": 4, "memory_size": 8, "mlp_layers_size": (16,)}
+    assert model_checks.check_options("lstm", {"fused": False}) == {
+        "hidden_size": 16, "fused": False}
+    with pytest.raises(CheBenchError, match="check-encoding"):
+        model_checks.check_options("transformer")
+
+
+def _register_broken():
+    @register_model
+    class BatchMixer(BenchModel):
+        """Broken on purpose: it centres its features over the batch, so a sequence's logits
+        depend on the sequences beside it."""
+
+        name = "test_batch_mixer"
+        defaults = {"width": 8}
+
+        def __init__(self, task, members=1, width=8):
+            super().__init__()
+            self.task, self.members, self.build_options = task, members, {"width": width}
+            self.table = MemberEmbedding(members, task.input_size, width, 1.0)
+            self.head = MemberLinear(members, width, task.output_size)
+
+        def forward(self, inputs, draws=None, *, evaluating=None, dropout_seeds=None):
+            if inputs.dim() == 2:
+                inputs = inputs.expand(self.members, -1, -1)
+            features = self.table(inputs).mean(2, keepdim=True)  # [M, B, 1, W]
+            features = features - features.mean(1, keepdim=True)
+            outputs = self.task.output_length(inputs.shape[-1])
+            return self.head(features).expand(-1, -1, outputs, -1)
+
+    return BatchMixer
+
+
+def test_a_model_whose_logits_depend_on_the_batch_fails_the_batch_check(scratch_architectures):
+    _register_broken()
+    failures = model_checks.run_model_check("batch", "test_batch_mixer")
+    assert failures and all(
+        line.startswith("logits independent of the batch (row ") for line in failures
+    )
+    assert "expected the sequence's logits alone, got max |difference|" in failures[0]
+    assert model_checks.run_model_check("pack", "test_batch_mixer") == []
+
+
+def test_a_model_that_forgets_its_options_fails_the_options_check(scratch_architectures):
+    broken = _register_broken()
+
+    @register_model
+    class Forgetful(broken):
+        name = "test_forgetful_model"
+
+        def __init__(self, task, members=1, width=8):
+            super().__init__(task, members, width)
+            self.build_options = {}
+
+    failures = model_checks.run_model_check("options", "test_forgetful_model")
+    assert "options recorded: expected build_options == {'width': 8}, got {}" in failures
+    assert any("expected another build_key() when built with width=16" in f for f in failures)
+
+
+def test_the_cli_fails_a_broken_model_and_refuses_unknown_names(scratch_architectures, capsys):
+    _register_broken()
+    assert main(["check-model", "test_batch_mixer"]) == 1
+    out, err = capsys.readouterr()
+    assert "FAIL batch" in out and "ok   pack" in out and "ok   shapes" in out
+    assert "logits independent of the batch (row 0 of 4" in out
+    assert "architecture test_batch_mixer:" in err and "checks failed" in err
+    assert main(["check-model", "no_such_model"]) == 2
+    assert "unknown architecture 'no_such_model'" in capsys.readouterr().err
+    assert main(["check-model", "transformer"]) == 2
+    assert "check-encoding" in capsys.readouterr().err
+    assert main(["check-model", "rnn", "--arch-option", "stack_size=3"]) == 2
+
+
+def test_the_cli_passes_a_built_in(capsys):
+    assert main(["check-model", "lstm", "--arch-option", "fused=false"]) == 0
+    assert "architecture lstm: all 7 checks passed" in capsys.readouterr().out
+
+
+def test_a_check_that_raises_is_one_failure_line(scratch_architectures, monkeypatch):
+    _register_broken()
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("no luck")
+
+    monkeypatch.setitem(model_checks.MODEL_CHECKS, "seed", boom)
+    assert model_checks.run_model_check("seed", "test_batch_mixer") == [
+        "seed: expected to run, got RuntimeError: no luck"
+    ]
