@@ -1,5 +1,5 @@
-"""The example plugin, installed: che-bench finds it through its entry point, its encoding and
-task pass che-bench's conformance checks, and a run with both completes."""
+"""The example plugin, installed: che-bench finds it through its entry point, its encoding,
+task and model pass che-bench's conformance checks, and runs with them complete."""
 
 from __future__ import annotations
 
@@ -7,15 +7,18 @@ import json
 
 import numpy as np
 
-from che_bench.checks import conformance
+from che_bench.checks import conformance, model_checks
 from che_bench.cli import main
 from che_bench.encodings.base import ENCODINGS
+from che_bench.model.architectures import ARCHITECTURES
 from che_bench.store import ResultStore
 from che_bench.tasks import TASKS, get_task
 
 
-def test_the_entry_point_registers_both():
+def test_the_entry_point_registers_all_three():
     assert TASKS.origin("majority") == ENCODINGS.origin("log_length_nope") == "che-bench-loglength"
+    assert ARCHITECTURES.origin("gru") == "che-bench-loglength"
+    assert ARCHITECTURES.get("gru").label == "GRU"
 
 
 def test_the_docstring_examples():
@@ -40,3 +43,18 @@ def test_a_run_records_the_plugin(tmp_path, capsys):
     [versions] = [json.loads(text) for text in ResultStore(store).runs()["versions"]]
     assert versions["plugin che-bench-loglength"] == "0.1.0"
     assert "DAPE_k3_log_length_nope" in capsys.readouterr().out
+
+
+def test_the_model_passes_check_model(capsys):
+    assert main(["check-model", "gru"]) == 0
+    assert "architecture gru: all 7 checks passed" in capsys.readouterr().out
+    assert model_checks.run_model_check("shapes", "gru", {"hidden_size": 8}) == []
+
+
+def test_a_run_with_the_model(tmp_path, capsys):
+    store = tmp_path / "s.sqlite"
+    assert main(["run", "--task", "parity_check", "--arch", "gru", "--arch-option",
+                 "hidden_size=16", "--preset", "smoke", "--steps", "20", "--test-lengths", "41",
+                 "--no-progress", "--store", str(store)]) == 0
+    assert "GRU" in capsys.readouterr().out
+    assert len(ResultStore(store).runs()) == 1
