@@ -8,15 +8,16 @@ import pytest
 
 from che_bench import plugins
 from che_bench.encodings.base import ENCODINGS
+from che_bench.model.architectures import ARCHITECTURES
 from che_bench.tasks import TASKS
 
 
 @pytest.fixture
 def scratch_registries(monkeypatch):
-    """Encodings, tasks and plugins a test registers or loads disappear after it (and so do
-    the plugin modules it imported, the CHE_BENCH_PLUGINS and CHE_BENCH_NO_PLUGINS it set
-    and the folders it added to sys.path)."""
-    for registry in (ENCODINGS, TASKS):
+    """Encodings, tasks, architectures and plugins a test registers or loads disappear after it
+    (and so do the plugin modules it imported, the CHE_BENCH_PLUGINS and CHE_BENCH_NO_PLUGINS
+    it set and the folders it added to sys.path)."""
+    for registry in (ENCODINGS, TASKS, ARCHITECTURES):
         for attribute in ("_entries", "_aliases", "_origins"):
             monkeypatch.setattr(registry, attribute, dict(getattr(registry, attribute)))
     monkeypatch.setattr(plugins, "_loaded", dict(plugins._loaded))

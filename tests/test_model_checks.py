@@ -10,15 +10,7 @@ from che_bench.cli import main
 from che_bench.errors import CheBenchError
 from che_bench.members import MemberEmbedding, MemberLinear
 from che_bench.model import BenchModel, register_model
-from che_bench.model.architectures import ARCHITECTURES
 from che_bench.model.recurrent import ARCHITECTURES as RECURRENT
-
-
-@pytest.fixture
-def scratch_architectures(monkeypatch):
-    """Architectures a test registers disappear after it."""
-    for attribute in ("_entries", "_aliases", "_origins"):
-        monkeypatch.setattr(ARCHITECTURES, attribute, dict(getattr(ARCHITECTURES, attribute)))
 
 
 @pytest.mark.parametrize("check", list(model_checks.MODEL_CHECKS))
@@ -62,7 +54,7 @@ def _register_broken():
     return BatchMixer
 
 
-def test_a_model_whose_logits_depend_on_the_batch_fails_the_batch_check(scratch_architectures):
+def test_a_model_whose_logits_depend_on_the_batch_fails_the_batch_check(scratch_registries):
     _register_broken()
     failures = model_checks.run_model_check("batch", "test_batch_mixer")
     assert failures and all(
@@ -72,7 +64,7 @@ def test_a_model_whose_logits_depend_on_the_batch_fails_the_batch_check(scratch_
     assert model_checks.run_model_check("pack", "test_batch_mixer") == []
 
 
-def test_a_model_that_forgets_its_options_fails_the_options_check(scratch_architectures):
+def test_a_model_that_forgets_its_options_fails_the_options_check(scratch_registries):
     broken = _register_broken()
 
     @register_model
@@ -88,7 +80,7 @@ def test_a_model_that_forgets_its_options_fails_the_options_check(scratch_archit
     assert any("expected another build_key() when built with width=16" in f for f in failures)
 
 
-def test_the_cli_fails_a_broken_model_and_refuses_unknown_names(scratch_architectures, capsys):
+def test_the_cli_fails_a_broken_model_and_refuses_unknown_names(scratch_registries, capsys):
     _register_broken()
     assert main(["check-model", "test_batch_mixer"]) == 1
     out, err = capsys.readouterr()
@@ -107,7 +99,7 @@ def test_the_cli_passes_a_built_in(capsys):
     assert "architecture lstm: all 7 checks passed" in capsys.readouterr().out
 
 
-def test_a_check_that_raises_is_one_failure_line(scratch_architectures, monkeypatch):
+def test_a_check_that_raises_is_one_failure_line(scratch_registries, monkeypatch):
     _register_broken()
 
     def boom(*args, **kwargs):
