@@ -51,6 +51,21 @@ def test_the_model_passes_check_model(capsys):
     assert model_checks.run_model_check("shapes", "gru", {"hidden_size": 8}) == []
 
 
+def test_the_model_refuses_bad_inputs_in_one_line():
+    import pytest
+    import torch
+
+    from che_bench.errors import CheBenchError
+    from che_bench.model.architectures import build_architecture
+
+    model = build_architecture("gru", get_task("parity_check"), members=2, hidden_size=4)
+    with pytest.raises(CheBenchError, match="input ids"):
+        model(torch.tensor([[0, 2]]))
+    with pytest.raises(CheBenchError, match="inputs must be"):
+        model(torch.zeros(3, 1, 4, dtype=torch.long))
+    assert model(torch.zeros(2, 1, 4, dtype=torch.long)).shape == (2, 1, 1, 2)
+
+
 def test_a_run_with_the_model(tmp_path, capsys):
     store = tmp_path / "s.sqlite"
     assert main(["run", "--task", "parity_check", "--arch", "gru", "--arch-option",
