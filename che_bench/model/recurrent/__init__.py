@@ -45,15 +45,16 @@ LABELS = {
 }
 
 #: The run settings of CHE's protocol where they differ from the transformer's ``paper``
-#: preset (DAPE V2's: 200,000 steps). CHE's training loop has no per-architecture setting
-#: (experiments/training.py ClassicTrainingParams), and its maintainers give the paper's
-#: sweeps as 1,000,000 steps (CHE GitHub issues #2 and #7). The rest is already the
-#: transformer's: batch 128 (experiments/example.py _BATCH_SIZE), gradient clipping at global
-#: norm 1 (training.py max_grad_norm=1.), lengths 1..40 uniformly (example.py
-#: UniformCurriculum), evaluation at 41..500 with 512 sequences in sub-batches of 64
-#: (training.py range_test_total_batch_size / range_test_sub_batch_size; issue #2 for 500).
-#: The paper's grid, 10 seeds x learning rates {1e-4, 3e-4, 5e-4} (issue #7), is a suite's
-#: (tasks/che_baselines.toml); the preset's single learning rate is the grid's first, 1e-4.
+#: preset (DAPE V2's: 200,000 steps). The CHE paper (arXiv 2207.02098, ICLR 2023 version,
+#: Appendix A.4) trains every architecture alike: Adam "for 1 000 000 steps", batches of 128,
+#: lengths drawn uniformly from 1..40, score over 41..500; CHE's training loop has no
+#: per-architecture setting either (experiments/training.py ClassicTrainingParams). The rest
+#: is already the transformer's: batch 128 (experiments/example.py _BATCH_SIZE), gradient
+#: clipping at global norm 1 (training.py max_grad_norm=1.), lengths 1..40 uniformly
+#: (example.py UniformCurriculum), evaluation at 41..500 with 512 sequences in sub-batches of
+#: 64 (training.py range_test_total_batch_size / range_test_sub_batch_size). The paper's grid,
+#: 10 seeds x learning rates {1e-4, 3e-4, 5e-4} with the maximum score reported (Appendix
+#: A.4), is a suite's (tasks/che_baselines.toml); the preset's single rate is the grid's first.
 PRESETS: dict[str, dict[str, Any]] = {"paper": {"steps": 1_000_000}}
 
 #: Options every architecture takes, with their defaults.
@@ -67,8 +68,9 @@ COMMON_DEFAULTS: dict[str, Any] = {
 MEMORY_DEFAULTS: dict[str | None, dict[str, Any]] = {
     None: {},
     "stack": {
-        # CHE's StackRNNCore takes stack_cell_size without a default; 8 is the issue's (and
-        # CHE paper's) value. CHE models/stack_rnn.py: stack_size=30.
+        # CHE's StackRNNCore takes stack_cell_size without a default; the CHE paper's stack
+        # and tape hold elements of R^d "with d = 8" (Section 4). models/stack_rnn.py:
+        # stack_size=30.
         "stack_cell_size": 8,
         "stack_size": 30,
     },
