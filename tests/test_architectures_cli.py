@@ -130,10 +130,16 @@ def test_tables_and_listings_filter_and_group_by_architecture(tmp_path, capsys):
     capsys.readouterr()
     assert main(["table", "--store", str(store)]) == 0
     header = capsys.readouterr().out.splitlines()[0]
-    assert header.index("Kerple") < header.index("LSTM")  # the transformer's columns first
+    # The transformer's columns first, named as transformers beside another architecture ...
+    assert header.index("Transformer · Kerple") < header.index("LSTM")
     assert main(["table", "--store", str(store), "--arch", "lstm"]) == 0
     table = capsys.readouterr().out
     assert "LSTM" in table and "Kerple" not in table
+    # ... and by the published table's names alone.
+    assert main(["table", "--store", str(store), "--arch", "transformer", "--compare",
+                 "paper"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "Kerple paper (diff)" in header and "Transformer" not in header
     assert main(["export", "--store", str(store), "--arch", "transformer"]) == 0
     rows = capsys.readouterr().out.strip().splitlines()
     assert len(rows) == 2 and rows[1].startswith("parity_check,transformer,kerple")

@@ -144,9 +144,10 @@ def run_settings(config_json: str, protocol_json: str | None) -> dict[str, Any]:
 def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     """Add ``settings`` (``run_settings``: a dict), ``level``, ``chance``, ``task_label``,
     ``encoding`` (paper-style label), ``column`` and ``paper_differences`` to a
-    ``ResultStore.runs()`` frame. ``column`` is the encoding label plus, when runs of that
-    encoding differ in other settings (preset, steps, options...), those settings, so that
-    different protocols never share a cell. ``paper_differences`` is
+    ``ResultStore.runs()`` frame. ``column`` is the encoding label (after ``Transformer · ``
+    when other architectures are in the frame) plus, when runs of that encoding differ in
+    other settings (preset, steps, options...), those settings, so that different protocols
+    never share a cell. ``paper_differences`` is
     ``paper_protocol_differences`` of each run."""
     frame = frame.copy()
     configs = [run_settings(c, p) for c, p in zip(frame["config"], frame["protocol"], strict=False)]
@@ -171,11 +172,21 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
         group = [v for v, e in zip(variants, frame["encoding"], strict=False) if e == encoding]
         keys = set().union(*group)
         varying[encoding] = sorted(k for k in keys if len({v.get(k) for v in group}) > 1)
+    mixed = frame["architecture"].nunique() > 1
     frame["column"] = [
-        encoding + _settings_suffix(config, varying[encoding])
-        for encoding, config in zip(frame["encoding"], configs, strict=False)
+        _architecture_prefix(arch, mixed) + encoding + _settings_suffix(config, varying[encoding])
+        for arch, encoding, config in zip(
+            frame["architecture"], frame["encoding"], configs, strict=True
+        )
     ]
     return frame
+
+
+def _architecture_prefix(arch: str, mixed: bool) -> str:
+    """``Transformer · `` before an encoding's column where other architectures share the
+    table (``Transformer · Kerple`` beside ``LSTM``); nothing in a transformers-only table,
+    whose columns stay the published table's names."""
+    return f"{architecture_label(TRANSFORMER)} · " if mixed and arch == TRANSFORMER else ""
 
 
 def _settings_suffix(config: dict[str, Any], keys: list[str]) -> str:
