@@ -147,7 +147,11 @@ def test_tables_and_listings_filter_and_group_by_architecture(tmp_path, capsys):
     listing = capsys.readouterr().out
     assert "LSTM" in listing and "Kerple" not in listing
     assert main(["table", "--store", str(store), "--compare", "paper"]) == 0
-    assert "LSTM: no published reference" in capsys.readouterr().out
+    notes = capsys.readouterr().out
+    assert "LSTM: no published reference" in notes and "DAPE V2 (arXiv" in notes
+    assert main(["table", "--store", str(store), "--compare", "paper", "--arch", "lstm"]) == 0
+    notes = capsys.readouterr().out  # no transformer column: DAPE V2's table is not named
+    assert "LSTM: no published reference" in notes and "DAPE V2 (arXiv" not in notes
     assert main(["report", "--store", str(store), "--arch", "lstm",
                  "--out", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()

@@ -1,11 +1,10 @@
 """Tables and exports of the result store.
 
 The table mirrors the CHE table of the DAPE papers: one row per task (grouped by level R, DCF,
-CS, recall), one column per encoding x DAPE kernel ("Kerple", "DAPE_k1_Kerple",
-"DAPE_k3_Kerple", ...), cells = the maximum score over seeds and learning rates (the published
-protocol) with mean +- std and the number of runs, in percent. Only complete runs count. Runs
-that differ in anything else (preset, steps, model size, encoding options, ...) get separate
-columns, labelled with the settings that differ.
+CS, recall), one column per encoding x DAPE kernel ("Kerple", "DAPE_k3_Kerple", ...) and per
+other architecture ("LSTM", ...), cells = the maximum score over seeds and learning rates with
+mean +- std and the number of runs, in percent. Only complete runs count. Runs that differ in
+anything else (preset, steps, model size, options, ...) get separate, labelled columns.
 
 Scores are token accuracies (the default, as in the paper) or, with ``metric="exact"``, exact
 match: the share of sequences whose every scored position is right (runs evaluated before
@@ -344,11 +343,12 @@ def _notes(
     if unknown:
         notes.append(unknown)
     if compare == "paper":
-        notes.append(
-            f"{PAPER_NOTE}; in brackets: ours (max) minus paper where the runs followed the "
-            f"published protocol ({paper_protocol_text()}), otherwise what differs"
-        )
         stored = {run_architecture(json.loads(config)) for config in runs["config"]}
+        if TRANSFORMER in stored:
+            notes.append(
+                f"{PAPER_NOTE}; in brackets: ours (max) minus paper where the runs followed the "
+                f"published protocol ({paper_protocol_text()}), otherwise what differs"
+            )
         baselines = sorted(stored - {TRANSFORMER}, key=architecture_order)
         if baselines:
             notes.append(
