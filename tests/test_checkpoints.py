@@ -1,7 +1,8 @@
 """A member's checkpoint resumes in a pack of any width (issue 19, item 1): after an
 out-of-memory split, in a sweep resumed with ``--pack auto`` at another width; a checkpoint of
 another model is still refused, and one written before (its fingerprint bound to its pack's
-width) still resumes."""
+width) still resumes. An interrupted recurrent baseline resumes to the uninterrupted run's
+numbers, bit for bit."""
 
 from __future__ import annotations
 
@@ -114,3 +115,25 @@ def test_a_checkpoint_fingerprinted_with_its_packs_width_still_resumes_at_any_wi
     optimizer_of(1, dim=8, ffn=8).load_member_state(0, state)
     with pytest.raises(CheBenchError, match="another model layout"):
         optimizer_of(1, dim=8, ffn=16).load_member_state(0, state)
+
+
+@pytest.mark.parametrize("arch", ["lstm", "tape_rnn"])
+def test_an_interrupted_baseline_resumes_to_the_uninterrupted_runs_numbers(tmp_path, arch):
+    settings = {key: value for key, value in TINY.items() if key != "dropout"}  # transformer's
+    configs = [make_config("parity_check", preset="smoke", arch=arch, seed=seed,
+                           arch_options={"hidden_size": 16}, **{**settings, "steps": 8})
+               for seed in range(2)]
+    reference = execute_runs(configs, device="cpu", progress=False, log_every=1)
+
+    def stop_at_step_5(step, losses):
+        if step == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        execute_runs(configs, device="cpu", progress=False, log_every=1,
+                     checkpoint_dir=tmp_path, on_step=stop_at_step_5)
+    resumed = execute_runs(configs, device="cpu", progress=False, log_every=1,
+                           checkpoint_dir=tmp_path)
+    assert [result.timings["resumed_from_step"] for result in resumed] == [5, 0]
+    assert curves(resumed) == curves(reference)  # the same width: bit for bit
+    assert [r.per_length for r in resumed] == [r.per_length for r in reference]
