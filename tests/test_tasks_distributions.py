@@ -147,6 +147,15 @@ def test_missing_duplicate_blank_is_uniform_and_padding_only_for_odd_lengths():
     assert (sample("missing_duplicate_string", 1, 10).inputs == 1).all()
 
 
+@pytest.mark.parametrize("n", [2, 3, 8, 41, 500])
+def test_missing_duplicates_answer_is_the_parity_of_the_ones_left(n):
+    """ss holds every bit twice, so an even number of ones: blanking one leaves the answer as
+    the parity of the ones in the input. A model that solves parity_check (regular) solves
+    this context-sensitive task (docs/tasks.md)."""
+    batch = sample("missing_duplicate_string", n)
+    assert ((batch.inputs == 1).sum(axis=1) % 2 == batch.targets[:, 0]).all()
+
+
 def _recall_query_index(inputs: np.ndarray) -> np.ndarray:
     """1-based index of the queried pair (inputs without a leading BLANK)."""
     return np.argmax(inputs[:, :-1:2] == inputs[:, -1:], axis=1) + 1
