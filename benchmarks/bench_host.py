@@ -21,12 +21,12 @@ Nothing is asserted; every figure is measured on this machine.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from che_bench.checks.speed import median_seconds
 from che_bench.config import make_config
 from che_bench.run.runner import build_pack_model
 from che_bench.train.batches import BatchStream
@@ -98,12 +98,7 @@ def dispatch_step(pe: str, kernel: int | None, members: int,
     counter = OperatorCounter()
     with counter:
         step()
-    times = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - started)
-    return 1e3 * statistics.median(times), counter
+    return 1e3 * median_seconds(step, steps), counter
 
 
 def main() -> None:

@@ -35,11 +35,11 @@ import multiprocessing
 import resource
 import statistics
 import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from che_bench.checks.speed import median_seconds
 from che_bench.model.architectures import ARCHITECTURES, TRANSFORMER, build_architecture
 from che_bench.model.base import BenchModel
 from che_bench.model.encoder import MODEL_DEFAULTS, build_model
@@ -79,17 +79,6 @@ def time_training_step(task_name: str, pe: str, kernel: int | None, args) -> tup
     return statistics.median(walls), statistics.median(cpus)
 
 
-def median_seconds(run: Callable[[], object], repeats: int) -> float:
-    """Median wall seconds of ``repeats`` calls of ``run`` after one untimed warm-up call."""
-    run()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def build_for_timing(name: str, args) -> BenchModel:
     torch.manual_seed(0)
     options = {} if name == TRANSFORMER else {"fused": not args.unfused}
@@ -110,8 +99,11 @@ def architecture_seconds(name: str, args) -> tuple[float, float]:
     optimiser = PackOptimizer(model, [1e-3] * args.members, (0.9, 0.999), 1e-8, max_norm=1.0)
     inputs, targets = member_batch(args, args.train_length, args.batch)
     projected = projected_modules(model)
-    train = median_seconds(
-        lambda: training_step(model, optimiser, inputs, targets, projected), args.steps)
+    def step() -> None:
+        training_step(model, optimiser, inputs, targets, projected)
+
+    step()  # warm-up
+    train = median_seconds(step, args.steps)
     model.eval()
     eval_inputs, _ = member_batch(args, args.eval_length, args.eval_batch)
 
@@ -119,6 +111,7 @@ def architecture_seconds(name: str, args) -> tuple[float, float]:
         with torch.inference_mode():
             model(eval_inputs)
 
+    forward()  # warm-up
     return train, median_seconds(forward, args.eval_repeats)
 
 

@@ -7,24 +7,13 @@ Usage: ``.venv/bin/python benchmarks/bench_tasks.py [--repeats 5] [--batch-size 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 
 import numpy as np
 
+from che_bench.checks.speed import median_seconds
 from che_bench.tasks import get_task, list_tasks
 
 LENGTHS = (40, 500)
-
-
-def median_seconds(call: Callable[[], object], repeats: int) -> float:
-    timings = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        timings.append(time.perf_counter() - start)
-    return statistics.median(timings)
 
 
 def main() -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 import resource
+import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,6 +58,17 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+def median_seconds(call: Callable[[], object], repeats: int) -> float:
+    """Median wall seconds of ``repeats`` calls of ``call`` (warm it up first where the first
+    call pays for set-up)."""
+    timings = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings)
+
+
 def step_seconds(configs: Sequence[RunConfig], device: torch.device, repeats: int) -> float:
     """Median seconds of one training step of the pack ``configs`` at n = 40 (after one
     warm-up step)."""
@@ -75,14 +87,14 @@ def step_seconds(configs: Sequence[RunConfig], device: torch.device, repeats: in
     inputs = torch.from_numpy(np.stack([s.inputs for s in samples])).to(device)
     targets = torch.from_numpy(np.stack([s.targets for s in samples])).to(device)
     micro_batches = micro_batches_for(len(configs), device)
-    times = []
-    for _ in range(repeats + 1):
+
+    def step() -> None:
         synchronize(device)
-        started = time.perf_counter()
         training_step(model, optimizer, inputs, targets, projected, micro_batches)
         synchronize(device)
-        times.append(time.perf_counter() - started)
-    return float(np.median(times[1:]))
+
+    step()  # warm-up
+    return median_seconds(step, repeats)
 
 
 def measure_speed(device: torch.device, quick: bool) -> list[Measurement]:
