@@ -383,3 +383,24 @@ def test_exact_match_chance_is_per_sequence(tmp_path):
     chances = {line.split()[1]: line.split()[2] for line in table.splitlines()[2:4]}
     assert chances == {"parity_check": "50.0", "mqar": "1e-04"}  # (1/32)^4 = 0.0001 %
     assert " 50.0 " in format_table(store, metric="token") and " 3.1 " in format_table(store)
+
+
+@pytest.mark.parametrize("extra, below", [(0, False), (1, True)])
+def test_a_panel_of_many_configurations_puts_its_legend_below_the_axes(extra, below):
+    """Seven architectures' curves fill every spot inside a panel; past LEGEND_INSIDE_MAX the
+    legend goes below the axes, off the curves."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from che_bench.reports.plots import LEGEND_INSIDE_MAX, _place_legend
+
+    configurations = LEGEND_INSIDE_MAX + extra
+    figure = Figure()
+    FigureCanvasAgg(figure)
+    ax = figure.subplots()
+    for level in range(configurations):
+        ax.plot([0, 500], [level, level], label=f"configuration {level}")
+    _place_legend(ax, configurations)
+    figure.canvas.draw()
+    legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert (legend.y1 <= axes.y0) == below

@@ -26,6 +26,8 @@ from che_bench.store import ORIGINAL, ResultStore
 from che_bench.tasks import Task, get_task
 
 PANEL_SIZE = (6, 4)  # inches
+#: The most configurations a panel's legend lists inside its axes (``_place_legend``).
+LEGEND_INSIDE_MAX = 4
 
 
 def plot_data(
@@ -150,7 +152,18 @@ def _draw_panel(ax, runs: pd.DataFrame, curves: pd.DataFrame, label: str) -> Non
     ax.set_xlabel(task.length_label if task else "length")
     ax.set_ylabel("exact match (%)" if curves.attrs.get("metric") == "exact" else "accuracy (%)")
     ax.set_ylim(0, 101)
-    ax.legend(fontsize="small")
+    _place_legend(ax, task_curves["column"].nunique())
+
+
+def _place_legend(ax, configurations: int) -> None:
+    """Matplotlib's best spot inside the axes for a few configurations; below the axes, in
+    two columns, for more, where any spot inside covers curves (seven architectures)."""
+    if configurations <= LEGEND_INSIDE_MAX:
+        ax.legend(fontsize="small")
+        return
+    ax.legend(
+        fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2, frameon=False
+    )
 
 
 def _draw_task_guides(ax, task: Task, max_length: int, metric: str) -> None:
