@@ -93,9 +93,8 @@ def member_batch(args, n: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
             torch.from_numpy(sample.targets.copy()).expand(args.members, -1, -1))
 
 
-def architecture_seconds(name: str, args) -> tuple[float, float]:
-    """(training step, evaluation forward) median seconds of architecture ``name``."""
-    model = build_for_timing(name, args)
+def architecture_seconds(model: BenchModel, args) -> tuple[float, float]:
+    """(training step, evaluation forward) median seconds of ``model``."""
     optimiser = PackOptimizer(model, [1e-3] * args.members, (0.9, 0.999), 1e-8, max_norm=1.0)
     inputs, targets = member_batch(args, args.train_length, args.batch)
     projected = projected_modules(model)
@@ -188,8 +187,9 @@ def run_architectures(args) -> None:
     print(f"{'architecture':<12} {'params':>8} {'train step':>11} {'eval fwd':>10}")
     print(f"{'':<12} {'':>8} {train_shape:>11} {eval_shape:>10}")
     for name in args.architectures or list(ARCHITECTURES.names()):
-        parameters = sum(p.numel() for p in build_for_timing(name, args).parameters())
-        train, evaluation = architecture_seconds(name, args)
+        model = build_for_timing(name, args)
+        parameters = sum(p.numel() for p in model.parameters())
+        train, evaluation = architecture_seconds(model, args)
         print(f"{name:<12} {parameters // args.members:>8} {train:11.3f} {evaluation:10.2f}",
               flush=True)
 

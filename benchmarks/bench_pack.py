@@ -31,20 +31,17 @@ import argparse
 import dataclasses
 import json
 import platform
-import statistics
 import time
 
 import numpy as np
 import torch
 
-from che_bench.checks.speed import peak_memory_bytes, synchronize
+from che_bench.checks.speed import peak_memory_bytes, step_seconds, synchronize
 from che_bench.config import make_config
 from che_bench.eval.evaluation import length_accuracies, use_evaluation_budget
 from che_bench.run.device import configure_numerics, describe_device, resolve_device
 from che_bench.run.runner import build_pack_model, execute_run, software_versions
 from che_bench.train.loop import sync_every_for, train_pack
-from che_bench.train.optimizer import PackOptimizer
-from che_bench.train.step import micro_batches_for, projected_modules, training_step
 
 PAPER_STEPS = 200_000
 
@@ -55,32 +52,14 @@ def paper_cell(task: str, pe: str, kernel: int | None, members: int, **overrides
             for seed in range(members)]
 
 
-def step_seconds(task: str, pe: str, kernel: int | None, members: int, device: torch.device,
-                 repeats: int) -> tuple[float, int]:
-    """Median seconds of one training step of a pack at n = 40, and the peak memory."""
-    configs = paper_cell(task, pe, kernel, members)
-    task_obj = configs[0].build_task()
-    model = build_pack_model(task_obj, configs).to(device).train()
-    optimizer = PackOptimizer(model, [c.lr for c in configs], configs[0].adam_betas,
-                              configs[0].adam_eps, configs[0].grad_clip_norm)
-    projected = projected_modules(model)
-    micro_batches = micro_batches_for(members, device)
-    batches = [task_obj.sample(40, configs[0].batch_size, np.random.default_rng(c.data_seed))
-               for c in configs]
-    inputs = torch.from_numpy(np.stack([b.inputs for b in batches])).to(device)
-    targets = torch.from_numpy(np.stack([b.targets for b in batches])).to(device)
+def pack_step_seconds(task: str, pe: str, kernel: int | None, members: int,
+                      device: torch.device, repeats: int) -> tuple[float, int]:
+    """Median seconds of one training step of a pack at n = 40 (after two warm-up steps: the
+    allocator, the kernels), and the peak memory."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    for _ in range(2):  # warm-up (allocator, kernels)
-        training_step(model, optimizer, inputs, targets, projected, micro_batches)
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        started = time.perf_counter()
-        training_step(model, optimizer, inputs, targets, projected, micro_batches)
-        synchronize(device)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), peak_memory_bytes(device)
+    seconds = step_seconds(paper_cell(task, pe, kernel, members), device, repeats, warm_up=2)
+    return seconds, peak_memory_bytes(device)
 
 
 def run_steps(args, device, report) -> None:
@@ -92,7 +71,7 @@ def run_steps(args, device, report) -> None:
         for pe, kernel in args.configs:
             single = None
             for members in args.packs:
-                seconds, peak = step_seconds(task, pe, kernel, members, device, args.repeats)
+                seconds, peak = pack_step_seconds(task, pe, kernel, members, device, args.repeats)
                 single = seconds if members == 1 else single
                 ratio = seconds / (members * single) if single else float("nan")
                 runs_per_hour = members * 3600 / (seconds * PAPER_STEPS)

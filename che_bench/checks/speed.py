@@ -69,9 +69,11 @@ def median_seconds(call: Callable[[], object], repeats: int) -> float:
     return statistics.median(timings)
 
 
-def step_seconds(configs: Sequence[RunConfig], device: torch.device, repeats: int) -> float:
-    """Median seconds of one training step of the pack ``configs`` at n = 40 (after one
-    warm-up step)."""
+def step_seconds(
+    configs: Sequence[RunConfig], device: torch.device, repeats: int, warm_up: int = 1
+) -> float:
+    """Median seconds of one training step of the pack ``configs`` at n = 40, after
+    ``warm_up`` untimed steps."""
     task = configs[0].build_task()
     model = build_pack_model(task, configs).to(device).train()
     optimizer = PackOptimizer(
@@ -89,11 +91,12 @@ def step_seconds(configs: Sequence[RunConfig], device: torch.device, repeats: in
     micro_batches = micro_batches_for(len(configs), device)
 
     def step() -> None:
-        synchronize(device)
         training_step(model, optimizer, inputs, targets, projected, micro_batches)
-        synchronize(device)
+        synchronize(device)  # the step's queued work, whole
 
-    step()  # warm-up
+    synchronize(device)  # the model's and the batches' copies, outside every timing
+    for _ in range(warm_up):
+        step()
     return median_seconds(step, repeats)
 
 
