@@ -10,10 +10,16 @@ Three parts (run them separately on a busy machine):
   batch 64 for n in --lengths; prints the time and the peak resident memory added by the
   forward (each configuration runs in a fresh process so the peaks do not mix).
 * ``architectures``: per architecture (``--architectures``; default every registered one, the
-  transformer with ``--pe``), the median training step at batch 128 and n = 40 and the median
-  evaluation forward at batch 64 and n = 500 (``--eval-length``), on ``--task`` (default
-  reverse_string: n + n model steps), one thread by default. A one-member lstm evaluates with
-  torch's fused kernel unless ``--unfused``; ``--members M`` times packs of M.
+  transformer with ``--pe``), the median training step at n = 40 (forward + backward + the
+  optimizer of the preset the architecture's published protocol trains with: CHE's ``paper``,
+  Adam at batch 128, for the transformer and CHE's baselines; ``state_tracking``, AdamW at
+  batch 256, for the state-tracking models; ``--batch`` sets one batch for every row) and the
+  median evaluation forward at batch 64 for each n in ``--eval-lengths`` (default 256 and
+  500), on ``--task`` (default reverse_string: n + n model steps), one thread by default.
+  ``--peak-memory`` evaluates each (architecture, n) in a fresh process and adds the peak
+  resident memory its forwards added (a few seconds per process to start). A one-member
+  lstm evaluates with torch's fused kernel unless ``--unfused``; ``--members M`` times packs
+  of M.
 
 Use at most as many threads as there are idle cores: on a 2-core machine whose other core is
 busy, ``--threads 2`` makes every small parallel op wait for a descheduled thread, which
@@ -26,26 +32,40 @@ Examples::
         --tasks duplicate_string
     python benchmarks/bench_model.py architectures
     python benchmarks/bench_model.py architectures --architectures lstm --members 4 --unfused
+    python benchmarks/bench_model.py architectures --task parity_check --peak-memory \\
+        --architectures mamba deltanet gated_deltanet deltaproduct mlstm slstm
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
-import resource
 import statistics
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from che_bench.checks.speed import median_seconds
-from che_bench.model.architectures import ARCHITECTURES, TRANSFORMER, build_architecture
+from che_bench.config import RunConfig, make_config
+from che_bench.model.architectures import (
+    ARCHITECTURES,
+    TRANSFORMER,
+    build_architecture,
+    get_architecture,
+)
 from che_bench.model.base import BenchModel
 from che_bench.model.encoder import MODEL_DEFAULTS, build_model
+from che_bench.model.state_tracking import StateTrackingModel
+from che_bench.protocol import preset_settings
 from che_bench.tasks import get_task
-from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.optimizer import PackOptimizer, pack_optimizer
 from che_bench.train.step import projected_modules, training_step
+
+T = TypeVar("T")
 
 
 def kernel_label(kernel: int | None) -> str:
@@ -80,10 +100,29 @@ def time_training_step(task_name: str, pe: str, kernel: int | None, args) -> tup
 
 
 def build_for_timing(name: str, args) -> BenchModel:
+    """Architecture ``name`` for ``args.task`` (``args.members`` members, seed 0); ``fused``
+    only where the architecture takes it (``not args.unfused``), ``args.pe`` only for the
+    transformer."""
     torch.manual_seed(0)
-    options = {} if name == TRANSFORMER else {"fused": not args.unfused}
-    pe = args.pe if name == TRANSFORMER else "none"
+    entry = get_architecture(name)
+    options = {"fused": not args.unfused} if "fused" in entry.defaults else {}
+    pe = args.pe if entry.name == TRANSFORMER else "none"
     return build_architecture(name, get_task(args.task), pe=pe, members=args.members, **options)
+
+
+def protocol_preset(name: str) -> str:
+    """The preset of ``name``'s published protocol: ``state_tracking`` (the xLSTM harness) for
+    the state-tracking models, CHE's ``paper`` for the others."""
+    build = get_architecture(name).build
+    state_tracking = isinstance(build, type) and issubclass(build, StateTrackingModel)
+    return "state_tracking" if state_tracking else "paper"
+
+
+def protocol_config(name: str, args) -> RunConfig:
+    """The run settings ``name`` trains with under its protocol (``args.batch`` over its batch)."""
+    pe = args.pe if get_architecture(name).name == TRANSFORMER else None
+    return make_config(args.task, pe, preset=protocol_preset(name), arch=name,
+                       batch_size=args.batch)
 
 
 def member_batch(args, n: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,62 +132,74 @@ def member_batch(args, n: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
             torch.from_numpy(sample.targets.copy()).expand(args.members, -1, -1))
 
 
-def architecture_seconds(model: BenchModel, args) -> tuple[float, float]:
-    """(training step, evaluation forward) median seconds of ``model``."""
-    optimiser = PackOptimizer(model, [1e-3] * args.members, (0.9, 0.999), 1e-8, max_norm=1.0)
-    inputs, targets = member_batch(args, args.train_length, args.batch)
+def training_step_of(model: BenchModel, config: RunConfig, args) -> Callable[[], None]:
+    """One training step of ``model`` (``che-bench run``'s: forward, backward, ``config``'s
+    optimizer) on a fixed batch of ``config.batch_size`` sequences at ``args.train_length``."""
+    optimiser = pack_optimizer(model, [config] * args.members)
+    inputs, targets = member_batch(args, args.train_length, config.batch_size)
     projected = projected_modules(model)
+
     def step() -> None:
         training_step(model, optimiser, inputs, targets, projected)
 
-    step()  # warm-up
-    train = median_seconds(step, args.steps)
-    model.eval()
-    eval_inputs, _ = member_batch(args, args.eval_length, args.eval_batch)
-
-    def forward() -> None:
-        with torch.inference_mode():
-            model(eval_inputs)
-
-    forward()  # warm-up
-    return train, median_seconds(forward, args.eval_repeats)
+    return step
 
 
-def _current_rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * resource.getpagesize()
+def _status_bytes(field: str) -> int:
+    """``VmRSS`` (resident now) or ``VmHWM`` (its high-water mark) of /proc/self/status.
+    Not ``getrusage``'s ``ru_maxrss``: Linux carries the parent's peak over into a process
+    it spawns (fork + exec), so a child of a large parent would report the parent's."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024  # kB
+    raise OSError(f"no {field} in /proc/self/status")
 
 
-def _evaluation_in_this_process(task_name, pe, kernel, n, batch_size, budget, threads):
+def measure_evaluation(make_model: Callable[[], BenchModel], inputs: torch.Tensor, threads: int,
+                       warm_ups: int, repeats: int) -> tuple[float, float, int]:
+    """(median wall s, median CPU s, peak bytes above the resident set before the first
+    forward) of ``repeats`` evaluation forwards (no gradients, eval mode) of ``make_model()``
+    (built after ``torch.manual_seed(0)``) on ``inputs``, after ``warm_ups`` untimed ones. The
+    peak is the process's: meaningful in a fresh process (``in_fresh_process``)."""
     torch.set_num_threads(threads)
-    task = get_task(task_name)
     torch.manual_seed(0)
-    model = build_model(task, pe, kernel, memory_budget_bytes=budget).eval()
-    inputs = torch.from_numpy(task.sample(n, batch_size, np.random.default_rng(0)).inputs.copy())
-    before = _current_rss_bytes()
-    wall, cpu = time.perf_counter(), time.process_time()
+    model = make_model().eval()
+    before = _status_bytes("VmRSS")
+    walls, cpus = [], []
     with torch.inference_mode():
-        model(inputs)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return wall, cpu, peak - before
+        for index in range(warm_ups + repeats):
+            wall, cpu = time.perf_counter(), time.process_time()
+            model(inputs)
+            if index >= warm_ups:
+                walls.append(time.perf_counter() - wall)
+                cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus), _status_bytes("VmHWM") - before
+
+
+def in_fresh_process(function: Callable[..., T], *arguments) -> T:
+    """``function(*arguments)`` in a fresh (spawned) process, so that its peak memory is its own."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(function, arguments)
+
+
+def transformer_for(task_name: str, pe: str, kernel: int | None, budget: int) -> BenchModel:
+    return build_model(get_task(task_name), pe, kernel, memory_budget_bytes=budget)
 
 
 def time_evaluation(task_name, pe, kernel, n, args) -> tuple[float, float, int]:
     """(wall s, CPU s, peak bytes above the pre-forward RSS) of one evaluation forward."""
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(1) as pool:
-        return pool.apply(
-            _evaluation_in_this_process,
-            (task_name, pe, kernel, n, args.eval_batch, args.memory_budget, args.threads),
-        )
+    inputs = torch.from_numpy(
+        get_task(task_name).sample(n, args.eval_batch, np.random.default_rng(0)).inputs.copy())
+    make = functools.partial(transformer_for, task_name, pe, kernel, args.memory_budget)
+    return in_fresh_process(measure_evaluation, make, inputs, args.threads, 0, 1)
 
 
 def run_train(args) -> None:
     print(f"training step: batch {args.batch}, n = {args.train_length}, {args.steps} timed steps, "
           f"{torch.get_num_threads()} thread(s); median per step")
-    header = f"{'task':<20} {'encoding':<16} {'kernel':<6} {'wall ms':>9} {'cpu ms':>9} {'cpu/plain':>9}"
-    print(header)
+    print(f"{'task':<20} {'encoding':<16} {'kernel':<6} {'wall ms':>9} {'cpu ms':>9} "
+          f"{'cpu/plain':>9}")
     for task_name in args.tasks:
         for pe in args.encodings:
             plain_cpu = None
@@ -177,27 +228,51 @@ def run_eval(args) -> None:
                           f"{wall:8.2f} {cpu:8.2f} {peak / 2**20:9.0f}", flush=True)
 
 
+def architecture_row(name: str, args) -> str:
+    """One row of the architectures part: parameters, batch, training step, evaluations."""
+    model = build_for_timing(name, args)
+    parameters = sum(p.numel() for p in model.parameters()) // args.members
+    config = protocol_config(name, args)
+    step = training_step_of(model, config, args)
+    step()  # warm-up
+    cells = [f"{name:<15} {parameters:>8} {config.batch_size:>5} "
+             f"{median_seconds(step, args.steps):11.3f}"]
+    for n in args.eval_lengths:
+        inputs, _ = member_batch(args, n, args.eval_batch)
+        if args.peak_memory:
+            make = functools.partial(build_for_timing, name, args)
+            wall, _, peak = in_fresh_process(
+                measure_evaluation, make, inputs, args.threads, 1, args.eval_repeats)
+            cells.append(f"{wall:10.2f} {peak / 2**20:8.0f}")
+        else:
+            wall = measure_evaluation(lambda: model, inputs, args.threads, 1, args.eval_repeats)[0]
+            cells.append(f"{wall:10.2f}")
+    return " ".join(cells)
+
+
 def run_architectures(args) -> None:
     task = get_task(args.task)
     print(f"{args.task}, {args.members} member(s), {torch.get_num_threads()} thread(s), "
           f"transformer: {args.pe}, {'unfused' if args.unfused else 'fused where possible'}; "
-          "median seconds")
-    train_shape = f"B{args.batch} T{task.model_length(args.train_length)}"
-    eval_shape = f"B{args.eval_batch} T{task.model_length(args.eval_length)}"
-    print(f"{'architecture':<12} {'params':>8} {'train step':>11} {'eval fwd':>10}")
-    print(f"{'':<12} {'':>8} {train_shape:>11} {eval_shape:>10}")
+          "median seconds" + (", peak MiB of the evaluation" if args.peak_memory else ""))
+    eval_columns = ""
+    eval_shapes = ""
+    for n in args.eval_lengths:
+        width = 19 if args.peak_memory else 10
+        eval_columns += f" {'eval fwd' + (' / MiB' if args.peak_memory else ''):>{width}}"
+        eval_shapes += f" {f'B{args.eval_batch} T{task.model_length(n)}':>{width}}"
+    print(f"{'architecture':<15} {'params':>8} {'batch':>5} {'train step':>11}{eval_columns}")
+    print(f"{'':<15} {'':>8} {'':>5} {f'T{task.model_length(args.train_length)}':>11}"
+          f"{eval_shapes}")
     for name in args.architectures or list(ARCHITECTURES.names()):
-        model = build_for_timing(name, args)
-        parameters = sum(p.numel() for p in model.parameters())
-        train, evaluation = architecture_seconds(model, args)
-        print(f"{name:<12} {parameters // args.members:>8} {train:11.3f} {evaluation:10.2f}",
-              flush=True)
+        print(architecture_row(name, args), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=("train", "eval", "architectures"))
-    parser.add_argument("--encodings", nargs="+", default=["none", "alibi", "kerple", "fire", "rope"])
+    parser.add_argument("--encodings", nargs="+",
+                        default=["none", "alibi", "kerple", "fire", "rope"])
     parser.add_argument("--kernels", nargs="+", type=parse_kernel, default=[None, 1, 3],
                         help="none (plain), 1, 3, ... (default: none 1 3)")
     parser.add_argument("--tasks", nargs="+", default=None,
@@ -205,7 +280,9 @@ def main() -> None:
                              "duplicate_string missing_duplicate_string")
     parser.add_argument("--threads", type=int, default=None,
                         help="default: 1 for architectures, torch's default otherwise")
-    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=None,
+                        help="train default: the paper preset's (128); architectures default: "
+                             "each architecture's protocol's (128 CHE, 256 state tracking)")
     parser.add_argument("--train-length", type=int, default=40)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--eval-batch", type=int, default=64)
@@ -218,7 +295,10 @@ def main() -> None:
     architectures.add_argument("--task", default="reverse_string")
     architectures.add_argument("--members", type=int, default=1)
     architectures.add_argument("--unfused", action="store_true")
-    architectures.add_argument("--eval-length", type=int, default=500)
+    architectures.add_argument("--eval-lengths", "--eval-length", nargs="+", type=int,
+                               default=[256, 500], dest="eval_lengths")
+    architectures.add_argument("--peak-memory", action="store_true",
+                               help="evaluate in a fresh process per length; print its peak")
     architectures.add_argument("--eval-repeats", type=int, default=1)
     args = parser.parse_args()
     if args.threads is None:
@@ -228,6 +308,7 @@ def main() -> None:
         run_architectures(args)
     elif args.part == "train":
         args.tasks = args.tasks or ["parity_check"]
+        args.batch = args.batch or preset_settings("paper")["batch_size"]
         run_train(args)
     else:
         args.tasks = args.tasks or ["duplicate_string", "missing_duplicate_string"]

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from che_bench.device_memory import available_cpus
 from che_bench.run.suites import load_suite
-from che_bench.run.sweep import LocalBackend, available_cpus, run_sweep
+from che_bench.run.sweep import LocalBackend, run_sweep
 from che_bench.store import ResultStore
 
 

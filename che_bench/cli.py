@@ -12,7 +12,9 @@ import importlib
 import sys
 from typing import NoReturn
 
+from che_bench.cpu import set_portable_environment
 from che_bench.errors import CheBenchError
+from che_bench.settings import BY_NAME
 
 COMMAND_MODULES = (
     "che_bench.commands.tasks",
@@ -27,6 +29,9 @@ COMMAND_MODULES = (
     "che_bench.commands.checks",
     "che_bench.commands.selftest",
 )
+
+#: The flag of the portable CPU mode, whose environment ``main`` sets before torch starts.
+PORTABLE_CPU_FLAG = BY_NAME["portable_cpu"].flag
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,9 +92,13 @@ def split_plugin_arguments(argv: list[str]) -> tuple[list[str], bool, list[str]]
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if PORTABLE_CPU_FLAG in argv:
+        # Before anything imports torch: the libraries read these settings when they start.
+        set_portable_environment()
     from che_bench import plugins
 
-    modules, no_plugins, argv = split_plugin_arguments(sys.argv[1:] if argv is None else list(argv))
+    modules, no_plugins, argv = split_plugin_arguments(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -47,6 +47,7 @@ EVALUATION_FIELDS = (
     "dropout_at_eval",
     "score_from_42",
 )
+DEFAULT_MIN_LR_RATIO = settings.BY_NAME["min_lr_ratio"].default
 #: Fields in which the members of one pack may differ (everything else shapes every step).
 MEMBER_FIELDS = ("seed", "data_seed", "lr")
 
@@ -79,7 +80,7 @@ class RunConfig:
     eval_seed: int = protocol.EVAL_SEED
     adam_betas: tuple[float, float] = protocol.ADAM_BETAS
     adam_eps: float = protocol.ADAM_EPS
-    grad_clip_norm: float = protocol.GRAD_CLIP_NORM
+    grad_clip_norm: float = protocol.GRAD_CLIP_NORM  # 0: no clipping
     #: Seed of the training-length schedule. None (as before this field existed): the lengths
     #: are drawn from the data generator, between the batches. Runs that share a length seed
     #: draw the same length at every step, so they can train side by side as one pack.
@@ -90,6 +91,12 @@ class RunConfig:
     #: transformer, the options given to it (the transformer's are ``model_options``).
     arch: str = TRANSFORMER
     arch_options: dict[str, Any] = field(default_factory=dict)
+    #: The optimizer and its learning-rate schedule (``che_bench.train.optimizer``).
+    optimizer: str = settings.BY_NAME["optimizer"].default
+    weight_decay: float = settings.BY_NAME["weight_decay"].default
+    lr_schedule: str = settings.BY_NAME["lr_schedule"].default
+    warmup_steps: int = settings.BY_NAME["warmup_steps"].default
+    min_lr_ratio: float = DEFAULT_MIN_LR_RATIO
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-compatible dict (tuples become lists)."""
@@ -342,6 +349,8 @@ def _run_fields(values: dict[str, Any], task) -> dict[str, Any]:
             f"train_max_length {train_max_length} is below the task's minimum length "
             f"{task.min_length}"
         )
+    if fields["lr_schedule"] == "constant" and fields["min_lr_ratio"] != DEFAULT_MIN_LR_RATIO:
+        raise CheBenchError("min_lr_ratio applies to lr_schedule warmup_cosine only")
     fields["test_lengths"] = protocol.parse_lengths(fields["test_lengths"])
     if fields["train_eval_lengths"] == "auto":
         fields["train_eval_lengths"] = protocol.auto_train_eval_lengths(

@@ -1,8 +1,10 @@
-"""What a GPU has free for this process, and handing memory back after a failed attempt."""
+"""What this process may use of the machine: the CPUs it may run on, its part of them and of
+a GPU's free memory; and handing memory back after a failed attempt."""
 
 from __future__ import annotations
 
 import gc
+import os
 from fractions import Fraction
 
 import torch
@@ -10,6 +12,30 @@ import torch
 #: The part of the memory the driver reports free that this process plans for: 1/N for one
 #: of a sweep's N workers sharing a GPU, a Ray task's GPU fraction; all of it otherwise.
 _gpu_share = Fraction(1)
+#: The CPUs this process plans for, when fewer than it may run on: a sweep worker's part of
+#: them, a Ray task's granted ``num_cpus``; None: all it may run on.
+_cpu_allowance: int | None = None
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, which a container's or
+    ``taskset``'s limit narrows; ``os.cpu_count()`` where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def allow_cpus(count: int | None) -> None:
+    """Declare that this process has ``count`` of the CPUs (None: all it may run on)."""
+    global _cpu_allowance
+    _cpu_allowance = None if count is None else max(1, int(count))
+
+
+def usable_cpus() -> int:
+    """The CPUs this process plans for: those it may run on, as many as it was allowed."""
+    available = available_cpus()
+    return available if _cpu_allowance is None else min(available, _cpu_allowance)
 
 
 def share_gpu(fraction: float) -> None:

@@ -1,13 +1,19 @@
 """Layers with a leading member axis: one module holds the parameters of several models.
 
-Every parameter of a che-bench model has shape ``[M, ...]``: ``M`` independent models (the
-members of a pack: runs that differ only in seeds and learning rate) computed side by side, as
-one wider computation. Activations carry the same leading axis, ``[M, B, T, D]``. A single run
-is a pack of one, so there is one code path.
+Every parameter (and buffer) of a che-bench model has shape ``[M, ...]``: ``M`` independent
+models (the members of a pack: runs that differ only in seeds and learning rate) computed
+side by side, as one wider computation. Activations carry the same leading axis,
+``[M, B, T, D]``. A single run is a pack of one, so there is one code path.
 
-Initialisers run member by member, so member ``m`` of a module built for ``M`` members is drawn
-exactly as a one-member module would be; packs are in any case assembled by stacking models
-built one at a time, each from its own seed (``che_bench.model.packs.stack_members``).
+A pack's member m is initialised exactly as run m alone: ``build_members``
+(``che_bench.model.architectures``) builds each member as a one-member model after
+``torch.manual_seed`` of that run's seed, builds the ``M``-member model for its shapes (its
+own draws are discarded) and loads the members' weights into it side by side
+(``load_member_states``: every ``state_dict`` entry concatenated along its first axis). What
+this needs of a model: its construction draws only from torch's global RNG, and every
+``state_dict`` entry of an ``M``-member build is the one-member entry with ``M`` rows on
+the first axis. The initialisers here also run member by member (``init_members_``), so that
+a module built for ``M`` members draws each member's slice as a one-member module would.
 """
 
 from __future__ import annotations
@@ -29,7 +35,12 @@ def truncated_normal_(tensor: torch.Tensor, std: float) -> torch.Tensor:
 
 
 def init_members_(parameter: torch.Tensor, init: Callable[[torch.Tensor], object]) -> None:
-    """Apply ``init`` to every member's slice of ``parameter`` in turn."""
+    """Initialise ``parameter`` ``[M, ...]`` member by member: ``init`` is called once per
+    member, in member order, with that member's slice ``parameter[m]`` (a view of shape
+    ``[...]``, under ``torch.no_grad``), and fills it in place, e.g.
+    ``lambda w: nn.init.uniform_(w, -0.1, 0.1)``; what it returns is ignored. Drawn so from
+    torch's global RNG, member m gets what a one-member parameter would after the same
+    draws."""
     with torch.no_grad():
         for member in parameter:
             init(member)
@@ -54,10 +65,16 @@ def per_member(parameter: torch.Tensor, ndim: int) -> torch.Tensor:
 
 
 class MemberLinear(nn.Module):
-    """``M`` independent linear maps applied to ``x [M, ..., fan_in]`` (one batched product).
+    """``M`` independent linear maps, ``x [M, ..., fan_in] -> [M, ..., fan_out]``: member m's
+    inputs through member m's map (one batched product).
 
-    ``init``: "haiku" (truncated normal with std 1/sqrt(fan_in), zero bias; the reference
-    model's) or "torch" (``nn.Linear``'s default: uniform within +-1/sqrt(fan_in)).
+    ``weight`` is ``[M, fan_out, fan_in]`` (each member's slice laid out as
+    ``nn.Linear.weight``), ``bias`` ``[M, fan_out]``, or None with ``bias=False``
+    (``bias_parameter()`` returns it, or raises ValueError). ``init`` (each member in turn):
+    ``"haiku"``, the default (weight truncated normal with std ``1/sqrt(fan_in)``, cut at
+    two std; bias zero: the reference model's ``hk.Linear``) or ``"torch"`` (``nn.Linear``'s
+    default: weight and bias uniform within ``±1/sqrt(fan_in)``). Any other scheme:
+    re-initialise with ``init_members_(layer.weight, ...)``.
     """
 
     def __init__(
@@ -98,7 +115,8 @@ class MemberLinear(nn.Module):
 
 
 class MemberLayerNorm(nn.Module):
-    """LayerNorm over the last axis with a learned scale and offset per member."""
+    """LayerNorm over the last axis of ``x [M, ..., dim]`` with a learned scale ``weight``
+    ``[M, dim]`` (ones) and offset ``bias`` ``[M, dim]`` (zeros) per member; draws nothing."""
 
     def __init__(self, members: int, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
@@ -117,7 +135,8 @@ class MemberLayerNorm(nn.Module):
 
 class MemberEmbedding(nn.Module):
     """A token table per member: ids ``[M, B, T]`` -> vectors ``[M, B, T, D]``; member ``m``
-    reads only its own table (ids must lie in ``0..V-1``)."""
+    reads only its own table (ids must lie in ``0..V-1``). ``weight`` is ``[M, V, D]``, each
+    member's table drawn in turn from a truncated normal with std ``std`` (cut at two std)."""
 
     def __init__(self, members: int, vocabulary: int, dim: int, std: float) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""Plugins: modules outside che-bench that register encodings and tasks when imported.
+"""Plugins: modules outside che-bench that register encodings, tasks and models when imported.
 
 A plugin is found in one of three ways: an installed distribution's entry point in the group
 ``che_bench.plugins`` (the entry point names the module), ``--plugin MODULE`` on the command
@@ -10,8 +10,8 @@ workers and Ray workers load them too: ``--plugin`` modules are added to
 ``CHE_BENCH_NO_PLUGINS=1``, which child processes inherit as well) loads none, so that a
 broken installed plugin cannot block che-bench; stores holding plugin runs stay readable
 (``che_bench.reports.unregistered``). Importing a plugin module runs its ``@register`` /
-``@register_task`` decorators; a module that fails to import, or registers a name already
-taken, is a one-line CheBenchError naming the plugin.
+``@register_task`` / ``@register_model`` decorators; a module that fails to import, or
+registers a name already taken, is a one-line CheBenchError naming the plugin.
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def loaded() -> dict[str, str | None]:
 
 
 def versions_of(*origins: str | None) -> dict[str, str]:
-    """What a run records of the plugins it used (the origins of its task and encoding):
-    ``{"plugin LABEL": version or "(module)"}``; nothing for che-bench's own names."""
+    """What a run records of the plugins it used (the origins of its task, encoding and
+    model): ``{"plugin LABEL": version or "(module)"}``; nothing for che-bench's own names."""
     return {
         f"plugin {label}": _loaded.get(label) or "(module)"
         for label in origins

@@ -3,7 +3,9 @@
 A preset is a complete set of run settings; every field can be overridden. ``paper`` is the
 published CHE / DAPE protocol (a GPU budget), ``quick`` is sized for a laptop CPU (minutes per
 single-output task, enough to see learning, far too short to reproduce the paper's numbers) and
-``smoke`` only checks that everything runs (seconds).
+``smoke`` only checks that everything runs (seconds). ``state_tracking`` is the xLSTM
+harness's formal-language protocol as Grazzi et al. (ICLR 2025) ran it, translated to CHE's
+tasks (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -12,16 +14,17 @@ from collections.abc import Iterable
 from typing import Any, SupportsInt
 
 from che_bench.errors import CheBenchError
-from che_bench.settings import PRESET_NAMES, preset_values
+from che_bench.settings import BY_NAME, PRESET_NAMES, preset_values
 
 #: Seed of the evaluation data (and of any random draws during evaluation), as in the reference
 #: range evaluation: every model sees the same test sequences.
 EVAL_SEED = 1
 
-#: Optimiser of the reference training loop: Adam after global-norm clipping.
+#: Optimiser of the reference training loop: Adam after global-norm clipping (AdamW, the
+#: xLSTM harness's, uses torch's same defaults for betas and eps).
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
-GRAD_CLIP_NORM = 1.0
+GRAD_CLIP_NORM = BY_NAME["grad_clip_norm"].default
 
 #: The presets' values of the settings that differ between presets (declared with each
 #: setting in ``che_bench.settings``).

@@ -34,8 +34,18 @@ class Registry(Generic[Registered]):
         self._aliases: dict[str, str] = {}
         self._origins: dict[str, str | None] = {}
 
-    def add(self, name: str, entry: Registered, aliases: tuple[str, ...] = ()) -> None:
-        """Register ``entry`` under ``name`` and ``aliases``; a taken name is a CheBenchError."""
+    def add(
+        self,
+        name: str,
+        entry: Registered,
+        aliases: tuple[str, ...] = (),
+        *,
+        module: str | None = None,
+    ) -> None:
+        """Register ``entry`` under ``name`` and ``aliases``; a taken name is a CheBenchError.
+        ``module`` is the module that defines ``entry`` (default: ``entry.__module__``): a
+        name defined in che-bench's own modules is che-bench's, even when a plugin's import is
+        what first imported that module."""
         from che_bench.plugins import loading_plugin
 
         keys = [self._normalise(key) for key in (name, *aliases)]
@@ -44,7 +54,9 @@ class Registry(Generic[Registered]):
                 owner = self._origins[self._aliases.get(key, key)] or "che-bench"
                 raise CheBenchError(f"{self.kind} name {key!r} is already registered by {owner}")
         self._entries[keys[0]] = entry
-        self._origins[keys[0]] = loading_plugin()
+        defined_in = module if module is not None else getattr(entry, "__module__", "")
+        own = defined_in == "che_bench" or str(defined_in).startswith("che_bench.")
+        self._origins[keys[0]] = None if own else loading_plugin()
         self._aliases.update({alias: keys[0] for alias in keys[1:]})
 
     def canonical(self, name: str) -> str:

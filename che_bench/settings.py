@@ -13,117 +13,134 @@ that their run ids stay valid (``tests/test_run_ids.py`` pins a few).
 
 from __future__ import annotations
 
-import numbers
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+# (Setting, its validators and the names of where it lives, re-exported.)
+from che_bench.setting_types import (
+    DAPE,
+    IN_ID_UNLESS_DEFAULT,
+    KEY_VALUES,
+    MODEL,
+    NOT_IN_ID,
+    RUNTIME,
+    SWITCH,
+    Setting,
+    at_least,
+    fraction,
+    non_negative_number,
+    one_of,
+    positive_number,
+    true_or_false,
+)
+from che_bench.setting_types import (
+    IN_ID as IN_ID,
+)
+from che_bench.setting_types import (
+    RUN as RUN,
+)
+from che_bench.setting_types import (
+    Validator as Validator,
+)
 
-from che_bench.errors import CheBenchError
-
-#: Where a setting lives: a field of ``RunConfig``, a key of its ``model_options`` or
-#: ``dape_options``, or a runtime option of the execution (recorded with the runs, never in
-#: the run id: TF32, threads, ...).
-RUN, MODEL, DAPE, RUNTIME = "run", "model", "dape", "runtime"
-#: How a setting enters the run id: always, or only while it differs from its default
-#: (settings added after results were first stored), or never (runtime options).
-IN_ID, IN_ID_UNLESS_DEFAULT, NOT_IN_ID = "always", "unless default", "never"
-#: Command-line value kinds beyond ``int`` / ``float`` / ``str``.
-SWITCH = "switch"  # a flag without a value: given = True
-KEY_VALUES = "key=value"  # repeatable KEY=VALUE items, collected into a dict
-
-PRESET_NAMES = ("paper", "quick", "smoke")
-
-#: A setting's validator: ``check(label, value)`` returns the value to use, or raises the one
-#: CheBenchError every way of giving the setting (flag, suite, Python API) reports.
-Validator = Callable[[str, Any], Any]
-
-
-def at_least(minimum: int) -> Validator:
-    """An integer >= ``minimum`` (numpy integers too; bools are not numbers here)."""
-
-    def check(label: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-            raise CheBenchError(f"{label} must be an integer >= {minimum}, got {value!r}")
-        return int(value)
-
-    return check
-
-
-def positive_number(label: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise CheBenchError(f"{label} must be a positive number, got {value!r}")
-    return float(value)
+PRESET_NAMES = ("paper", "quick", "smoke", "state_tracking")
+#: Optimizers: Adam (CHE's) and AdamW (decoupled weight decay, the xLSTM harness's).
+OPTIMIZERS = ("adam", "adamw")
+#: Learning-rate schedules (``che_bench.train.optimizer.LrSchedule``): constant after an optional
+#: linear warm-up (CHE's, without one), or linear warm-up then cosine decay (the xLSTM
+#: harness's).
+LR_SCHEDULES = ("constant", "warmup_cosine")
 
 
-def true_or_false(label: str, value: Any) -> bool:
-    """A bool (a suite's ``causal = true``), not a truthy string."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise CheBenchError(f"{label} must be true or false, got {value!r}")
-    return bool(value)
+def _per_preset(paper: Any, quick: Any, smoke: Any, state_tracking: Any) -> dict[str, Any]:
+    return dict(zip(PRESET_NAMES, (paper, quick, smoke, state_tracking), strict=True))
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One run setting. ``presets``: its value per preset (every preset names it); else
-    ``default`` holds for all. ``flag=None``: no command-line flag (suite files and the
-    Python API only). ``follows``: the setting whose value it takes when not given;
-    ``task_default``: the ``Task`` attribute that gives its value when not given (the task
-    is defined with it), instead of ``default``. ``check``: its validator (``validate``)."""
-
-    name: str
-    kind: Any
-    help: str
-    where: str = RUN
-    in_id: str = IN_ID
-    default: Any = None
-    presets: dict[str, Any] | None = None
-    flag: str | None = ""
-    metavar: str | None = None
-    follows: str | None = None
-    task_default: str | None = None
-    check: Validator | None = None
-
-    def __post_init__(self) -> None:
-        if self.flag == "":
-            object.__setattr__(self, "flag", "--" + self.name.replace("_", "-"))
-
-    def default_for(self, preset: str) -> Any:
-        """The value this setting has under ``preset`` when not overridden."""
-        return self.presets[preset] if self.presets is not None else self.default
-
-    @property
-    def label(self) -> str:
-        """How messages name it: a run setting by its name (a suite key, a ``make_config``
-        keyword), a runtime option by its flag (runtime options have no suite key)."""
-        return self.flag if self.where == RUNTIME and self.flag else self.name
-
-    def validate(self, value: Any) -> Any:
-        """``value`` checked by the setting's validator (None, "not given", passes)."""
-        if value is None or self.check is None:
-            return value
-        return self.check(self.label, value)
-
-
-def _per_preset(paper: Any, quick: Any, smoke: Any) -> dict[str, Any]:
-    return dict(zip(PRESET_NAMES, (paper, quick, smoke), strict=False))
+def _unless_state_tracking(default: Any, state_tracking: Any) -> dict[str, Any]:
+    """``default`` under every preset but ``state_tracking`` (the xLSTM harness's protocol)."""
+    return _per_preset(default, default, default, state_tracking)
 
 
 SETTINGS: tuple[Setting, ...] = (
     # Training.
     Setting(
-        "steps", int, "optimizer steps", presets=_per_preset(200_000, 1500, 20), check=at_least(0)
+        "steps",
+        int,
+        "optimizer steps",
+        presets=_per_preset(200_000, 1500, 20, 20_000),
+        # A run of 0 steps would be stored as complete having learned nothing.
+        check=at_least(1),
     ),
     Setting(
         "batch_size",
         int,
         "training sequences per step",
-        presets=_per_preset(128, 32, 8),
+        presets=_per_preset(128, 32, 8, 256),
         check=at_least(1),
     ),
     Setting(
-        "lr", float, "learning rate", presets=_per_preset(1e-4, 1e-3, 1e-3), check=positive_number
+        "lr",
+        float,
+        "learning rate (the peak of a schedule)",
+        presets=_per_preset(1e-4, 1e-3, 1e-3, 1e-3),
+        check=positive_number,
+    ),
+    # The optimizer and its schedule: CHE's (Adam after global-norm clipping at 1, constant
+    # learning rate) unless a preset or flag says otherwise; added after runs were stored, so
+    # out of the run id at those defaults (grad_clip_norm was always in it).
+    Setting(
+        "optimizer",
+        str,
+        "adam (CHE's: Adam, an L2 term for --weight-decay) or adamw (decoupled weight decay)",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        default="adam",
+        presets=_unless_state_tracking("adam", "adamw"),
+        check=one_of(*OPTIMIZERS),
+    ),
+    Setting(
+        "weight_decay",
+        float,
+        "weight decay of the decayed parameters (a model's weight matrices; not its biases, "
+        "norms and embeddings: BenchModel.no_weight_decay)",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        default=0.0,
+        presets=_unless_state_tracking(0.0, 0.1),
+        check=non_negative_number,
+    ),
+    Setting(
+        "grad_clip_norm",
+        float,
+        "clip each run's gradient to this global norm before the update (0: no clipping)",
+        default=1.0,
+        presets=_unless_state_tracking(1.0, 0.0),
+        check=non_negative_number,
+    ),
+    Setting(
+        "lr_schedule",
+        str,
+        "constant (after --warmup-steps of linear warm-up, if any) or warmup_cosine (linear "
+        "warm-up, then cosine decay to --min-lr-ratio x lr at the last step)",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        default="constant",
+        presets=_unless_state_tracking("constant", "warmup_cosine"),
+        check=one_of(*LR_SCHEDULES),
+    ),
+    Setting(
+        "warmup_steps",
+        int,
+        "steps of linear learning-rate warm-up from 0",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        default=0,
+        presets=_unless_state_tracking(0, 2000),
+        check=at_least(0),
+    ),
+    Setting(
+        "min_lr_ratio",
+        float,
+        "warmup_cosine's last learning rate, as a fraction of --lr",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        default=1e-3,
+        presets=_unless_state_tracking(1e-3, 1e-3),
+        check=fraction,
     ),
     Setting("seed", int, "model-initialisation seed (default 0)", default=0, check=at_least(0)),
     Setting(
@@ -142,7 +159,7 @@ SETTINGS: tuple[Setting, ...] = (
         "train_max_length",
         int,
         "longest training length n",
-        presets=_per_preset(40, 40, 40),
+        presets=_per_preset(40, 40, 40, 39),
         check=at_least(1),
     ),
     # Evaluation protocol.
@@ -150,26 +167,26 @@ SETTINGS: tuple[Setting, ...] = (
         "test_lengths",
         str,
         "e.g. 41:500, 41:500:20,500 or 41,100,500",
-        presets=_per_preset("41:500", "41:500:20,500", "41,100,200"),
+        presets=_per_preset("41:500", "41:500:20,500", "41,100,200", "39:255"),
     ),
     Setting(
         "train_eval_lengths",
         str,
         "in-distribution lengths, or 'auto'",
-        presets=_per_preset("auto", "auto", "auto"),
+        presets=_per_preset("auto", "auto", "auto", "auto"),
     ),
     Setting(
         "eval_samples",
         int,
         "test sequences per length",
-        presets=_per_preset(512, 64, 8),
+        presets=_per_preset(512, 64, 8, 64),
         check=at_least(1),
     ),
     Setting(
         "eval_batch_size",
         int,
         "sequences per accuracy sub-batch",
-        presets=_per_preset(64, 32, 8),
+        presets=_per_preset(64, 32, 8, 64),
         check=at_least(1),
     ),
     Setting(
@@ -207,17 +224,17 @@ SETTINGS: tuple[Setting, ...] = (
         default={},
     ),
     # The model.
-    Setting("layers", int, "encoder layers", where=MODEL, presets=_per_preset(5, 2, 1)),
-    Setting("dim", int, "model width", where=MODEL, presets=_per_preset(64, 64, 16)),
-    Setting("heads", int, "attention heads", where=MODEL, presets=_per_preset(8, 8, 2)),
+    Setting("layers", int, "encoder layers", where=MODEL, presets=_per_preset(5, 2, 1, 2)),
+    Setting("dim", int, "model width", where=MODEL, presets=_per_preset(64, 64, 16, 128)),
+    Setting("heads", int, "attention heads", where=MODEL, presets=_per_preset(8, 8, 2, 4)),
     Setting(
         "ffn",
         int,
         "FFN width (default 4 x dim when --dim is given)",
         where=MODEL,
-        presets=_per_preset(256, 256, 32),
+        presets=_per_preset(256, 256, 32, 512),
     ),
-    Setting("dropout", float, "dropout rate", where=MODEL, presets=_per_preset(0.1, 0.1, 0.1)),
+    Setting("dropout", float, "dropout rate", where=MODEL, presets=_per_preset(0.1, 0.1, 0.1, 0.0)),
     Setting(
         "causal",
         SWITCH,
@@ -298,6 +315,15 @@ SETTINGS: tuple[Setting, ...] = (
         "deterministic algorithms only (cuDNN, cuBLAS, attention): "
         "on a GPU the same seeds give the same numbers again, a little slower; recorded with "
         "the runs",
+        where=RUNTIME,
+        in_id=NOT_IN_ID,
+        default=False,
+    ),
+    Setting(
+        "portable_cpu",
+        SWITCH,
+        "on a CPU, numerics meant not to depend on the CPU model (torch's AVX2 kernels, MKL's "
+        "COMPATIBLE branch, no oneDNN); slower, see docs/protocol.md; recorded with the runs",
         where=RUNTIME,
         in_id=NOT_IN_ID,
         default=False,

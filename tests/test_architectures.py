@@ -20,8 +20,7 @@ from che_bench.model.recurrent import (
 from che_bench.model.recurrent.stack_rnn import update_stack
 from che_bench.model.recurrent.tape_rnn import jump_indices, update_tape
 from che_bench.tasks import get_task
-from che_bench.train.optimizer import PackOptimizer
-from che_bench.train.step import training_step
+from tests.model_helpers import assert_training_on_parity_reduces_the_loss
 
 TINY = {"hidden_size": 8}
 TINY_MEMORY = {
@@ -264,14 +263,6 @@ def test_draw_calls_are_no_ops_of_the_right_width():
 
 
 def test_a_few_training_steps_reduce_the_loss():
-    task = get_task("parity_check")  # at n = 2: XOR
     torch.manual_seed(0)
-    model = build_recurrent("lstm", task, hidden_size=16)
-    optimiser = PackOptimizer(model, [1e-2], (0.9, 0.999), 1e-8, max_norm=1.0)
-    rng = np.random.default_rng(0)
-    losses = []
-    for _ in range(50):
-        batch = task.sample(2, 32, rng)
-        inputs, targets = (torch.from_numpy(array)[None] for array in (batch.inputs, batch.targets))
-        losses.append(training_step(model, optimiser, inputs, targets, [])[0].item())
-    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
+    model = build_recurrent("lstm", get_task("parity_check"), hidden_size=16)
+    assert_training_on_parity_reduces_the_loss(model, steps=50)

@@ -60,7 +60,7 @@ def test_the_transformer_is_the_default_and_keeps_its_run_ids():
     (["--arch", "lstm", "--pe", "kerple"], "--pe applies to the transformer only"),
     (["--arch", "lstm", "--kernel", "3"], "--kernel applies to the transformer only"),
     (["--arch", "lstm", "--layers", "2", "--causal"], "--layers, --causal apply to the"),
-    (["--arch", "lstn"], "unknown architecture 'lstn'; did you mean 'lstm'?"),
+    (["--arch", "lstn"], "unknown architecture 'lstn'; did you mean 'lstm'"),
     (["--arch", "lstm", "--arch-option", "depth=2"], "lstm takes no option depth"),
     (["--arch", "lstm", "--arch-option", "hidden_size=0"], "hidden_size must be a positive"),
     (["--arch-option", "hidden_size=8"], "--arch-option applies to architectures other than"),

@@ -18,6 +18,7 @@ from che_bench.model.encoder import build_model
 from che_bench.run import runner
 from che_bench.run.runner import execute_pack, execute_runs
 from che_bench.train.optimizer import PackOptimizer
+from tests.run_helpers import run_interrupted_at
 
 TINY = {"steps": 6, "dropout": 0.0, "test_lengths": "41", "eval_samples": 4,
         "eval_batch_size": 4, "length_seed": 0}
@@ -72,14 +73,7 @@ def test_a_pack_out_of_memory_after_a_checkpoint_goes_on_as_two_narrower_packs(
 def test_a_sweep_resumed_at_another_width_gives_the_same_curves(tmp_path, width):
     configs = cell(pe="random_alibi")
     reference = execute_runs(configs, pack=4, device="cpu", progress=False, log_every=1)
-
-    def stop_at_step_3(step, losses):
-        if step == 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        execute_runs(configs, pack=4, device="cpu", progress=False, log_every=1,
-                     checkpoint_dir=tmp_path, on_step=stop_at_step_3)
+    run_interrupted_at(3, configs, tmp_path, pack=4, log_every=1)
     assert len(list(tmp_path.iterdir())) == 4
     resumed = execute_runs(configs, pack=width, device="cpu", progress=False, log_every=1,
                            checkpoint_dir=tmp_path)
@@ -124,16 +118,26 @@ def test_an_interrupted_baseline_resumes_to_the_uninterrupted_runs_numbers(tmp_p
                            arch_options={"hidden_size": 16}, **{**settings, "steps": 8})
                for seed in range(2)]
     reference = execute_runs(configs, device="cpu", progress=False, log_every=1)
-
-    def stop_at_step_5(step, losses):
-        if step == 5:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        execute_runs(configs, device="cpu", progress=False, log_every=1,
-                     checkpoint_dir=tmp_path, on_step=stop_at_step_5)
+    run_interrupted_at(5, configs, tmp_path, log_every=1)
     resumed = execute_runs(configs, device="cpu", progress=False, log_every=1,
                            checkpoint_dir=tmp_path)
     assert [result.timings["resumed_from_step"] for result in resumed] == [5, 0]
     assert curves(resumed) == curves(reference)  # the same width: bit for bit
     assert [r.per_length for r in resumed] == [r.per_length for r in reference]
+
+
+def test_a_resumed_runs_total_time_counts_every_session_as_its_training_time_does(tmp_path):
+    """Issue 26, item 13: train_s counts the training of every session (the checkpoint's
+    seconds plus this session's); total_s did count the last session only, so that
+    train_s + eval_s exceeded it."""
+    [config] = cell(members=1)
+    run_interrupted_at(3, [config], tmp_path)
+    path = runner.checkpoint_path(tmp_path, config.run_id())
+    state = torch.load(path, weights_only=True)
+    state["train_seconds"] = 1000.0  # an earlier session that trained for 1000 s
+    torch.save(state, path)
+    [result] = execute_runs([config], device="cpu", progress=False, checkpoint_dir=tmp_path)
+    timings = result.timings
+    assert result.status == "complete" and timings["resumed_from_step"] == 3
+    assert timings["train_s"] >= 1000.0
+    assert timings["total_s"] >= timings["train_s"] + timings["eval_s"]

@@ -1,6 +1,7 @@
 """On a CUDA GPU (``-m cuda``; skipped with a reason where torch sees none): the device agrees
 with the CPU for every encoding x kernel, the evaluation's memory budget holds at n = 500, a
-pack that runs out of memory under a cap splits and completes, deterministic mode repeats.
+pack that runs out of memory under a cap splits and completes, deterministic mode repeats, a
+one-member LSTM trains with cuDNN's kernel (no weight copy) as the batched loop does.
 
 None of these has run on a GPU yet: no GPU was lent to this project's work."""
 
@@ -94,3 +95,28 @@ def test_the_selftest_passes_on_cuda(tmp_path):
     from che_bench.cli import main
 
     assert main(["selftest", "--device", "cuda", "--json", str(tmp_path / "selftest.json")]) == 0
+
+
+def test_a_one_member_lstm_trains_with_cudnn_in_place():
+    """Issue 26, items 1 and 4: the fused call's backward runs (training mode), its weights
+    reach cuDNN without a per-call copy (no warning), its gradients are the loop's."""
+    import warnings
+
+    import numpy as np
+
+    from che_bench.model.recurrent import build_recurrent
+    from che_bench.tasks import get_task
+
+    task = get_task("reverse_string")
+    torch.manual_seed(0)
+    fused = build_recurrent("lstm", task, hidden_size=32).to(CUDA)
+    looped = build_recurrent("lstm", task, hidden_size=32, fused=False).to(CUDA)
+    looped.load_state_dict(fused.state_dict())
+    sample = task.sample(20, 8, np.random.default_rng(0))
+    inputs = torch.from_numpy(sample.inputs.copy()).to(CUDA)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for model in (fused, looped):
+            model(inputs).square().sum().backward()
+    for (name, a), b in zip(fused.named_parameters(), looped.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-5, msg=name)

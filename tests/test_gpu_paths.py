@@ -26,6 +26,7 @@ from che_bench.train import loop as training
 from che_bench.train.batches import BatchStream, on_device
 from che_bench.train.history import TrainingHistory
 from che_bench.train.loop import train_pack
+from tests.run_helpers import fake_cuda_memory
 
 GIB = 1 << 30
 
@@ -179,6 +180,7 @@ def test_a_ray_task_budgets_its_fraction_of_the_gpu(caching_allocator, monkeypat
     from che_bench.run import ray_backend
 
     monkeypatch.setattr(device_memory, "_gpu_share", device_memory.Fraction(1))
+    monkeypatch.setattr(device_memory, "_cpu_allowance", None)  # the task sets its own
     seen = []
     monkeypatch.setattr(ray_backend, "execute_runs", lambda configs, options, pack: seen.append(
         free_gpu_memory(torch.device("cuda"))) or [])
@@ -303,17 +305,12 @@ def test_cpu_training_saves_no_gpu_rng_state(two_gpus, monkeypatch, tmp_path):
 
 def test_a_members_training_memory_is_its_peak_above_the_weights(monkeypatch):
     """The measurement behind ``--pack auto`` (CUDA's memory queries faked): the peak of one
-    step above what was allocated before it."""
-    readings = iter([100, 100 + 5000])
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: next(readings))
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: next(readings))
+    step of a pack of two above what was allocated before it, per member."""
+    fake_cuda_memory(monkeypatch, [100, 100 + 5000])
     torch.manual_seed(5)
     expected = torch.rand(1)
     torch.manual_seed(5)
-    assert packing.training_bytes_per_member(cell()[0], torch.device("cpu")) == 5000
+    assert packing.training_bytes_per_member(cell()[0], torch.device("cpu")) == 5000 // 2
     assert torch.equal(torch.rand(1), expected)  # the global RNG is left as it was
 
 

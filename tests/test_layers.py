@@ -12,8 +12,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "che_bench"
 # Lowest first; a module may import its own layer and any lower one. Models are built from
 # plain arguments (a task, an encoding's name, options), so they sit below the run's config.
 LAYERS = (
-    ("che_bench", "che_bench.errors", "che_bench.registry", "che_bench.settings", "che_bench.atomic",
-     "che_bench.device_memory", "che_bench.plugins", "che_bench.protocol", "che_bench.members"),
+    ("che_bench", "che_bench.errors", "che_bench.registry", "che_bench.settings",
+     "che_bench.setting_types", "che_bench.atomic", "che_bench.device_memory", "che_bench.cpu",
+     "che_bench.plugins", "che_bench.protocol", "che_bench.members"),
     ("che_bench.tasks", "che_bench.encodings"),
     ("che_bench.model",),
     ("che_bench.config", "che_bench.outcomes"),
@@ -75,3 +76,34 @@ def test_modules_and_functions_fit_on_a_screen(path):
             if length > 60:
                 too_long.append(f"{path.name}:{node.lineno} {node.name} has {length} lines")
     assert not too_long, "; ".join(too_long)
+
+
+def import_cycle(package: str) -> list[str] | None:
+    """A cycle of imports among the modules of ``package`` (lazy and ``TYPE_CHECKING`` imports
+    included), as the modules around it, or None: a package without one reads from its
+    lowest module up."""
+    inside = {module_name(path): path for path in MODULES
+              if module_name(path).startswith(package + ".")}
+    graph = {module: sorted(n for n in imported_modules(path) if n in inside and n != module)
+             for module, path in inside.items()}
+    done: set[str] = set()
+
+    def visit(module: str, trail: list[str]) -> list[str] | None:
+        if module in trail:
+            return [*trail[trail.index(module):], module]
+        if module in done:
+            return None
+        for imported in graph[module]:
+            cycle = visit(imported, [*trail, module])
+            if cycle:
+                return cycle
+        done.add(module)
+        return None
+
+    return next(filter(None, (visit(module, []) for module in sorted(graph))), None)
+
+
+@pytest.mark.parametrize("package", ["che_bench.train"])
+def test_a_package_has_no_import_cycle(package):
+    cycle = import_cycle(package)
+    assert cycle is None, " -> ".join(cycle)

@@ -80,6 +80,54 @@ def test_a_model_that_forgets_its_options_fails_the_options_check(scratch_regist
     assert any("expected another build_key() when built with width=16" in f for f in failures)
 
 
+def test_an_option_that_changes_nothing_fails_unless_declared_inert(scratch_registries):
+    broken = _register_broken()
+
+    @register_model
+    class Switched(broken):
+        name = "test_switched"
+        defaults = {"width": 8, "switch": False, "memory_budget_bytes": 1 << 30}
+
+        def __init__(self, task, members=1, width=8, switch=False, memory_budget_bytes=1 << 30):
+            super().__init__(task, members, width)
+            self.switch = switch
+            # Recorded, so runs with either value are told apart, yet never read below.
+            self.build_options = {"width": width, "switch": switch,
+                                  "memory_budget_bytes": memory_budget_bytes}
+
+    assert model_checks.run_model_check("option_effects", "test_switched") == [
+        "options take effect: expected switch=True (instead of False) to change the parameters "
+        "or the logits, got the same ones (an option that changes neither, such as a memory "
+        "budget, belongs in the model class's inert_options)"]
+    Switched.inert_options = frozenset({"switch", "memory_budget_bytes"})
+    assert model_checks.run_model_check("option_effects", "test_switched") == []
+
+    @register_model
+    class Signed(Switched):
+        """The switch negates the logits: the parameters are the same, the outputs are not."""
+
+        name = "test_signed"
+        inert_options = BenchModel.inert_options
+
+        def forward(self, inputs, draws=None, *, evaluating=None, dropout_seeds=None):
+            logits = super().forward(inputs)
+            return -logits if self.switch else logits
+
+    assert model_checks.run_model_check("option_effects", "test_signed") == []
+
+
+def test_options_are_changed_to_values_a_model_likely_takes():
+    from che_bench.checks.option_effects import other_values
+
+    assert other_values(True) == [False]
+    assert other_values(4) == [8, 5, 2, 3] and other_values(0) == [1, 2]
+    assert other_values(1) == [2, 0]
+    assert other_values(0.1) == [0.2, 0.05] and other_values(0.0) == [0.5, 0.1]
+    assert other_values((64, 64)) == [(128, 64), (65, 64), (32, 64), (63, 64)]
+    assert other_values(["a", 3]) == [["a", 6], ["a", 4], ["a", 1], ["a", 2]]
+    assert other_values("haiku") == other_values(None) == other_values(()) == []
+
+
 def test_the_cli_fails_a_broken_model_and_refuses_unknown_names(scratch_registries, capsys):
     _register_broken()
     assert main(["check-model", "test_batch_mixer"]) == 1
@@ -96,7 +144,7 @@ def test_the_cli_fails_a_broken_model_and_refuses_unknown_names(scratch_registri
 
 def test_the_cli_passes_a_built_in(capsys):
     assert main(["check-model", "lstm", "--arch-option", "fused=false"]) == 0
-    assert "architecture lstm: all 7 checks passed" in capsys.readouterr().out
+    assert "architecture lstm: all 8 checks passed" in capsys.readouterr().out
 
 
 def test_a_check_that_raises_is_one_failure_line(scratch_registries, monkeypatch):

@@ -17,6 +17,7 @@ from che_bench.cli import main
 from che_bench.encodings import canonical_encoding_name, list_encodings
 from che_bench.encodings.base import ENCODINGS
 from che_bench.errors import CheBenchError
+from che_bench.model.architectures import ARCHITECTURES
 from che_bench.store import ResultStore
 from che_bench.tasks import TASKS, get_task, list_tasks
 
@@ -183,7 +184,8 @@ def test_a_plugin_in_the_current_folder_loads_as_with_python_m(tmp_path, monkeyp
 
 def forget_example_plugin() -> None:
     """As if the example plugin were not installed: its names unregistered again."""
-    for registry, name in ((TASKS, "majority"), (ENCODINGS, "log_length_nope")):
+    for registry, name in ((TASKS, "majority"), (ENCODINGS, "log_length_nope"),
+                           (ARCHITECTURES, "gru")):
         aliases = [alias for alias, target in registry._aliases.items() if target == name]
         for key in aliases:
             del registry._aliases[key]
@@ -204,10 +206,25 @@ def test_a_store_of_plugin_runs_is_readable_without_the_plugin(example_on_path, 
     note = ("not registered here (plugin che_bench_loglength not loaded): task majority, "
             "encoding log_length_nope; shown as the store recorded them; level ? and chance "
             "unknown (the task class is needed)")
-    assert note in table
+    assert note in " ".join(table.split())  # (the note wraps to the terminal)
     assert main(["report", *store, "--out", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()
     assert note in page and "<img" in page  # the table, its note and the task's panel
+
+
+def test_runs_of_a_plugin_model_record_and_name_its_plugin(example_on_path, tmp_path, capsys):
+    store = ["--store", str(tmp_path / "s.sqlite")]
+    assert main(["--plugin", "che_bench_loglength", "run", "--task", "parity_check", "--arch",
+                 "gru", "--arch-option", "hidden_size=4", "--preset", "smoke", "--steps", "2",
+                 "--test-lengths", "41", "--no-progress", *store]) == 0
+    [versions] = [json.loads(text) for text in ResultStore(store[1]).runs()["versions"]]
+    assert versions["plugin che_bench_loglength"] == "0.1.0"  # the model's plugin
+    forget_example_plugin()
+    capsys.readouterr()
+    assert main(["table", *store]) == 0
+    table = " ".join(capsys.readouterr().out.split())  # (notes are wrapped to the terminal)
+    assert ("not registered here (plugin che_bench_loglength not loaded): architecture gru; "
+            "shown as the store recorded them") in table
 
 
 def test_options_a_plugin_refuses_with_a_value_error_are_one_line_errors(tmp_path, monkeypatch, capsys):

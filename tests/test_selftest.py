@@ -8,9 +8,10 @@ import json
 import pytest
 import torch
 
-from che_bench.checks import selftest, speed
+from che_bench.checks import architecture_check, selftest, speed
 from che_bench.cli import main
 from che_bench.encodings import get_encoding_class
+from che_bench.model.architectures import ARCHITECTURES, get_architecture
 from che_bench.model.dape import DapeProcessor
 from che_bench.model.encoder import build_model
 from che_bench.tasks import get_task
@@ -54,7 +55,7 @@ def test_selftest_command_writes_every_check_and_labels_estimates(two_encodings,
     assert main(["selftest", "--device", "cpu", "--quick", "--json", str(report_path)]) == 0
     report = json.loads(report_path.read_text())
     assert report["passed"] and report["device"].startswith("cpu")
-    assert {case["check"] for case in report["cases"]} == {"a", "b", "c", "e"}
+    assert {case["check"] for case in report["cases"]} == {"a", "b", "c", "e", "f"}
     kinds = {figure["name"]: figure["kind"] for figure in report["measurements"]}
     assert kinds["one paper run, training"] == "estimate"
     assert all(kind == "measured" for name, kind in kinds.items() if name.startswith("step"))
@@ -92,3 +93,39 @@ def test_selftest_says_when_auto_found_no_gpu(two_encodings, monkeypatch, capsys
     assert main(["selftest", "--device", "auto", "--quick"]) == 0
     first_line = capsys.readouterr().out.strip().splitlines()[0]
     assert first_line.startswith("no GPU found (--device auto): this is the CPU self-test")
+
+
+def test_every_built_in_architecture_trains_on_the_devices_path(monkeypatch):
+    """Issue 26, item 1: check (f) trains every built-in architecture (plugins' left out),
+    and the LSTM's CPU copy trains through the GPU's fused call, in training mode."""
+    flags, lstm = [], torch.lstm
+    monkeypatch.setattr(torch, "lstm", lambda *args: flags.append(args[6]) or lstm(*args))
+    cases = architecture_check.check_architectures(torch.device("cpu"), quick=True)
+    built_in = [name for name in ARCHITECTURES.names() if ARCHITECTURES.origin(name) is None]
+    assert {"transformer", "lstm", "tape_rnn"} <= set(built_in)
+    assert [case.subject.split(",")[0] for case in cases[::2]] == [
+        get_architecture(name).label for name in built_in]
+    assert all(case.passed for case in cases), [case for case in cases if not case.passed]
+    assert flags == [True] * 3  # the LSTM's device copy, one call a step (the CPU's: loop)
+    lstm_cases = [case for case in cases if case.subject.startswith("LSTM")]
+    assert any(case.measured > 0 for case in lstm_cases)  # the fused kernel's own rounding
+    monkeypatch.setattr(ARCHITECTURES, "origin", lambda name: "a-plugin" if name == "rnn" else None)
+    assert "rnn" not in architecture_check.built_in_architectures()
+
+
+def test_a_device_path_that_fails_fails_its_architecture(monkeypatch):
+    """A device whose kernel refuses the backward (cuDNN after an inference-mode forward)
+    fails that architecture's cases with the error's line, and only those."""
+
+    def refusing(model, device):
+        def hook(module, inputs, output):
+            output.register_hook(lambda grad: (_ for _ in ()).throw(
+                RuntimeError("cudnn RNN backward can only be called in training mode")))
+        if model.name == "lstm" or getattr(model, "architecture", "") == "lstm":
+            model.register_forward_hook(hook)
+
+    monkeypatch.setattr(architecture_check, "use_device_path", refusing)
+    monkeypatch.setattr(architecture_check, "built_in_architectures", lambda: ["rnn", "lstm"])
+    cases = architecture_check.check_architectures(torch.device("cpu"), quick=True)
+    assert [case.passed for case in cases] == [True, True, False, False]
+    assert cases[2].error == "cudnn RNN backward can only be called in training mode"

@@ -21,7 +21,7 @@ from che_bench.store import ResultStore
 #: RunConfig fields that are not run settings: the grid point itself, the resolved option
 #: dicts and the fixed parts of the published protocol.
 NOT_SETTINGS = {"task", "pe", "kernel", "preset", "model_options", "dape_options", "eval_seed",
-                "adam_betas", "adam_eps", "grad_clip_norm"}
+                "adam_betas", "adam_eps"}
 
 
 def test_every_config_field_is_declared_once():
@@ -50,8 +50,10 @@ def test_presets_flags_and_overrides_derive_from_the_declaration(capsys):
     for setting in settings.run_settings():  # every run setting is a suite override
         value = {int: 2, float: 0.5, str: None, settings.SWITCH: True,
                  settings.KEY_VALUES: {}}[setting.kind]
+        # (the cosine's floor needs the cosine)
+        schedule = {"lr_schedule": "warmup_cosine"} if setting.name == "min_lr_ratio" else {}
         if value is not None and setting.where != settings.DAPE:
-            make_config("even_pairs", "none", None, "smoke", **{setting.name: value})
+            make_config("even_pairs", "none", None, "smoke", **{setting.name: value}, **schedule)
 
 
 def test_causal_is_recorded_labelled_and_out_of_the_id_while_off(tmp_path):
@@ -92,3 +94,21 @@ def test_a_suite_sets_causal_in_its_overrides(tmp_path):
     with pytest.raises(CheBenchError, match="causal must be true or false"):
         parse_suite({"preset": "smoke", "tasks": ["parity_check"], "encodings": ["none"],
                      "overrides": {"causal": "yes"}}, tmp_path / "bad.toml").configs()
+
+
+def test_zero_steps_are_refused_in_one_line_wherever_they_come_from(tmp_path, capsys):
+    """Issue 26, item 12: ``--steps 0`` stored a "complete" run that learned nothing."""
+    from che_bench.cli import main
+
+    store = tmp_path / "s.sqlite"
+    assert main(["run", "--task", "parity_check", "--preset", "smoke", "--steps", "0",
+                 "--store", str(store)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "steps must be an integer >= 1, got 0" in err
+    assert not store.exists()
+    with pytest.raises(CheBenchError, match="steps must be an integer >= 1"):
+        make_config("parity_check", preset="smoke", steps=0)
+    with pytest.raises(CheBenchError, match="steps must be an integer >= 1"):
+        parse_suite({"preset": "smoke", "tasks": ["parity_check"], "encodings": ["none"],
+                     "overrides": {"steps": 0}}, tmp_path / "s.toml").configs()
+    assert make_config("parity_check", preset="smoke", steps=1).steps == 1

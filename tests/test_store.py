@@ -563,3 +563,31 @@ def test_an_evaluations_scores_are_declared_once_and_are_the_stores_columns(tmp_
     from che_bench.eval.evaluation import Evaluation
 
     assert issubclass(Evaluation, Scores) and issubclass(RunResult, Scores)
+
+
+@pytest.mark.parametrize("size", [100, 4096, 100_000, 212_000])
+def test_a_truncated_store_is_called_damaged_and_left_as_it_is(tmp_path, size):
+    """Issue 26, item 14: a truncated copy of a real store was called "not an SQLite
+    database"; it is an SQLite database, damaged."""
+    committed = Path(__file__).resolve().parent.parent / "results" / "laptop" / "laptop.sqlite"
+    path = tmp_path / "truncated.sqlite"
+    path.write_bytes(committed.read_bytes()[:size])
+    before = store_files(path)
+    for read_only in (False, True):
+        with pytest.raises(CheBenchError) as error:
+            ResultStore(path, read_only=read_only)
+        assert "is damaged or truncated" in str(error.value)
+        assert "not an SQLite database" not in str(error.value)
+        assert "\n" not in str(error.value)
+        assert store_files(path) == before
+
+
+def test_a_store_damaged_past_its_schema_is_a_one_line_error_when_read(tmp_path):
+    committed = Path(__file__).resolve().parent.parent / "results" / "laptop" / "laptop.sqlite"
+    data = bytearray(committed.read_bytes())
+    data[20 * 4096:21 * 4096] = bytes(4096)  # one page of its tables zeroed
+    path = tmp_path / "damaged.sqlite"
+    path.write_bytes(bytes(data))
+    store = ResultStore(path, read_only=True)  # (the schema is intact: it opens)
+    with pytest.raises(CheBenchError, match="is damaged or truncated"):
+        store.runs()

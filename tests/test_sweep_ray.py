@@ -55,3 +55,19 @@ def test_ray_backend_sizes_runs_to_the_cluster(local_ray):
     assert backend.capacity() == 2 and backend.run_gpus == 0 and backend.options.device == "cpu"
     assert RayBackend(run_cpus=0.5).capacity() == 4
     assert RayBackend(run_cpus=1, max_in_flight=7).capacity() == 7
+
+
+def test_ray_tasks_compute_in_the_portable_cpu_mode(local_ray):
+    """The mode's settings reach a Ray worker before it imports torch (its runtime environment),
+    and the run records the mode (issue 26, item 16)."""
+    from che_bench.config import make_config
+    from che_bench.run.options import RuntimeOptions
+
+    backend = RayBackend(run_cpus=1, options=RuntimeOptions(device="cpu", portable_cpu=True))
+    config = make_config("parity_check", preset="smoke", steps=2, test_lengths="41",
+                         eval_samples=2, eval_batch_size=2)
+    ((_, results),) = backend.wait([backend.submit([config], 1)])
+    assert not isinstance(results, BaseException), results
+    assert results[0].status == "complete", results[0].error
+    assert results[0].details["portable_cpu"] is True
+    assert results[0].versions["cpu_capability"] == "AVX2"

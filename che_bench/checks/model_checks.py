@@ -20,6 +20,7 @@ import torch
 
 from che_bench.checks.conformance import _guarded
 from che_bench.checks.conformance_hooks import differ
+from che_bench.checks.option_effects import check_options_take_effect
 from che_bench.errors import CheBenchError
 from che_bench.model.architectures import (
     TRANSFORMER,
@@ -293,6 +294,7 @@ MODEL_CHECKS: dict[str, Check] = {
     "pack": check_pack_equals_members,
     "state_dict": check_state_dict_round_trip,
     "options": check_options_recorded,
+    "option_effects": check_options_take_effect,
     "training": check_training_reduces_loss,
     "seed": check_seed_reproducible,
     "batch": check_batch_independent,

@@ -1,6 +1,6 @@
 """``che-bench selftest``: does this device compute what che-bench computes on a CPU?
 
-Five checks, each a list of cases with a measured value, the tolerance it must stay within
+Six checks, each a list of cases with a measured value, the tolerance it must stay within
 and a verdict (``Case``); measurements and labelled estimates besides (``Measurement``):
 
 * (a) agreement: the same weights, inputs and random draws give the same logits and gradients
@@ -13,9 +13,13 @@ and a verdict (``Case``); measurements and labelled estimates besides (``Measure
   run and for the widest ``--pack auto`` pack, peak memory, and *estimates* (not
   measurements) of one paper run's and one table cell's training time on this device.
 * (e) determinism: ``--deterministic`` training twice gives bit-identical losses and weights.
+* (f) architectures: every built-in architecture trains a few steps on the device, on the
+  device's own code path (a one-member LSTM: cuDNN's kernel), with the logits and gradients
+  of the CPU's batched loop (``che_bench.checks.architecture_check``).
 
 On a CPU, (c) and (e) compare the CPU with itself: equal by construction, they exercise the
-code paths. ``quick`` shrinks the models and lists (a CPU finishes in about a minute).
+code paths; (a) and (f) make the "device" copy take the GPU's implementation. ``quick``
+shrinks the models and lists (a CPU finishes in about a minute).
 """
 
 from __future__ import annotations
@@ -28,9 +32,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
+from che_bench.checks.architecture_check import check_architectures
+from che_bench.checks.comparison import (
+    GRADIENT_TOLERANCE,
+    LOGITS_TOLERANCE,
+    Case,
+    forward_backward,
+    model_sizes,
+    on_cpu_and_device,
+    relative_error,
+    sample_batch,
+)
 from che_bench.checks.speed import TASK, Measurement, measure_speed
 from che_bench.config import RunConfig, make_config
 from che_bench.encodings import list_encodings
@@ -39,36 +53,11 @@ from che_bench.model.encoder import Encoder, build_model
 from che_bench.model.packs import stack_members
 from che_bench.run.device import configure_numerics, prepare_deterministic_cublas
 from che_bench.run.runner import build_pack_model, software_versions
-from che_bench.settings import BY_NAME
-from che_bench.tasks import Task, get_task
 from che_bench.train.loop import train_pack
-from che_bench.train.metrics import token_loss
 
-#: Relative error (``relative_error``) allowed between float32 logits / gradients computed by
-#: two implementations or devices (TF32 off): rounding differences only.
-LOGITS_TOLERANCE = 1e-4
-GRADIENT_TOLERANCE = 1e-3
 #: Largest difference, in nats, allowed between two loss curves over 100 steps.
 LOSS_TOLERANCE = 0.05
 KERNELS = (None, 1, 3)
-
-
-@dataclass
-class Case:
-    """One comparison: ``quantity`` of ``subject`` (e.g. the logits of "kerple k=3") differs
-    from its reference by ``measured`` (see ``what``), which must not exceed ``tolerance``
-    (0: bit-identical)."""
-
-    check: str
-    subject: str
-    quantity: str
-    measured: float
-    tolerance: float
-    what: str
-
-    @property
-    def passed(self) -> bool:
-        return math.isfinite(self.measured) and self.measured <= self.tolerance
 
 
 @dataclass
@@ -97,58 +86,11 @@ class SelftestReport:
         }
 
 
-def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    """``|value - reference| / |reference|`` in the Euclidean norm over all elements."""
-    value, reference = value.detach().double().cpu(), reference.detach().double().cpu()
-    return float((value - reference).norm() / reference.norm().clamp(min=1e-30))
-
-
-#: Layers of the quick checks' models: the smoke preset's width, but two layers, so that a
-#: layer's output feeds another.
-QUICK_LAYERS = 2
-
-
-def model_sizes(quick: bool) -> dict[str, int]:
-    """The models of checks (a)-(c): tiny in quick mode, else the paper's size."""
-    sizes = {
-        name: BY_NAME[name].default_for("smoke" if quick else "paper")
-        for name in ("layers", "dim", "heads", "ffn")
-    }
-    return {**sizes, "layers": QUICK_LAYERS} if quick else sizes
-
-
 def use_device_dape(model: Encoder, device: torch.device) -> None:
     """Make ``model``'s DAPE use ``device``'s implementation, the GPU's on a CPU too."""
     for module in model.modules():
         if isinstance(module, DapeProcessor):
             module.implementation = "auto" if device.type == "cuda" else "convolution"
-
-
-def forward_backward(
-    model: Encoder, inputs: torch.Tensor, targets: torch.Tensor, draws: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits ``[M, B, L, C]`` and every member's gradient ``[M, P]`` of the summed token
-    losses, on the CPU."""
-    model.zero_grad(set_to_none=True)
-    logits = model(inputs, draws)
-    token_loss(logits, targets).sum().backward()
-    members = model.members
-    gradients = torch.cat(
-        [
-            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(members, -1)
-            for p in model.parameters()
-        ],
-        dim=1,
-    )
-    return logits.detach().cpu(), gradients.cpu()
-
-
-def _batch(
-    task_name: str, length: int, batch: int, seed: int = 0
-) -> tuple[Task, torch.Tensor, torch.Tensor]:
-    task = get_task(task_name)
-    sample = task.sample(length, batch, np.random.default_rng(seed))
-    return task, torch.from_numpy(sample.inputs.copy()), torch.from_numpy(sample.targets.copy())
 
 
 def agreement_cases(
@@ -157,19 +99,13 @@ def agreement_cases(
     """(a) for one encoding and kernel: a copy on ``device`` vs the CPU model, with the same
     weights, inputs and draws."""
     length, batch = (12, 4) if quick else (40, 16)
-    task, inputs, targets = _batch(TASK, length, batch)
+    task, inputs, targets = sample_batch(TASK, length, batch)
     torch.manual_seed(0)
     reference = build_model(task, encoding, kernel, dropout=0.0, **model_sizes(quick)).train()
     tested = copy.deepcopy(reference).to(device)
     use_device_dape(tested, device)
     draws = reference.sample_draws(length)
-    expected = forward_backward(reference, inputs, targets[None], draws)
-    got = forward_backward(
-        tested,
-        inputs.to(device),
-        targets[None].to(device),
-        None if draws is None else draws.to(device),
-    )
+    expected, got = on_cpu_and_device(reference, tested, device, inputs, targets[None], draws)
     name = f"{encoding} k={kernel or '-'}"
     return [
         Case(
@@ -204,7 +140,7 @@ def check_agreement(device: torch.device, quick: bool) -> list[Case]:
 def check_packs(device: torch.device, quick: bool, members: int = 4) -> list[Case]:
     """(b) a pack of ``members`` vs each member alone, both on the device."""
     length, batch = (12, 4) if quick else (40, 16)
-    task, inputs, targets = _batch(TASK, length, batch, seed=1)
+    task, inputs, targets = sample_batch(TASK, length, batch, seed=1)
     inputs, targets = inputs.to(device), targets.to(device)
     kernels = (None, 3) if quick else KERNELS
     cases = []
@@ -339,6 +275,7 @@ CHECKS: tuple[tuple[str, str, Callable[[torch.device, bool], list[Case]]], ...] 
     ("b", "pack of 4 vs members alone", check_packs),
     ("c", "training follows the CPU loss curve", check_training),
     ("e", "deterministic mode repeats bit for bit", check_determinism),
+    ("f", "every built-in architecture trains on the device as on the CPU", check_architectures),
 )
 
 

@@ -10,6 +10,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,7 +19,8 @@ from che_bench.config import RunConfig, make_config
 from che_bench.run.packing import AUTO, resolve_width
 from che_bench.run.runner import build_pack_model
 from che_bench.settings import BY_NAME
-from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.optimizer import pack_optimizer
+from che_bench.train.progress import duration_text
 from che_bench.train.step import micro_batches_for, projected_modules, training_step
 
 PAPER_STEPS = BY_NAME["steps"].default_for("paper")
@@ -43,6 +45,8 @@ RUNS_PER_CELL = 30
 
 #: The preset whose model (d) times: the paper's.
 SPEED_PRESET = "paper"
+#: The preset whose training time ``check-model`` estimates.
+ESTIMATE_PRESET = "quick"
 
 
 def synchronize(device: torch.device) -> None:
@@ -76,13 +80,7 @@ def step_seconds(
     ``warm_up`` untimed steps."""
     task = configs[0].build_task()
     model = build_pack_model(task, configs).to(device).train()
-    optimizer = PackOptimizer(
-        model,
-        [c.lr for c in configs],
-        configs[0].adam_betas,
-        configs[0].adam_eps,
-        configs[0].grad_clip_norm,
-    )
+    optimizer = pack_optimizer(model, configs)
     projected = projected_modules(model)
     rngs = [np.random.default_rng(config.data_seed) for config in configs]
     samples = [task.sample(configs[0].train_max_length, configs[0].batch_size, rng) for rng in rngs]
@@ -98,6 +96,27 @@ def step_seconds(
     for _ in range(warm_up):
         step()
     return median_seconds(step, repeats)
+
+
+def model_speed_line(arch: str, options: dict[str, Any], device: torch.device) -> str:
+    """``check-model``'s speed line: the measured time of one training step of ``arch`` built
+    with ``options`` (over its defaults, as a run builds it) on ``TASK`` at the quick
+    preset's batch size and longest training length, and the quick preset's training time at
+    that speed (at most: shorter lengths are faster; evaluation not included)."""
+    config = make_config(TASK, preset=ESTIMATE_PRESET, arch=arch, arch_options=options, seed=0)
+    seconds = step_seconds([config], device, repeats=3)
+    return (
+        f"speed: {1e3 * seconds:.1f} ms per training step ({TASK}, batch {config.batch_size}, "
+        f"n = {config.train_max_length}, {device.type}, {_threads()}); "
+        f"the {ESTIMATE_PRESET} preset's {config.steps:,} steps: about "
+        f"{duration_text(config.steps * seconds)} of training (at most: shorter lengths are "
+        "faster; evaluation not included)"
+    )
+
+
+def _threads() -> str:
+    threads = torch.get_num_threads()
+    return f"{threads} thread{'s' if threads != 1 else ''}"
 
 
 def measure_speed(device: torch.device, quick: bool) -> list[Measurement]:

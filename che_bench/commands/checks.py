@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from che_bench.commands.key_values import parse_key_values
+from che_bench.errors import one_line
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -106,14 +107,30 @@ def check_model_command(args: argparse.Namespace) -> int:
     from che_bench.tasks import get_task
 
     name = canonical_architecture(args.name)
-    options = model_checks.check_options(name, parse_key_values(args.arch_option, "--arch-option"))
+    given = parse_key_values(args.arch_option, "--arch-option")
+    options = model_checks.check_options(name, given)
     # Bad options are a usage error (exit 2), not a failed check.
     build_architecture(name, get_task(model_checks.SHORT_TASK), **options)
-    return _report(
+    status = _report(
         f"architecture {name}",
         model_checks.MODEL_CHECKS,
         lambda check: model_checks.run_model_check(check, name, options),
     )
+    print(_speed_line(name, given))
+    return status
+
+
+def _speed_line(name: str, options: dict) -> str:
+    """The step time of a run's model (the options given over the defaults, not the checks'
+    tiny sizes), or why it could not be measured."""
+    import torch
+
+    from che_bench.checks import speed
+
+    try:
+        return speed.model_speed_line(name, options, torch.device("cpu"))
+    except Exception as exc:  # a model that cannot train fails its checks already
+        return f"speed: not measured ({type(exc).__name__}: {one_line(exc)})"
 
 
 def _report(subject: str, checks: dict, run: Callable[[str], list[str]]) -> int:

@@ -36,7 +36,7 @@ CHANGEABLE_SETTINGS = (
     "score_from_42",
 )
 #: The runtime options that apply to an evaluation.
-RUNTIME_SETTINGS = ("device", "threads", "deterministic")
+RUNTIME_SETTINGS = ("device", "threads", "deterministic", "portable_cpu")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -78,6 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def evaluate_command(args: argparse.Namespace) -> int:
     from che_bench.eval.reevaluation import reevaluate, reevaluation_config
     from che_bench.run.device import (
+        check_portable_device,
         configure_numerics,
         prepare_deterministic_cublas,
         resolve_device,
@@ -89,6 +90,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     if options.deterministic:
         prepare_deterministic_cublas()
     device = resolve_device(options.device)
+    check_portable_device(device, options.portable_cpu)
     check_samples_arguments(args)
     use_threads(options)
     store = existing_store(args.store, for_writing=True)
@@ -99,7 +101,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
     _state_cost(originals, configs, runs, args.yes)
     models = [load_model(models_dir_for(store.path), run_id)[1] for run_id in run_ids]
 
-    configure_numerics(_recorded_tf32(store.run_details(run_ids)), options.deterministic)
+    recorded_tf32 = _recorded_tf32(store.run_details(run_ids))
+    configure_numerics(recorded_tf32, options.deterministic, options.portable_cpu)
     evaluations = reevaluate(models, configs, device, progress=options.progress)
     for run_id, original, config, result in zip(
         run_ids, originals, configs, evaluations, strict=False

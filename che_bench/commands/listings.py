@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 from che_bench.commands.common import (
     add_arch_filter_argument,
@@ -30,6 +28,23 @@ RUN_COLUMNS = (
     "kept model",
     "finished / error",
 )
+#: The columns of ``che-bench evaluations``.
+EVALUATION_COLUMNS = (
+    "evaluation",
+    "run id",
+    "task",
+    "model",
+    "seed",
+    "kind",
+    "score %",
+    "in-dist. %",
+    "device",
+    "evaluated",
+    "protocol",
+)
+NUMERIC_COLUMNS = {"seed", "lr", "steps", "score %", "in-dist. %"}
+#: Columns of free text, wrapped at spaces where the terminal is narrow.
+WRAPPED_COLUMNS = {"model", "status", "finished / error", "protocol", "device"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,9 +71,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def runs_command(args: argparse.Namespace) -> int:
-    from rich.markup import escape
-    from rich.table import Table
-
     from che_bench.reports.labels import run_encoding_label
     from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
     from che_bench.run.kept_models import model_path, models_dir_for
@@ -68,114 +80,98 @@ def runs_command(args: argparse.Namespace) -> int:
     learning = stuck_runs(store).set_index("run_id")["stuck"]
     stuck = set(learning[learning].index)
     models_dir = models_dir_for(store.path)
-    table = Table(title=f"runs in {store.path}")
-    numeric = {"seed", "lr", "steps", "score %", "in-dist. %"}
-    for column in RUN_COLUMNS:
-        table.add_column(
-            column,
-            justify="right" if column in numeric else "left",
-            no_wrap=True,
-            min_width=_id_width(runs["run_id"]) if column == "run id" else None,
-        )
-    styles = {"complete": "green", "failed": "red", "started": "yellow"}
-    for run in runs.itertuples(index=False):
-        status = "started (incomplete)" if run.status == "started" else run.status
-        table.add_row(
-            escape(run.run_id),
-            escape(run.task),
-            escape(run_encoding_label(run.config)),
-            str(run.seed),
+    rows = [
+        (
+            run.run_id,
+            run.task,
+            run_encoding_label(run.config),
+            run.seed,
             f"{run.lr:g}",
-            str(run.steps),
-            escape(run.preset),
-            f"[{styles[run.status]}]{status}[/]",
+            run.steps,
+            run.preset,
+            "started (incomplete)" if run.status == "started" else run.status,
             _percent(run.score),
             _percent(run.train_accuracy),
             _learned(learning.get(run.run_id)),
             "kept" if model_path(models_dir, run.run_id).is_file() else "-",
-            escape(_text(run.error if run.status == "failed" else run.finished_at)),
+            _text(run.error if run.status == "failed" else run.finished_at),
         )
-    console = _console()
-    console.print(table)
+        for run in runs.itertuples(index=False)
+    ]
     counts = runs["status"].value_counts().to_dict()
-    console.print(", ".join(f"{counts.get(s, 0)} {s}" for s in ("complete", "failed", "started")))
-    if stuck:
-        console.print(f"{len(stuck)} stuck: {STUCK_TEXT}")
+    _print(
+        f"runs in {store.path}",
+        [_column(name) for name in RUN_COLUMNS],
+        rows,
+        [", ".join(f"{counts.get(s, 0)} {s}" for s in ("complete", "failed", "started"))]
+        + ([f"{len(stuck)} stuck: {STUCK_TEXT}"] if stuck else []),
+    )
     return 0
 
 
 def evaluations_command(args: argparse.Namespace) -> int:
-    from rich.markup import escape
-    from rich.table import Table
-
     from che_bench.reports.labels import run_encoding_label
 
     store = existing_store(args.store)
     runs = store.runs().set_index("run_id")
     run_ids = None if args.run_ids is None else resolve_run_ids(store, args.run_ids)
     evaluations = store.evaluations(run_ids)
-    table = Table(title=f"evaluations in {store.path}")
-    whole = {
-        "evaluation": _id_width(evaluations["evaluation"]),
-        "run id": _id_width(evaluations["run_id"]),
-    }
-    for column in (
-        "evaluation",
-        "run id",
-        "task",
-        "encoding",
-        "seed",
-        "kind",
-        "protocol",
-        "score %",
-        "in-dist. %",
-        "device",
-        "evaluated",
-    ):
-        table.add_column(
-            column,
-            justify="right" if column.endswith("%") or column == "seed" else "left",
-            no_wrap=column != "protocol",
-            min_width=whole.get(column),
-        )
+    rows = []
     for evaluation in evaluations.itertuples(index=False):
         run = runs.loc[evaluation.run_id]
-        table.add_row(
-            evaluation.evaluation,
-            escape(evaluation.run_id),
-            escape(run.task),
-            escape(run_encoding_label(run.config)),
-            str(run.seed),
-            "original" if evaluation.original else "re-evaluation",
-            escape(evaluation.protocol),
-            _percent(evaluation.score),
-            _percent(evaluation.train_accuracy),
-            escape(_text(evaluation.device)),
-            escape(evaluation.created_at),
+        rows.append(
+            (
+                evaluation.evaluation,
+                evaluation.run_id,
+                run.task,
+                run_encoding_label(run.config),
+                run.seed,
+                "original" if evaluation.original else "re-evaluation",
+                _percent(evaluation.score),
+                _percent(evaluation.train_accuracy),
+                _text(evaluation.device),
+                evaluation.created_at,
+                evaluation.protocol,
+            )
         )
-    console = _console()
-    console.print(table)
     reevaluated = evaluations[~evaluations["original"]]
-    console.print(
+    summary = (
         f"{_counted(len(evaluations), 'evaluation')} of "
         f"{_counted(evaluations['run_id'].nunique(), 'run')}: "
         f"{_counted(len(reevaluated), 're-evaluation')} under "
         f"{_counted(reevaluated['evaluation'].nunique(), 'protocol')} "
         "(select one with --evaluation ID)"
     )
+    _print(
+        f"evaluations in {store.path}",
+        [_column(name, key=name == "evaluation") for name in EVALUATION_COLUMNS],
+        rows,
+        [summary],
+    )
     return 0
 
 
-def _console():
-    """A console as wide as the terminal (or $COLUMNS); 240 columns into a pipe or file."""
-    from rich.console import Console
+def _column(name: str, key: bool = False):
+    """A column of ``runs`` or ``evaluations``: the run id (and ``key``) repeated in every
+    column group, numbers right-aligned, free text wrapped at spaces."""
+    from che_bench.reports.text_tables import Column
 
-    return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 240)
+    return Column(
+        name,
+        right=name in NUMERIC_COLUMNS,
+        key=key or name == "run id",
+        wrap=name in WRAPPED_COLUMNS,
+    )
 
 
-def _id_width(ids) -> int:
-    """The width that shows every id of ``ids`` whole, however narrow the terminal."""
-    return max((len(text) for text in ids), default=0)
+def _print(title: str, columns: list, rows: list[tuple], footer: list[str]) -> None:
+    """A listing fitted to the terminal's width (``che_bench.reports.text_tables``)."""
+    from che_bench.reports.text_tables import fit_table, wrap
+
+    lines = [*wrap(title), "", *fit_table(columns, rows), ""]
+    for text in footer:
+        lines += wrap(text, indent="  ")
+    print("\n".join(lines))
 
 
 def _learned(stuck: bool | None) -> str:
@@ -183,7 +179,7 @@ def _learned(stuck: bool | None) -> str:
     baseline; "-" where no training history was kept."""
     if stuck is None:
         return "-"
-    return "[red]stuck[/]" if stuck else "yes"
+    return "stuck" if stuck else "yes"
 
 
 def _counted(count: int, noun: str) -> str:

@@ -5,10 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from rich import box
-from rich.console import Console
-from rich.measure import Measurement
-from rich.table import Table
+from che_bench.reports.text_tables import Column, fit_table, wrap
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,24 +18,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def handler(args: argparse.Namespace) -> int:
     from che_bench.model.architectures import ARCHITECTURES
 
-    table = Table(title="che-bench architectures (--arch)", box=box.SIMPLE_HEAD)
-    for column in ("architecture", "label", "options (--arch-option)", "presets", "description"):
-        table.add_column(column, no_wrap=column in ("architecture", "label"))
+    columns = [
+        Column("architecture", key=True),
+        Column("label"),
+        Column("from"),
+        Column("options (--arch-option)", wrap=True),
+        Column("presets", wrap=True),
+        Column("description", wrap=True),
+    ]
+    rows = []
     for name in ARCHITECTURES.names():
         entry = ARCHITECTURES.get(name)
         origin = ARCHITECTURES.origin(name)
-        table.add_row(
-            name,
-            entry.label,
-            "the transformer's flags" if entry.build is None else _options_text(entry.defaults),
-            _options_text(entry.presets) or "-",
-            entry.description + (f" (plugin {origin})" if origin else ""),
+        rows.append(
+            (
+                name,
+                entry.label,
+                f"plugin {origin}" if origin else "che-bench",
+                "the transformer's flags" if entry.build is None else _options_text(entry.defaults),
+                _options_text(entry.presets) or "-",
+                entry.description,
+            )
         )
-    console = Console()
-    if not console.is_terminal:  # piped: the whole table, not one cut to 80 columns
-        natural = Measurement.get(console, console.options.update_width(10_000), table)
-        console = Console(width=natural.maximum)
-    console.print(table)
+    print("\n".join([*wrap("che-bench architectures (--arch)"), "", *fit_table(columns, rows)]))
     return 0
 
 

@@ -33,9 +33,11 @@ def _register_table(subparsers: argparse._SubParsersAction) -> None:
     table = subparsers.add_parser("table", help="the CHE table of the store's complete runs")
     table.add_argument(
         "--compare",
-        choices=["none", "paper"],
+        choices=["none", "paper", "grazzi"],
         default="none",
-        help="paper: add the published DAPE V2 Table 6 value and the difference",
+        help="paper: add the published DAPE V2 Table 6 value and the difference; grazzi (with "
+        "--metric scaled): Grazzi et al.'s Table 3 (ICLR 2025) beside parity_check and both "
+        "modular-arithmetic tasks",
     )
     table.add_argument("--format", dest="fmt", choices=FORMATS, default="text")
     table.add_argument(
@@ -148,7 +150,8 @@ def _add_metric_argument(parser: argparse.ArgumentParser) -> None:
         choices=METRICS,
         default="token",
         help="token: per-token accuracy (default, as in the paper); exact: "
-        "exact match, the share of sequences with every scored token right",
+        "exact match, the share of sequences with every scored token right; scaled: "
+        "(accuracy - chance) / (1 - chance), Grazzi et al.'s scaled accuracy",
     )
 
 

@@ -45,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--preset",
         default="quick",
         choices=list(PRESETS),
-        help="paper: published protocol (GPU); quick: CPU minutes; smoke: seconds",
+        help="paper: published protocol (GPU); quick: CPU minutes; smoke: seconds "
+        "(default: %(default)s)",
     )
     add_override_arguments(parser)
     cell = parser.add_argument_group("a table cell: several runs")
@@ -196,7 +197,7 @@ class RunView:
 
     def start(self, already_complete: Sequence[str], todo: Sequence[RunConfig]) -> None:
         if already_complete:
-            print(
+            _print_wrapped(
                 f"already complete in {self.store_path}: {', '.join(already_complete)} "
                 f"({self.label})"
             )
@@ -204,7 +205,7 @@ class RunView:
             return
         first = todo[0]
         several = f"{len(todo)} runs (seeds x learning rates), " if len(todo) > 1 else ""
-        print(
+        _print_wrapped(
             f"run {', '.join(c.run_id() for c in todo)}: {self.label}, preset {first.preset}, "
             f"{several}{first.steps} steps, lr {', '.join(sorted({f'{c.lr:g}' for c in todo}))}, "
             f"seed {', '.join(sorted({str(c.seed) for c in todo}, key=int))}, "
@@ -223,17 +224,24 @@ class RunView:
 
     def finished(self, result, *, running: int, left: int) -> None:
         if result.status != "complete":
-            print(f"che-bench: run {result.run_id} failed: {result.error}", file=sys.stderr)
+            _print_wrapped(f"che-bench: run {result.run_id} failed: {result.error}", sys.stderr)
             return
         timings = result.timings
         members = int(timings.get("pack_members", 1))
         packed = f" (in a pack of {members})" if members > 1 else ""
-        print(
+        _print_wrapped(
             f"run {result.run_id} complete on {result.device}: score {result.score:.2%} "
             f"(test lengths {format_lengths(result.config.score_lengths)}), in-distribution "
             f"{result.train_accuracy:.2%}; train {timings['train_s']:.0f} s{packed}, "
             f"eval {timings['eval_s']:.0f} s"
         )
+
+
+def _print_wrapped(text: str, file=None) -> None:
+    """``text`` wrapped at spaces to the terminal's width (ids and scores stay whole)."""
+    from che_bench.reports.text_tables import wrap
+
+    print("\n".join(wrap(text, indent="  ")), file=file or sys.stdout)
 
 
 def _write_run_samples(args: argparse.Namespace, store, run_ids: list[str]) -> None:

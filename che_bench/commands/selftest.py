@@ -27,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="(a) logits and gradients on the device vs the CPU for every encoding x "
         "DAPE kernel none/1/3, (b) a pack of 4 vs its members alone, (c) a 100-step loss "
         "curve vs the CPU's, (d) step times of the paper-size model and estimated run and "
-        "table-cell times, (e) --deterministic twice. Exit 1 if any check disagrees.",
+        "table-cell times, (e) --deterministic twice, (f) a few training steps of every "
+        "built-in architecture on the device's own code path (a one-member LSTM: cuDNN's "
+        "kernel) vs the CPU's batched loop. Exit 1 if any check disagrees.",
     )
     add_runtime_arguments(parser, ("device", "threads"))
     parser.add_argument(
@@ -96,6 +98,9 @@ def _cases_table(report: SelftestReport) -> Table:
         measured = ", ".join(
             f"{case.quantity} {case.measured:.1e} (<= {case.tolerance:.0e})" for case in cases
         )
+        errors = dict.fromkeys(case.error for case in cases if case.error)
+        if errors:  # nothing measured: what failed instead
+            measured = "error: " + "; ".join(errors)
         passed = all(case.passed for case in cases)
         table.add_row(
             check, subject, measured, "[green]ok[/]" if passed else "[bold red]DIFFERS[/]"

@@ -105,7 +105,9 @@ def run_sweep_command(args: argparse.Namespace) -> int:
 
     _check_backend_flags(args)
     pack = parse_pack_width(args.pack)
-    console = Console(highlight=False)
+    from che_bench.reports.text_tables import output_width
+
+    console = Console(highlight=False, width=output_width())
     suite = load_suite(args.suite)
     configs = suite.configs()  # validates the whole grid before anything runs
     if args.dry_run:
@@ -203,6 +205,7 @@ def _ray_backend(args: argparse.Namespace, suite, options, packed: bool):
 
 
 def _print_grid(console: Console, suite, configs, store) -> None:
+    from che_bench.reports.text_tables import Column, fit_table
     from che_bench.run.sweep_views import describe_run
 
     run_ids = [config.run_id() for config in configs]
@@ -214,14 +217,18 @@ def _print_grid(console: Console, suite, configs, store) -> None:
         f"suite {suite.name} ({suite.path}): {len(configs)} runs, preset {suite.preset}",
         markup=False,
     )
-    width = len(str(len(configs)))
-    for index, (run_id, config) in enumerate(zip(run_ids, configs, strict=False), start=1):
-        status = statuses.get(run_id, "to do")
-        console.print(
-            f"{index:>{width}}  {run_id}  {status:<8}  {describe_run(config)}",
-            soft_wrap=True,
-            markup=False,
-        )
+    columns = [
+        Column("#", right=True, key=True),
+        Column("run id", key=True),
+        Column("status"),
+        Column("run", wrap=True),
+    ]
+    rows = [
+        (index, run_id, statuses.get(run_id, "to do"), describe_run(config))
+        for index, (run_id, config) in enumerate(zip(run_ids, configs, strict=False), start=1)
+    ]
+    for line in fit_table(columns, rows, console.width):
+        console.print(line, markup=False)
     done = sum(status == "complete" for status in statuses.values())
     console.print(
         f"{len(configs)} runs: {done} complete in the store, {len(configs) - done} "

@@ -6,15 +6,15 @@ import argparse
 import json
 
 import numpy as np
-from rich import box
-from rich.console import Console
-from rich.measure import Measurement
-from rich.table import Table
 
 from che_bench.commands.key_values import parse_key_values
 from che_bench.errors import CheBenchError
+from che_bench.reports.text_tables import Column, fit_table, wrap
 from che_bench.tasks import get_task, list_tasks
 from che_bench.tasks.base import MASKED
+
+#: The columns of ``che-bench tasks``.
+TASK_COLUMNS = ("task", "level", "in size", "out size", "out length", "chance", "perm-inv", "min n")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,36 +40,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def list_handler(args: argparse.Namespace) -> int:
-    table = Table(title="che-bench tasks (reference parameters)", box=box.SIMPLE_HEAD)
-    for column in (
-        "task",
-        "level",
-        "in size",
-        "out size",
-        "out length",
-        "chance",
-        "perm-inv",
-        "min n",
-    ):
-        left = column in ("task", "level", "out length")
-        table.add_column(column, justify="left" if left else "right", no_wrap=True)
-    for name in list_tasks():
-        task = get_task(name)
-        table.add_row(
+    columns = [
+        Column(name, right=name not in ("task", "level", "out length"), key=name == "task")
+        for name in TASK_COLUMNS
+    ]
+    rows = [
+        (
             name,
             task.level,
-            str(task.input_size),
-            str(task.output_size),
+            task.input_size,
+            task.output_size,
             task.output_length_formula,
             f"{task.chance:.2%}",
             "yes" if task.permutation_invariant else "no",
-            str(task.min_length),
+            task.min_length,
         )
-    console = Console()
-    if not console.is_terminal:  # piped: print the full table, not one cut to 80 columns
-        natural = Measurement.get(console, console.options.update_width(10_000), table)
-        console = Console(width=natural.maximum)
-    console.print(table)
+        for name, task in ((name, get_task(name)) for name in list_tasks())
+    ]
+    title = wrap("che-bench tasks (reference parameters)")
+    print("\n".join([*title, "", *fit_table(columns, rows)]))
     return 0
 
 

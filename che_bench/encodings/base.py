@@ -5,7 +5,7 @@ to the token embeddings (absolute encodings) and it owns one ``AttentionHook`` p
 layer (possibly the same module for every layer when parameters are shared). Every
 tensor carries a leading member axis ``M`` (the models of a pack, see
 ``che_bench.members``): parameters are ``[M, ...]``, activations ``[M, B, ...]``.
-The attention of ``che_bench.model.encoder`` calls, in every layer and forward pass::
+The attention of ``che_bench.model.encoder`` calls, in every layer and forward pass:
 
     q, k, ctx = hook.prepare(q, k, draw)    # once: RoPE rotation; q, k [M, B, H, T, d_h]
     for rows in row_chunks:                 # query rows; one chunk while training

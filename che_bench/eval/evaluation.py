@@ -13,9 +13,11 @@ draw from their own generators, seeded per length, once per sub-batch, and only 
 ``randomize_at_eval``.
 
 On CUDA the row-chunk memory budget is sized from the free GPU memory, and on out-of-memory
-the budget is halved (smaller row chunks and sub-batches) until the forward pass fits; the
-accounting stays per logical sub-batch (with the same random draws), so the numbers do not
-depend on the split. Sub-batches are copied to the GPU from pinned memory without waiting.
+the budget is halved (smaller row chunks and sub-batches) until the forward pass fits; a model
+that does not split its forward pass (``query_row_bytes`` 0: plugins' models) is given half the
+sequences at a time instead, down to one. The accounting stays per logical sub-batch (with
+the same random draws), so the numbers do not depend on the split. Sub-batches are copied to
+the GPU from pinned memory without waiting.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from che_bench.outcomes import Scores
 from che_bench.tasks.base import Task
 from che_bench.train.batches import host_to_device
 from che_bench.train.metrics import check_token_ids, exact_counts, masked_counts
+from che_bench.train.progress import ProgressLines
 
 #: Share of the free GPU memory an evaluation's row chunks may fill (the rest: weights,
 #: activations outside attention, the allocator's slack, other processes on the GPU).
@@ -61,11 +64,16 @@ def evaluate(
     lengths = [*config.train_eval_lengths, *config.test_lengths]
     accuracies: dict[int, list[float]] = {}
     exact: dict[int, list[float]] = {}
+    rows = ForwardRows()
     with _progress_bar(progress, len(lengths)) as bar:
         for length in dict.fromkeys(lengths):  # in order, each once
-            accuracies[length], exact[length] = length_scores(model, task, config, length, device)
-            if bar is not None:
+            accuracies[length], exact[length] = length_scores(
+                model, task, config, length, device, rows
+            )
+            if isinstance(bar, Progress):
                 bar.update(bar.task_ids[0], advance=1, description=f"eval n={length}")
+            elif bar is not None:
+                bar.report(len(accuracies), f"n={length} done")
     seconds = time.perf_counter() - started
     evaluations = []
     for member in range(model.members):
@@ -125,18 +133,23 @@ def length_accuracies(
 
 
 def length_scores(
-    model: BenchModel, task: Task, config: RunConfig, length: int, device: torch.device
+    model: BenchModel,
+    task: Task,
+    config: RunConfig,
+    length: int,
+    device: torch.device,
+    rows: ForwardRows | None = None,
 ) -> tuple[list[float], list[float]]:
     """Each member's token accuracy (``length_accuracies``) and exact-match accuracy (mean
     over sub-batches of the share of sequences with every masked position right) at one
-    length."""
+    length; ``rows``: see ``ForwardRows``."""
     data_rng, seed = seed_for_length(model, config, length)
     sub_batch_scores = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)  # dropout at evaluation
         for size in _sub_batch_sizes(config.eval_samples, config.eval_batch_size):
             batch = task.sample(length, size, data_rng)
-            correct, counted, exact, sequences = _count_correct(model, batch, device)
+            correct, counted, exact, sequences = _count_correct(model, batch, device, rows)
             sub_batch_scores.append(torch.stack([correct / counted, exact / sequences]))
     token, exact = torch.stack(sub_batch_scores).mean(0).tolist()
     return token, exact
@@ -147,12 +160,24 @@ def _sub_batch_sizes(samples: int, batch_size: int) -> list[int]:
     return [batch_size] * full + ([rest] if rest else [])
 
 
-def _count_correct(model: BenchModel, batch, device: torch.device) -> tuple[torch.Tensor, ...]:
+@dataclass
+class ForwardRows:
+    """Sequences per forward pass of a model that does not split its own (``query_row_bytes``
+    0); None: the whole sub-batch. Halved on out-of-memory, for the rest of the evaluation."""
+
+    limit: int | None = None
+
+
+def _count_correct(
+    model: BenchModel, batch, device: torch.device, rows: ForwardRows | None = None
+) -> tuple[torch.Tensor, ...]:
     """Correct and counted positions, exactly right and counted sequences of one sub-batch per
     member (``[M]`` each, on the device, so that a length costs one synchronisation); one
     random draw serves the whole sub-batch (positions, and dropout's per-sequence seeds). On
     out-of-memory the model's memory budget is halved (for the rest of the evaluation too),
-    down to one query row of one sequence."""
+    down to one query row of one sequence; a model that does not split its forward pass is
+    given fewer sequences at a time instead (``rows``), down to one. Below that the error
+    stands (a pack then trains and evaluates as two narrower ones)."""
     check_token_ids(batch.inputs, model.task)
     # Copies: task arrays may be reversed views, whose negative strides torch rejects (and
     # numpy calls such an array contiguous when the reversed axis has size 1).
@@ -162,33 +187,62 @@ def _count_correct(model: BenchModel, batch, device: torch.device) -> tuple[torc
     )
     draws = model.sample_draws(inputs.shape[-1], evaluating=True)
     dropout_seeds = model.sample_dropout_seeds(inputs.shape[0])
+    rows = rows if rows is not None else ForwardRows()
+    splits_itself = model.query_row_bytes(inputs.shape[-1], device) > 0
     while True:
+        step = min(rows.limit or inputs.shape[0], inputs.shape[0])
         try:
             with torch.inference_mode():
-                logits = model(inputs, draws, evaluating=True, dropout_seeds=dropout_seeds)
-                counts = (
-                    *masked_counts(logits, targets, mask),
-                    *exact_counts(logits, targets, mask),
-                )
-            return tuple(count.double() for count in counts)
+                parts = [
+                    _counts(model, inputs, targets, mask, draws, dropout_seeds, part)
+                    for part in _row_slices(inputs.shape[0], step)
+                ]
+            return tuple(torch.stack(counts).sum(0).double() for counts in zip(*parts, strict=True))
         except torch.cuda.OutOfMemoryError:
-            if model.memory_budget_bytes <= model.query_row_bytes(inputs.shape[-1], device):
+            if splits_itself:
+                if model.memory_budget_bytes <= model.query_row_bytes(inputs.shape[-1], device):
+                    raise
+            elif step == 1:
                 raise
         # Past the except block, whose traceback held the failed attempt's maps.
         release_memory(device)
-        model.set_memory_budget(model.memory_budget_bytes // 2)
+        if splits_itself:
+            model.set_memory_budget(model.memory_budget_bytes // 2)
+        else:
+            rows.limit = (step + 1) // 2
+
+
+def _row_slices(total: int, step: int) -> list[slice]:
+    return [slice(start, min(start + step, total)) for start in range(0, total, step)]
+
+
+def _counts(model: BenchModel, inputs, targets, mask, draws, dropout_seeds, rows: slice):
+    """``_count_correct``'s four counts ``[M]`` of the sequences ``rows`` of a sub-batch."""
+    seeds = None if dropout_seeds is None else dropout_seeds[..., rows]
+    logits = model(inputs[rows], draws, evaluating=True, dropout_seeds=seeds)
+    part_targets, part_mask = targets[rows], mask[rows]
+    return (
+        *masked_counts(logits, part_targets, part_mask),
+        *exact_counts(logits, part_targets, part_mask),
+    )
 
 
 @contextmanager
-def _progress_bar(enabled: bool, total: int) -> Iterator[Progress | None]:
+def _progress_bar(enabled: bool, total: int) -> Iterator[Progress | ProgressLines | None]:
+    """The bar on a terminal; elsewhere ``ProgressLines`` (a line a minute: a slow model's
+    evaluation is seen to move); None when not ``enabled``."""
     console = Console(stderr=True)
-    if not enabled or not console.is_terminal:
+    if not enabled:
         yield None
+        return
+    if not console.is_terminal:
+        yield ProgressLines("evaluate", total, 0, unit="length")
         return
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(bar_width=24),
         MofNCompleteColumn(),
+        TextColumn("lengths · ETA"),
         TimeRemainingColumn(),
         console=console,
         transient=True,

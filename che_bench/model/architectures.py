@@ -33,6 +33,7 @@ from che_bench.model.recurrent import (
     build_recurrent,
     recurrent_defaults,
 )
+from che_bench.model.state_tracking import MODELS as STATE_TRACKING_MODELS
 from che_bench.registry import Registry
 from che_bench.tasks.base import Task
 
@@ -61,7 +62,13 @@ ARCHITECTURES: Registry[Architecture] = Registry("architecture")
 def register_model(*aliases: Any):
     """Class decorator: make a ``BenchModel`` subclass available as an architecture under
     its ``name`` and ``aliases`` (``@register_model`` or ``@register_model("alias")``); a
-    name already taken, or a class that is not a named BenchModel, is a CheBenchError."""
+    name already taken, or a class that is not a named BenchModel, is a CheBenchError.
+
+    Runs build it as ``cls(task, members=M, **options)`` with every option of its
+    ``defaults`` (the ones given over the defaults; an option not in ``defaults`` is refused
+    before the class is called), a pack through ``build_members``. The first paragraph of
+    the class docstring is what ``che-bench models`` says of it; the plugin whose import
+    registers it is recorded with every run of it."""
 
     def decorate(cls: type[BenchModel]) -> type[BenchModel]:
         if not (isinstance(cls, type) and issubclass(cls, BenchModel)):
@@ -78,7 +85,7 @@ def register_model(*aliases: Any):
             {preset: dict(values) for preset, values in cls.presets.items()},
             (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "),
         )
-        ARCHITECTURES.add(cls.name, entry, aliases)
+        ARCHITECTURES.add(cls.name, entry, aliases, module=cls.__module__)
         return cls
 
     if len(aliases) == 1 and isinstance(aliases[0], type):  # bare @register_model
@@ -96,9 +103,13 @@ def get_architecture(name: str) -> Architecture:
 
 def architecture_options(arch: str, options: dict[str, Any]) -> dict[str, Any]:
     """Every option of ``arch`` (not the transformer): ``options`` over its defaults; an
-    option it does not take is a CheBenchError naming those it does."""
+    option it does not take is a CheBenchError naming those it does (or the model class's
+    reason, ``refused_options``, for one it refuses on purpose)."""
     entry = get_architecture(arch)
     unknown = sorted(set(options) - set(entry.defaults))
+    refused: dict[str, str] = getattr(entry.build, "refused_options", {})
+    for key in (key for key in unknown if key in refused):
+        raise CheBenchError(f"{entry.name} takes no option {key}: {refused[key]}")
     if unknown:
         takes = ", ".join(entry.defaults) or "none"
         raise CheBenchError(f"{entry.name} takes no option {', '.join(unknown)} (options: {takes})")
@@ -178,6 +189,8 @@ def _register_built_ins() -> None:
                 _DESCRIPTIONS[name],
             ),
         )
+    for model in STATE_TRACKING_MODELS:
+        register_model(model)
 
 
 def _recurrent_builder(name: str) -> Callable[..., BenchModel]:

@@ -9,6 +9,8 @@ from typing import Any
 
 import pandas as pd
 
+from che_bench.config import TRANSFORMER
+from che_bench.cpu import UNKNOWN
 from che_bench.reports.labels import (
     run_architecture,
     run_encoding_label,
@@ -54,6 +56,8 @@ _EXPORT_RUNS = [
     "test_lengths",
     "device",
     "eval_device",
+    "cpu",
+    "cpu_capability",
     "train_s",
     "eval_s",
     "total_s",
@@ -75,24 +79,36 @@ def export_frame(
     """One row per run (every status; with a protocol id as ``evaluation``, the runs evaluated
     under it) or, with ``per_length``, per complete run, split and length. Scores and
     accuracies (fractions in [0, 1]), test lengths and ``eval_*`` come from ``evaluation``;
-    ``train_s`` and ``total_s`` are the run's. The exact-match columns are always there;
+    ``train_s``, ``total_s``, ``cpu`` and ``cpu_capability`` ("unknown" where not
+    recorded) are the run's. ``pe`` is blank for an architecture other
+    than the transformer (it has no positional encoding). The exact-match columns are always there;
     with ``metric="exact"``, ``score`` / ``train_accuracy`` / ``accuracy`` hold exact match
-    too, and only runs that have it are exported (``with_metric``)."""
+    too, and only runs that have it are exported (``with_metric``); with ``"scaled"``, scaled
+    accuracy (``reports.scaled``)."""
     check_metric(metric)
     runs = store.runs(run_ids, evaluation)
-    if metric == "exact":
+    if metric != "token":
         runs = with_metric(runs, metric)
     if runs.empty:
         return pd.DataFrame(columns=_EXPORT_PER_LENGTH if per_length else _EXPORT_RUNS)
     runs["encoding"] = [run_encoding_label(config) for config in runs["config"]]
     runs["architecture"] = [run_architecture(json.loads(config)) for config in runs["config"]]
+    # An architecture without a positional encoding has no pe: blank, not "none" (NoPE's name).
+    runs["pe"] = runs["pe"].where(runs["architecture"] == TRANSFORMER, None)
     if per_length:
-        curves = with_metric(store.per_length(run_ids, evaluation), metric)
-        labels = runs[["run_id", "architecture", "encoding"]]
-        return curves.merge(labels, on="run_id")[_EXPORT_PER_LENGTH]
+        # (each run's config gives the chance a scaled metric needs)
+        curves = store.per_length(run_ids, evaluation).merge(
+            runs[["run_id", "config"]], on="run_id"
+        )
+        curves = with_metric(curves, metric)
+        labels = runs[["run_id", "architecture", "encoding", "pe"]]
+        return curves.drop(columns=["pe"]).merge(labels, on="run_id")[_EXPORT_PER_LENGTH]
     run_timings = [_json_or_empty(text) for text in runs["timings"]]
     runs["train_s"] = [timing.get("train_s") for timing in run_timings]
     runs["total_s"] = [timing.get("total_s") for timing in run_timings]
+    run_versions = [_json_or_empty(text) for text in runs["versions"]]
+    for key in ("cpu", "cpu_capability"):  # "unknown" for runs stored before they were recorded
+        runs[key] = [recorded.get(key, UNKNOWN) for recorded in run_versions]
     runs["eval_s"] = [_json_or_empty(text).get("eval_s") for text in runs["eval_timings"]]
     runs["test_lengths"] = [
         short_value(run_settings(config, protocol)["test_lengths"])

@@ -4,10 +4,11 @@ The page holds the CHE table (``tables.display_table``), whether the runs learne
 lengths, and runs whose training accuracy ended at an input-blind guess's:
 ``stuck.stuck_runs``), one accuracy-versus-length figure per task (``plots.task_panel_png``)
 and one training-curves figure per table cell (``plots.curves_png``), embedded as base64 PNG
-data URIs, what ran (presets, steps, versions, devices, statuses, failures) and the commands
-that reproduce it (``reproduce``). It loads nothing: no external CSS, scripts, fonts or
-images, and its Content-Security-Policy forbids every fetch but its own inline style, its one
-tiny script and data: images. Every string taken from the store is HTML-escaped.
+data URIs, what ran (presets, steps, versions, devices, CPUs, statuses, failures:
+``what_ran``) and the commands that reproduce it (``reproduce``). It loads nothing: no
+external CSS, scripts, fonts or images, and its Content-Security-Policy forbids every fetch
+but its own inline style, its one tiny script and data: images. Every string taken from the
+store is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,6 @@ import pandas as pd
 from che_bench.errors import CheBenchError
 from che_bench.reports.export import curves_frame
 from che_bench.reports.labels import (
-    architecture_summary,
     labelled_runs,
     run_encoding_label,
     runs_of_architectures,
@@ -36,6 +35,7 @@ from che_bench.reports.reproduce import CommandLine, page_command, reproduce_htm
 from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
 from che_bench.reports.tables import METRIC_NOTES, display_table
 from che_bench.reports.unregistered import task_names
+from che_bench.reports.what_ran import what_ran_html
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
 
 #: At most this many table cells get a training-curves figure (the page stays a few MB).
@@ -130,7 +130,7 @@ def render_report(
         "<h2>Training curves</h2>",
         _curves_html(store, runs),
         "<h2>What ran</h2>",
-        _what_ran_html(store, runs, evaluation),
+        what_ran_html(store, runs, evaluation),
         "<h2>Reproduce</h2>",
         reproduce_html(
             store,
@@ -276,26 +276,6 @@ def _curves_html(store: ResultStore, runs: pd.DataFrame) -> str:
     return "".join(figures) + note
 
 
-def _counts(values: Iterable[Any]) -> str:
-    """``"paper (12), quick (3)"``: the distinct values, most frequent first, with counts."""
-    return ", ".join(f"{value} ({count})" for value, count in Counter(values).most_common()) or "-"
-
-
-def _versions(texts: Iterable[str | None]) -> str:
-    """Every package version recorded by the given runs or evaluations (JSON texts)."""
-    seen: dict[str, set[str]] = {}
-    for text in texts:
-        for package, version in (json.loads(text) if isinstance(text, str) else {}).items():
-            seen.setdefault(package, set()).add(str(version))
-    return (
-        ", ".join(
-            f"{package} {' / '.join(sorted(versions))}"
-            for package, versions in sorted(seen.items())
-        )
-        or "-"
-    )
-
-
 #: Below this mean in-distribution accuracy a cell's runs count as not having learned the task.
 LEARNED_IN_DISTRIBUTION = 0.9
 
@@ -342,56 +322,4 @@ def _learning_html(evaluated: pd.DataFrame) -> str:
         '<thead><tr><th class="text">task</th><th class="text">column</th>'
         "<th>in-distribution % (mean)</th><th>min</th><th>runs</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></div>"
-    )
-
-
-def _what_ran_html(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> str:
-    finished = runs[runs["status"] != "started"]
-    statuses = Counter(runs["status"])
-    items = [
-        (
-            "runs",
-            ", ".join(
-                f"{statuses[status]} {status}" for status in ("complete", "failed", "started")
-            ),
-        ),
-        ("runs per architecture", architecture_summary(runs["config"])),
-        ("presets", _counts(runs["preset"])),
-        ("training steps", _counts(runs["steps"])),
-        ("devices", _counts(finished["device"].fillna("-"))),
-        ("software", _versions(finished["versions"])),
-    ]
-    if evaluation != ORIGINAL:
-        evaluations = store.evaluations(runs["run_id"])
-        evaluations = evaluations[evaluations["evaluation"] == evaluation]
-        items += [
-            (
-                f"evaluation {evaluation}",
-                f"{len(evaluations)} runs: {evaluations['protocol'].iloc[0]}",
-            ),
-            ("evaluation devices", _counts(evaluations["device"].fillna("-"))),
-            ("evaluation software", _versions(evaluations["versions"])),
-        ]
-    started = (runs["status"] == "started").sum()
-    if started:
-        items.append(
-            (
-                "not finished",
-                f"{started} started runs have no result (interrupted, or still running)",
-            )
-        )
-    listing = "".join(f"<li><b>{escaped(name)}</b>: {escaped(value)}</li>" for name, value in items)
-    failed = runs[runs["status"] == "failed"]
-    if failed.empty:
-        return f"<ul>{listing}</ul>"
-    rows = "".join(
-        f'<tr><td class="text">{escaped(run.run_id)}</td><td class="text">{escaped(run.task)}</td>'
-        f'<td class="text">{escaped(run_encoding_label(run.config))}</td>'
-        f'<td class="num">{escaped(run.seed)}</td><td class="text">{escaped(run.error)}</td></tr>'
-        for run in failed.itertuples(index=False)
-    )
-    return (
-        f'<ul>{listing}</ul>\n<h3>Failures</h3>\n<div class="wide"><table id="failures"><thead><tr>'
-        '<th class="text">run id</th><th class="text">task</th><th class="text">encoding</th>'
-        f'<th>seed</th><th class="text">error</th></tr></thead><tbody>{rows}</tbody></table></div>'
     )

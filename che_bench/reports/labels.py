@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from che_bench.config import TRANSFORMER
+from che_bench.config import OMITTED_AT_DEFAULT, TRANSFORMER
 from che_bench.reports import unregistered
 from che_bench.reports.paper import paper_protocol_differences
 from che_bench.reports.unregistered import UNKNOWN_LEVEL, recorded_task_label
@@ -31,6 +31,9 @@ CELL_FIELDS = {
 
 LEVEL_LABELS = {"regular": "R", "dcf": "DCF", "cs": "CS", "recall": "recall"}
 
+#: The CHE paper's own baselines (arXiv 2207.02098), whose published table could not be read.
+CHE_BASELINES = ("rnn", "lstm", "stack_rnn", "stack_lstm", "tape_rnn")
+
 
 #: Display names of the encodings in the published table (others keep their canonical name).
 PAPER_ENCODING_LABELS = {
@@ -46,10 +49,15 @@ def run_encoding_label(config: str | Mapping[str, Any]) -> str:
     """The column name of a run, from its config (a dict or its stored JSON): a transformer's
     encoding as in the paper, ``Kerple``, ``DAPE_k1_Kerple``, ``DAPE_k3_Kerple``, and
     ``Kerple (causal)`` for decoder-style attention (no published column); another
-    architecture's label, e.g. ``LSTM``. Every label of a run comes from here."""
+    architecture's label and the options it was given that differ from its defaults, e.g.
+    ``LSTM`` or ``LSTM · hidden_size=128``. Every label of a run comes from here."""
+    from che_bench.model.option_text import changed_options, options_text
+
     fields: Mapping[str, Any] = json.loads(config) if isinstance(config, str) else config
-    if run_architecture(fields) != TRANSFORMER:
-        return architecture_label(run_architecture(fields))
+    arch = run_architecture(fields)
+    if arch != TRANSFORMER:
+        options = options_text(changed_options(arch, fields.get("arch_options")))
+        return architecture_label(arch) + (f" · {options}" if options else "")
     base = PAPER_ENCODING_LABELS.get(fields["pe"], fields["pe"])
     label = base if fields["kernel"] is None else f"DAPE_k{fields['kernel']}_{base}"
     return f"{label} (causal)" if fields.get("causal", False) else label
@@ -159,11 +167,13 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     frame["encoding"] = [run_encoding_label(config) for config in configs]
     frame["architecture"] = [run_architecture(config) for config in configs]
     frame["paper_differences"] = [tuple(paper_protocol_differences(c)) for c in configs]
+    # Settings stored only when not at their default count as the default where absent; an
+    # architecture's options are in its label already (those that differ from the defaults).
     variants = [
         {
             key: json.dumps(value, sort_keys=True)
-            for key, value in config.items()
-            if key not in CELL_FIELDS
+            for key, value in {**OMITTED_AT_DEFAULT, **config}.items()
+            if key not in CELL_FIELDS and key != "arch_options"
         }
         for config in configs
     ]
@@ -192,12 +202,17 @@ def _architecture_prefix(arch: str, mixed: bool) -> str:
 def _settings_suffix(config: dict[str, Any], keys: list[str]) -> str:
     if not keys:
         return ""
-    return " [" + ", ".join(f"{key}={short_value(config.get(key))}" for key in keys) + "]"
+    values = {**OMITTED_AT_DEFAULT, **config}
+    return " [" + ", ".join(f"{key}={short_value(values.get(key))}" for key in keys) + "]"
 
 
 def short_value(value: Any) -> str:
+    """A setting's value as labels show it: lengths as ranges, strings bare, None as
+    ``none``, anything else as JSON (``true``, ``[0.9, 0.98]``)."""
     if isinstance(value, list) and len(value) > 3 and all(isinstance(v, int) for v in value):
         from che_bench.protocol import format_lengths
 
         return format_lengths(value)
-    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+    if value is None:
+        return "none"
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)

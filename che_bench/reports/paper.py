@@ -11,6 +11,7 @@ import pandas as pd
 
 from che_bench import protocol
 from che_bench.errors import CheBenchError
+from che_bench.settings import BY_NAME, stored_value
 
 #: The published table, shipped inside the package (a copy of results/reference/, which the
 #: tests keep identical) so that installed wheels compare too.
@@ -24,6 +25,10 @@ PAPER_NOTE = (
     "paper: DAPE V2 (arXiv 2410.04798) Table 6: 200k steps, trained on lengths 1..40, "
     "score = mean accuracy over 41..500, max over runs"
 )
+
+
+#: The optimizer's settings besides Adam's betas, eps and clipping (CHE's at their defaults).
+SCHEDULE_SETTINGS = ("optimizer", "weight_decay", "lr_schedule", "warmup_steps", "min_lr_ratio")
 
 
 #: How many differences from the published protocol a table cell names.
@@ -73,7 +78,9 @@ def paper_protocol_differences(settings: dict[str, Any]) -> list[str]:
     if settings["eval_batch_size"] != paper["eval_batch_size"]:
         differences.append(f"eval batch {settings['eval_batch_size']}")
     optimiser = (tuple(settings["adam_betas"]), settings["adam_eps"], settings["grad_clip_norm"])
-    if optimiser != (protocol.ADAM_BETAS, protocol.ADAM_EPS, protocol.GRAD_CLIP_NORM):
+    if optimiser != (protocol.ADAM_BETAS, protocol.ADAM_EPS, protocol.GRAD_CLIP_NORM) or any(
+        stored_value(settings, BY_NAME[name]) != BY_NAME[name].default for name in SCHEDULE_SETTINGS
+    ):
         differences.append("optimiser settings")
     return differences
 
@@ -96,19 +103,25 @@ def paper_protocol_text() -> str:
     )
 
 
-def load_paper_table() -> pd.DataFrame:
-    """The published table (shipped with the package), indexed by task id, values in percent."""
+def read_published_table(resource_path: tuple[str, ...], comparison: str) -> pd.DataFrame:
+    """A published table shipped inside the package at ``che_bench/<resource_path>``; missing
+    (a broken installation) is a one-line CheBenchError naming ``--compare comparison``."""
     resource = importlib.resources.files("che_bench")
-    for part in PAPER_TABLE_RESOURCE:
+    for part in resource_path:
         resource = resource.joinpath(part)
     try:
         with resource.open("rb") as handle:
-            return pd.read_csv(handle).set_index("task_id")
+            return pd.read_csv(handle)
     except OSError:
         raise CheBenchError(
-            f"the published table che_bench/{'/'.join(PAPER_TABLE_RESOURCE)} is missing from this "
-            "installation (needed for --compare paper); reinstall che-bench"
+            f"the published table che_bench/{'/'.join(resource_path)} is missing from this "
+            f"installation (needed for --compare {comparison}); reinstall che-bench"
         ) from None
+
+
+def load_paper_table() -> pd.DataFrame:
+    """The published table (shipped with the package), indexed by task id, values in percent."""
+    return read_published_table(PAPER_TABLE_RESOURCE, "paper").set_index("task_id")
 
 
 def paper_table_or_none() -> pd.DataFrame | None:

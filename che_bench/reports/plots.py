@@ -49,9 +49,10 @@ def plot_data(
             + (" with exact match recorded" if metric == "exact" else "")
         )
     runs = labelled_runs(runs)
-    curves = with_metric(store.per_length(runs["run_id"], evaluation), metric).merge(
-        runs[["run_id", "task_label", "column"]], on="run_id"
-    )
+    per_length = store.per_length(runs["run_id"], evaluation).merge(
+        runs[["run_id", "task_label", "column", "chance"]], on="run_id"
+    )  # (the chance scales a scaled metric's curves)
+    curves = with_metric(per_length, metric)
     curves.attrs["metric"] = metric
     return runs, curves
 
@@ -150,8 +151,12 @@ def _draw_panel(ax, runs: pd.DataFrame, curves: pd.DataFrame, label: str) -> Non
         )
     ax.set_title(label)
     ax.set_xlabel(task.length_label if task else "length")
-    ax.set_ylabel("exact match (%)" if curves.attrs.get("metric") == "exact" else "accuracy (%)")
-    ax.set_ylim(0, 101)
+    metric = curves.attrs.get("metric", "token")
+    ax.set_ylabel(
+        {"exact": "exact match (%)", "scaled": "scaled accuracy (%)"}.get(metric, "accuracy (%)")
+    )
+    # Scaled accuracy falls below 0 where a model does worse than chance.
+    ax.set_ylim(min(0, 100 * task_curves["accuracy"].min()) - 1 if metric == "scaled" else 0, 101)
     _place_legend(ax, task_curves["column"].nunique())
 
 
@@ -161,8 +166,20 @@ def _place_legend(ax, configurations: int) -> None:
     if configurations <= LEGEND_INSIDE_MAX:
         ax.legend(fontsize="small")
         return
+    from matplotlib.transforms import ScaledTranslation
+
+    # Under the tick labels and the x-axis label, at a fixed distance in inches: an anchor in
+    # axes fractions moved up into the label when the layout shrank the axes.
+    figure = ax.get_figure()
+    below = ax.get_window_extent().y0 - ax.xaxis.get_tightbbox().y0  # pixels
+    offset = ScaledTranslation(0, -(below + 4) / figure.dpi, figure.dpi_scale_trans)
     ax.legend(
-        fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2, frameon=False
+        fontsize="small",
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0),
+        bbox_transform=ax.transAxes + offset,
+        ncols=2,
+        frameon=False,
     )
 
 
@@ -170,8 +187,11 @@ def _draw_task_guides(ax, task: Task, max_length: int, metric: str) -> None:
     """The chance level and, for recall tasks, the ceiling of a model blind to positions
     (``task.ceiling(n)``, where the task defines one). For exact match the chance is that of a
     sequence at each length (``chance.exact_match_chance``) and the ceiling, a token accuracy,
-    is left out."""
+    is left out. Scaled accuracy puts chance at 0 (no ceiling either)."""
     lengths = np.arange(task.min_length, max_length + 1)
+    if metric == "scaled":
+        ax.axhline(0, color="0.4", linestyle=":", label="chance")
+        return
     if metric == "exact":
         ax.plot(
             lengths,

@@ -8,7 +8,8 @@ anything else (preset, steps, model size, options, ...) get separate, labelled c
 
 Scores are token accuracies (the default, as in the paper) or, with ``metric="exact"``, exact
 match: the share of sequences whose every scored position is right (runs evaluated before
-exact match was recorded are left out). Scores come from one evaluation of each run: its
+exact match was recorded are left out), or with ``metric="scaled"`` Grazzi et al.'s scaled
+accuracy (``reports.scaled``). Scores come from one evaluation of each run: its
 original one (the default) or a re-evaluation under another protocol, chosen by protocol id
 (see ``che_bench.store.result_store``). Published values are set beside a cell always, but
 subtracted only where its runs followed the published protocol (``paper_protocol_differences``).
@@ -24,9 +25,10 @@ import pandas as pd
 
 from che_bench.config import TRANSFORMER
 from che_bench.errors import CheBenchError
-from che_bench.reports import unregistered
+from che_bench.reports import grazzi, table_formats, unregistered
 from che_bench.reports.chance import run_exact_chance
 from che_bench.reports.labels import (
+    CHE_BASELINES,
     LEVEL_LABELS,
     PAPER_ENCODING_LABELS,
     architecture_label,
@@ -41,15 +43,20 @@ from che_bench.reports.paper import (
     paper_protocol_text,
     paper_table_or_none,
 )
+from che_bench.reports.scaled import with_scaled_accuracy
+from che_bench.reports.table_formats import PAPER_SUFFIX
 from che_bench.reports.unregistered import UNKNOWN_LEVEL
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
 
 FORMATS = ("text", "csv", "markdown", "latex")
-#: ``--metric``: token-level accuracy (the paper's) or sequence-level exact match.
-METRICS = ("token", "exact")
+#: ``--metric``: token-level accuracy (the paper's), sequence-level exact match, or token
+#: accuracy scaled to chance (Grazzi et al.'s, ``reports.scaled``).
+METRICS = ("token", "exact", "scaled")
 METRIC_NOTES = {
     "token": "accuracy % = correct scored tokens / scored tokens",
     "exact": "exact match % = sequences with every scored token right / sequences",
+    "scaled": "scaled accuracy % = (accuracy - chance) / (1 - chance), chance = 1 / number of "
+    "classes (Grazzi et al.)",
 }
 #: What the chance column holds, per metric (``reports.chance``).
 CHANCE_NOTES = {
@@ -57,6 +64,7 @@ CHANCE_NOTES = {
     "exact": "chance = exact match of a uniform guesser: (1 / number of classes) to the "
     "power of a sequence's scored positions, averaged over sequences and the "
     "score's test lengths",
+    "scaled": "chance = 0 on this scale",
 }
 
 
@@ -71,6 +79,8 @@ def with_metric(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     check_metric(metric)
     if metric == "token":
         return frame
+    if metric == "scaled":
+        return with_scaled_accuracy(frame)
     exact = {
         "score": "exact_score",
         "train_accuracy": "train_exact_accuracy",
@@ -94,7 +104,8 @@ def summarize(
 ) -> pd.DataFrame:
     """Long table, one row per (task, column): level, chance, max, mean, std, n (percent) of
     the ``metric`` scores of ``evaluation`` (see ``ResultStore.runs``). With
-    ``compare="paper"`` also ``paper``, ``comparable`` (the cell's runs followed the published
+    ``compare="paper"`` (or ``"grazzi"``: Grazzi et al.'s Table 3, ``reports.grazzi``) also
+    ``paper``, ``comparable`` (the cell's runs followed the published
     protocol), ``diff`` (max - paper, NaN unless comparable), ``differences`` (a tuple: what
     differs from the published protocol, empty when comparable) and ``dropout_at_eval`` (every
     run kept dropout on at evaluation, as the reference code does)."""
@@ -105,9 +116,13 @@ def summarize(
 
 
 def _check_compare(compare: str, metric: str = "token") -> None:
-    if compare not in ("none", "paper"):
-        raise CheBenchError(f"unknown comparison {compare!r}; valid: none, paper")
+    if compare not in ("none", "paper", grazzi.COMPARISON):
+        raise CheBenchError(f"unknown comparison {compare!r}; valid: none, paper, grazzi")
     check_metric(metric)
+    if compare == grazzi.COMPARISON and metric != grazzi.METRIC:
+        raise CheBenchError(
+            "Grazzi et al.'s table holds scaled accuracies: --compare grazzi needs --metric scaled"
+        )
     if compare == "paper" and metric != "token":
         raise CheBenchError(
             "the published table holds token accuracies: --compare paper needs --metric token"
@@ -117,13 +132,17 @@ def _check_compare(compare: str, metric: str = "token") -> None:
 def _summarize_runs(runs: pd.DataFrame, compare: str, metric: str) -> pd.DataFrame:
     """``summarize`` of a frame of complete runs, scored in ``metric``."""
     columns = ["level", "task", "column", "chance", "max", "mean", "std", "n"]
-    if compare == "paper":
+    if compare != "none":
         columns += ["paper", "diff", "comparable", "differences", "dropout_at_eval"]
     if runs.empty:
         return pd.DataFrame(columns=columns)
     runs = labelled_runs(runs)
+    if compare == grazzi.COMPARISON:
+        runs = grazzi.with_protocol_differences(runs)
     if metric == "exact":
         runs["chance"] = [run_exact_chance(settings) for settings in runs["settings"]]
+    elif metric == "scaled":
+        runs["chance"] = 0.0
     runs["score_pct"] = runs["score"] * 100
     runs["kernel_order"] = [-1 if k is None else int(k) for k in runs["kernel"]]
     runs["arch_order"] = [architecture_order(arch) for arch in runs["architecture"]]
@@ -159,6 +178,8 @@ def _summarize_runs(runs: pd.DataFrame, compare: str, metric: str) -> pd.DataFra
         cells["comparable"] = [not differences for differences in cells["paper_differences"]]
         cells["diff"] = (cells["max"] - cells["paper"]).where(cells["comparable"])
         cells["differences"] = cells["paper_differences"]
+    if compare == grazzi.COMPARISON:
+        cells = grazzi.add_published(cells, runs)
     cells["chance"] = cells["chance"] * 100
     paper_tasks = list(paper.index) if paper is not None else []
     cells = cells.iloc[_cell_order(cells, paper_tasks)].reset_index(drop=True)
@@ -241,10 +262,10 @@ def format_table(
     if table.empty:
         return "(no complete runs)\n"
     if fmt == "text":
-        return table.to_string() + "\n\n" + "\n".join(notes) + "\n"
+        return table_formats.as_text(table, notes)
     if fmt == "markdown":
-        return _markdown(table) + "\n" + "".join(f"\n{note}  " for note in notes).rstrip() + "\n"
-    return _latex(table, notes)
+        return table_formats.as_markdown(table, notes)
+    return table_formats.as_latex(table, notes)
 
 
 def display_table(
@@ -280,7 +301,7 @@ def _wide(cells: pd.DataFrame, values: dict[str, list]) -> pd.DataFrame:
 
 def _numeric_pivot(cells: pd.DataFrame, compare: str) -> pd.DataFrame:
     stats = ["max", "mean", "std", "n"] + (
-        ["paper", "diff", "comparable"] if compare == "paper" else []
+        ["paper", "diff", "comparable"] if compare != "none" else []
     )
     table = _wide(cells, {f" {stat}": list(cells[stat]) for stat in stats})
     counts = [column for column in table.columns if column.endswith(" n")]
@@ -290,12 +311,12 @@ def _numeric_pivot(cells: pd.DataFrame, compare: str) -> pd.DataFrame:
 def _text_pivot(cells: pd.DataFrame, compare: str) -> pd.DataFrame:
     cells = cells.assign(chance=[_chance_text(c) for c in cells["chance"]])
     values = {"": [_cell_text(row) for _, row in cells.iterrows()]}
-    if compare == "paper":
-        values[" paper (diff)"] = [_paper_text(row) for _, row in cells.iterrows()]
+    if compare != "none":
+        values[PAPER_SUFFIX] = [_paper_text(row) for _, row in cells.iterrows()]
     table = _wide(cells, values).fillna("")
     # Drop comparison columns with no published value at all (e.g. encodings not in the paper).
     return table[
-        [c for c in table.columns if not (c.endswith(" paper (diff)") and (table[c] == "").all())]
+        [c for c in table.columns if not (c.endswith(PAPER_SUFFIX) and (table[c] == "").all())]
     ]
 
 
@@ -342,6 +363,8 @@ def _notes(
     unknown = unregistered.note(runs)
     if unknown:
         notes.append(unknown)
+    if compare == grazzi.COMPARISON:
+        notes += grazzi.notes(runs)
     if compare == "paper":
         stored = {run_architecture(json.loads(config)) for config in runs["config"]}
         if TRANSFORMER in stored:
@@ -349,7 +372,8 @@ def _notes(
                 f"{PAPER_NOTE}; in brackets: ours (max) minus paper where the runs followed the "
                 f"published protocol ({paper_protocol_text()}), otherwise what differs"
             )
-        baselines = sorted(stored - {TRANSFORMER}, key=architecture_order)
+        # Only CHE's own baselines have a published table that could not be read.
+        baselines = sorted(stored & set(CHE_BASELINES), key=architecture_order)
         if baselines:
             notes.append(
                 f"{', '.join(architecture_label(arch) for arch in baselines)}: no published "
@@ -362,39 +386,3 @@ def _notes(
                 "on at evaluation (--dropout-at-eval)"
             )
     return notes
-
-
-def _markdown(table: pd.DataFrame) -> str:
-    frame = table.reset_index()
-    header = [str(c) for c in frame.columns]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += [
-        "| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)
-    ]
-    return "\n".join(lines)
-
-
-def _latex(table: pd.DataFrame, notes: list[str]) -> str:
-    frame = table.reset_index()
-
-    def escape(value: object) -> str:
-        text = str(value)
-        for char, replacement in (
-            ("\\", r"\textbackslash{}"),
-            ("&", r"\&"),
-            ("%", r"\%"),
-            ("_", r"\_"),
-            ("#", r"\#"),
-            ("±", r"$\pm$"),
-        ):
-            text = text.replace(char, replacement)
-        return text
-
-    lines = [f"% {note}" for note in notes]
-    lines.append(r"\begin{tabular}{" + "ll" + "r" * (len(frame.columns) - 2) + "}")
-    lines.append(r"\hline")
-    lines.append(" & ".join(escape(c) for c in frame.columns) + r" \\")
-    lines.append(r"\hline")
-    lines += [" & ".join(escape(v) for v in row) + r" \\" for row in frame.itertuples(index=False)]
-    lines += [r"\hline", r"\end{tabular}"]
-    return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
-"""Stored runs of tasks and encodings that this process does not know (the plugin that
-registered them is not loaded: not installed here, or ``--no-plugins``).
+"""Stored runs of tasks, encodings and models that this process does not know (the plugin
+that registered them is not loaded: not installed here, or ``--no-plugins``).
 
 Tables and reports never refuse such a store: they show these runs from what the store
 recorded (names, parameters, scores, the plugin's name in the run's versions), with a note
@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
+
+from che_bench.config import TRANSFORMER
 
 #: The level shown for a task whose class is not loaded (the store does not record it).
 UNKNOWN_LEVEL = "?"
@@ -28,6 +30,12 @@ def encoding_known(name: str) -> bool:
     from che_bench.encodings.base import ENCODINGS
 
     return name in ENCODINGS.names()
+
+
+def architecture_known(name: str) -> bool:
+    from che_bench.model.architectures import ARCHITECTURES
+
+    return name in ARCHITECTURES.names()
 
 
 def recorded_task_label(name: str, params: dict[str, Any]) -> str:
@@ -52,13 +60,20 @@ def task_names(wanted: Iterable[str], stored: Iterable[str]) -> set[str]:
 
 
 def note(runs: pd.DataFrame) -> str | None:
-    """The table note naming the runs' tasks and encodings that are not registered here and
-    the plugins the runs recorded using; None when every one is known."""
+    """The table note naming the runs' tasks, encodings and models (architectures) that are
+    not registered here and the plugins the runs recorded using; None when every one is
+    known."""
     tasks = sorted(name for name in set(runs["task"]) if not task_known(name))
     encodings = sorted(name for name in set(runs["pe"]) if not encoding_known(name))
-    if not tasks and not encodings:
+    run_archs = pd.Series(
+        [str(json.loads(config).get("arch", TRANSFORMER)) for config in runs["config"]],
+        index=runs.index,
+        dtype=object,
+    )
+    archs = sorted(name for name in set(run_archs) if not architecture_known(name))
+    if not tasks and not encodings and not archs:
         return None
-    unknown = runs[runs["task"].isin(tasks) | runs["pe"].isin(encodings)]
+    unknown = runs[runs["task"].isin(tasks) | runs["pe"].isin(encodings) | run_archs.isin(archs)]
     plugins = sorted(
         {
             key.removeprefix("plugin ")
@@ -67,7 +82,11 @@ def note(runs: pd.DataFrame) -> str | None:
             if key.startswith("plugin ")
         }
     )
-    names = [f"task {name}" for name in tasks] + [f"encoding {name}" for name in encodings]
+    names = (
+        [f"task {name}" for name in tasks]
+        + [f"encoding {name}" for name in encodings]
+        + [f"architecture {name}" for name in archs]
+    )
     source = f"plugin {', '.join(plugins)}" if plugins else "a plugin"
     level = (
         f"; level {UNKNOWN_LEVEL} and chance unknown (the task class is needed)" if tasks else ""

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from che_bench.cpu import check_portable_cpu
 from che_bench.errors import CheBenchError
 
 
@@ -49,7 +50,7 @@ def prepare_deterministic_cublas() -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC_WORKSPACE)
 
 
-def configure_numerics(tf32: bool, deterministic: bool = False) -> None:
+def configure_numerics(tf32: bool, deterministic: bool = False, portable_cpu: bool = False) -> None:
     """TF32 in GPU matrix products and convolutions only when asked for (cuDNN's own
     default is on, which would make convolution results differ from CPU ones).
 
@@ -60,7 +61,14 @@ def configure_numerics(tf32: bool, deterministic: bool = False) -> None:
     follows the deterministic flag; so does the math path). Off again when not asked for,
     so one process can run both kinds. The backend flags act on CUDA only, so they are set
     on any device.
+
+    ``portable_cpu``: the portable CPU mode (``che_bench.cpu``), refused unless its environment
+    took effect; it also turns oneDNN off in torch (its kernels block by the CPU's cache sizes),
+    so torch's own kernels and MKL compute what oneDNN would. On again when not asked for.
     """
+    if portable_cpu:
+        check_portable_cpu()
+    torch.backends.mkldnn.enabled = not portable_cpu  # type: ignore[assignment]  # (a property)
     torch.use_deterministic_algorithms(deterministic)
     if deterministic:
         prepare_deterministic_cublas()  # in time only before any CUDA work: see the callers
@@ -73,10 +81,23 @@ def configure_numerics(tf32: bool, deterministic: bool = False) -> None:
         torch.backends.cuda.enable_cudnn_sdp(not deterministic)
 
 
-def numerics_details(device: torch.device, tf32: bool, deterministic: bool) -> dict[str, Any]:
+def numerics_details(
+    device: torch.device, tf32: bool, deterministic: bool, portable_cpu: bool = False
+) -> dict[str, Any]:
     """The numerics settings recorded with a run (in its details, never in its id): TF32 on a
-    GPU, and deterministic mode wherever it was asked for."""
+    GPU, deterministic mode wherever it was asked for, the portable CPU mode where it ran."""
     details: dict[str, Any] = {"tf32": tf32} if device.type == "cuda" else {}
     if deterministic or device.type == "cuda":
         details["deterministic"] = deterministic
+    if portable_cpu:
+        details["portable_cpu"] = True
     return details
+
+
+def check_portable_device(device: torch.device, portable_cpu: bool) -> None:
+    """The portable CPU mode is for runs on a CPU: a GPU's numbers depend on the GPU."""
+    if portable_cpu and device.type != "cpu":
+        raise CheBenchError(
+            f"--portable-cpu is for runs on a CPU, and these would run on {device}: "
+            "add --device cpu, or leave --portable-cpu out"
+        )

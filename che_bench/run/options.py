@@ -23,10 +23,11 @@ DEFAULT_CHECKPOINT_EVERY = 1000
 
 @dataclass(frozen=True)
 class RuntimeOptions:
-    """``device``, ``threads``, ``tf32``, ``deterministic`` and ``log_every`` are the runtime
-    settings of ``che_bench.settings`` (checked by their validators here, whoever builds the
-    object); ``threads=None`` leaves the thread count to whoever runs the runs (1 in this
-    process, cores / workers in a local sweep's workers, the granted CPUs in a Ray task).
+    """``device``, ``threads``, ``tf32``, ``deterministic``, ``portable_cpu`` and ``log_every``
+    are the runtime settings of ``che_bench.settings`` (checked by their validators here,
+    whoever builds the object); ``threads=None`` leaves the thread count to whoever runs the
+    runs (1 in this process, cores / workers in a local sweep's workers, the granted CPUs in a
+    Ray task).
     ``trackers``: TensorBoard / W&B logging. ``progress``: progress bars. With
     ``checkpoint_dir`` runs checkpoint every ``checkpoint_every`` steps and resume; with
     ``models_dir`` completed runs keep their weights there."""
@@ -35,6 +36,7 @@ class RuntimeOptions:
     threads: int | None = None
     tf32: bool = False
     deterministic: bool = False
+    portable_cpu: bool = False
     log_every: int = DEFAULT_LOG_EVERY
     trackers: TrackerOptions | None = None
     progress: bool = True

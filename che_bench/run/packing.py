@@ -3,8 +3,9 @@
 Runs pack when they differ only in seed, data seed and learning rate (``RunConfig.pack_key``)
 and share a length seed. ``--pack N`` caps a pack at N members; ``--pack auto`` makes packs as
 wide as the device allows: on a GPU, as many members as fit in its free memory (measured with
-one training step of one member at the longest training length); on a CPU,
-``CPU_AUTO_WIDTH`` (packing there gains nothing measurable: see ``CPU_AUTO_WIDTH``).
+one training step of a pack of ``PROBE_MEMBERS`` at the longest training length, under the
+run's numerics); on a CPU, ``CPU_AUTO_WIDTH`` (packing there gains nothing measurable: see
+``CPU_AUTO_WIDTH``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 
 from che_bench.config import RunConfig
-from che_bench.device_memory import free_gpu_memory
+from che_bench.device_memory import free_gpu_memory, release_memory
 from che_bench.errors import CheBenchError
 
 AUTO = "auto"
@@ -27,6 +28,10 @@ CPU_AUTO_WIDTH = 1
 GPU_MEMORY_SHARE = 0.7
 #: Upper bound of ``--pack auto`` (beyond it a step is compute-bound: no further gain).
 MAX_AUTO_WIDTH = 64
+#: Members of the pack ``--pack auto`` measures: two run the code every wider pack runs, where
+#: one member may take another path (a one-member lstm trains with cuDNN's fused kernel on a
+#: GPU, a pack with the batched loop, which holds every time step's activations).
+PROBE_MEMBERS = 2
 
 
 def parse_pack_width(text: str) -> int | str:
@@ -43,15 +48,19 @@ def parse_pack_width(text: str) -> int | str:
 
 
 def training_bytes_per_member(config: RunConfig, device: torch.device) -> int:
-    """Peak device memory of one training step of one member at the longest training length
-    (measured on ``device``, a GPU; elsewhere only with faked memory queries, in tests)."""
+    """Peak device memory of one training step at the longest training length, per member of
+    a pack of ``PROBE_MEMBERS`` (its share of what the pack holds beyond the weights: an upper
+    bound on what each member of a wider pack adds); measured on ``device``, a GPU (elsewhere
+    only with faked memory queries, in tests)."""
     from che_bench.model.architectures import build_architecture
     from che_bench.train.metrics import token_loss
 
     task = config.build_task()
     length = config.train_max_length
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        model = build_architecture(config.arch, task, **config.model_arguments()).to(device)
+        model = build_architecture(
+            config.arch, task, members=PROBE_MEMBERS, **config.model_arguments()
+        ).to(device)
         batch = task.sample(length, config.batch_size, np.random.default_rng(0))
         inputs = torch.from_numpy(batch.inputs.copy())
         torch.cuda.synchronize(device)
@@ -64,7 +73,7 @@ def training_bytes_per_member(config: RunConfig, device: torch.device) -> int:
         peak = torch.cuda.max_memory_allocated(device) - baseline
     del model, logits
     torch.cuda.empty_cache()
-    return max(1, peak)
+    return max(1, peak // PROBE_MEMBERS)
 
 
 def resolve_width(width: int | str, config: RunConfig, device: torch.device) -> int:
@@ -74,6 +83,12 @@ def resolve_width(width: int | str, config: RunConfig, device: torch.device) -> 
         return int(width)
     if device.type != "cuda":
         return CPU_AUTO_WIDTH
+    try:
+        per_member: int | None = training_bytes_per_member(config, device)
+    except torch.cuda.OutOfMemoryError:
+        per_member = None  # not even the probe's pack fits: one member at a time
+    if per_member is None:
+        release_memory(device)  # past the except block, whose traceback held the probe
+        return 1
     usable = int(free_gpu_memory(device) * GPU_MEMORY_SHARE)
-    fits = usable // training_bytes_per_member(config, device)
-    return max(1, min(MAX_AUTO_WIDTH, fits))
+    return max(1, min(MAX_AUTO_WIDTH, usable // per_member))

@@ -18,7 +18,8 @@ from typing import Any
 
 from che_bench import plugins
 from che_bench.config import RunConfig
-from che_bench.device_memory import share_gpu
+from che_bench.cpu import PORTABLE_ENVIRONMENT
+from che_bench.device_memory import allow_cpus, share_gpu
 from che_bench.errors import CheBenchError
 from che_bench.outcomes import RunResult
 from che_bench.run.options import RuntimeOptions
@@ -102,10 +103,14 @@ class RayBackend:
         # no progress bars (their lines would interleave in the driver's log).
         device = "cpu" if options.device == "auto" and run_gpus == 0 else options.device
         self.options = options.with_changes(device=device, progress=False)
+        # The portable CPU mode's settings must be there before a worker imports torch: they
+        # go into the tasks' runtime environment (Ray starts workers for it).
+        portable = {"env_vars": dict(PORTABLE_ENVIRONMENT)} if options.portable_cpu else {}
         self._remote = self.ray.remote(_run_in_ray_task).options(
             num_cpus=run_cpus,
             num_gpus=run_gpus,
             max_retries=SYSTEM_RETRIES,
+            **({"runtime_env": portable} if portable else {}),
         )
 
     def capacity(self) -> int:
@@ -156,11 +161,13 @@ class RayBackend:
 def _run_in_ray_task(
     configs: list[RunConfig], width: int | str, options: RuntimeOptions, threads: int, gpus: float
 ) -> list[RunResult]:
-    """Body of one Ray task: size torch's thread pool to the CPUs Ray granted and memory
-    budgets to the GPU fraction it granted (four 0.25-GPU tasks share one GPU), then run."""
+    """Body of one Ray task: size torch's thread pool (and a wide pack's batch workers) to the
+    CPUs Ray granted and memory budgets to the GPU fraction it granted (four 0.25-GPU tasks
+    share one GPU), then run."""
     import torch
 
     torch.set_num_threads(threads)
+    allow_cpus(threads)
     if gpus > 0:
         share_gpu(gpus)
     return execute_runs(configs, options, pack=width)

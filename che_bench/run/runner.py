@@ -23,6 +23,7 @@ import torch
 import che_bench
 from che_bench import plugins
 from che_bench.config import RunConfig, group_into_packs
+from che_bench.cpu import cpu_facts
 from che_bench.device_memory import release_memory
 from che_bench.errors import CheBenchError
 from che_bench.eval.evaluation import Evaluation, evaluate
@@ -31,6 +32,7 @@ from che_bench.model.base import BenchModel
 from che_bench.model.packs import member_state_dict
 from che_bench.outcomes import RunResult
 from che_bench.run.device import (
+    check_portable_device,
     configure_numerics,
     describe_device,
     numerics_details,
@@ -49,14 +51,20 @@ from che_bench.train.readings import Diverged
 
 def software_versions(config: RunConfig | None = None) -> dict[str, str]:
     """The software a run used: che-bench, torch, numpy, Python, the platform and the plugins
-    that registered ``config``'s task or encoding (``plugin NAME``: version)."""
+    that registered ``config``'s task, encoding or model (``plugin NAME``: version); and the
+    CPU it ran on (``cpu``, ``cpu_capability``: ``che_bench.cpu.cpu_facts``)."""
     from che_bench.encodings.base import ENCODINGS
+    from che_bench.model.architectures import ARCHITECTURES
     from che_bench.tasks import TASKS
 
     used = (
         {}
         if config is None
-        else plugins.versions_of(TASKS.origin(config.task), ENCODINGS.origin(config.pe))
+        else plugins.versions_of(
+            TASKS.origin(config.task),
+            ENCODINGS.origin(config.pe),
+            ARCHITECTURES.origin(config.arch),
+        )
     )
     return {
         "che_bench": che_bench.__version__,
@@ -64,6 +72,7 @@ def software_versions(config: RunConfig | None = None) -> dict[str, str]:
         "numpy": np.__version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        **cpu_facts(),
         **used,
     }
 
@@ -126,7 +135,8 @@ def execute_pack(
     options = runtime_options(options, changes)
     check_pack(configs)
     torch_device = resolve_device(options.device)
-    configure_numerics(options.tf32, options.deterministic)
+    check_portable_device(torch_device, options.portable_cpu)
+    configure_numerics(options.tf32, options.deterministic, options.portable_cpu)
     results = [
         RunResult(
             run_id=config.run_id(),
@@ -134,7 +144,9 @@ def execute_pack(
             status="failed",
             versions=software_versions(config),
             device=describe_device(torch_device),
-            details=numerics_details(torch_device, options.tf32, options.deterministic),
+            details=numerics_details(
+                torch_device, options.tf32, options.deterministic, options.portable_cpu
+            ),
         )
         for config in configs
     ]
@@ -261,10 +273,12 @@ def _finish(
     finished: list[bool],
     total_seconds: float,
 ) -> None:
-    """Each member's history and total time; the checkpoints of finished members go."""
+    """Each member's history and total time; the checkpoints of finished members go. Like
+    ``train_s``, the total counts every session of a resumed run: this session's seconds plus
+    the training seconds of the earlier ones (what their checkpoint recorded)."""
     for member, result in enumerate(results):
         result.history = history[member]
-        result.timings["total_s"] = total_seconds
+        result.timings["total_s"] = total_seconds + result.timings.get("resumed_train_s", 0.0)
         if checkpoints is not None and finished[member]:
             checkpoints[member].unlink(missing_ok=True)
 
@@ -347,6 +361,10 @@ def execute_runs(
     if options.deterministic:
         prepare_deterministic_cublas()
     torch_device = resolve_device(options.device)
+    # Before ``--pack auto``'s probe, which measures the step the runs take (TF32 and
+    # deterministic algorithms change the kernels and their workspaces).
+    check_portable_device(torch_device, options.portable_cpu)
+    configure_numerics(options.tf32, options.deterministic, options.portable_cpu)
     hooks = {} if on_step is None else {"on_step": on_step}
     results: dict[str, RunResult] = {}
     for cell in group_into_packs(configs, None):

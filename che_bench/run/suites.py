@@ -1,30 +1,14 @@
 """Suite files: a TOML description of a grid of runs, expanded into validated RunConfigs.
 
-A suite names tasks, encodings, DAPE kernels, seeds and learning rates; the grid is
-their product (per encoding, optionally with its own kernels), every point built
-through ``make_config`` with the suite's preset and overrides. Example::
-
-    description = "ALiBi and Kerple, with and without DAPE V2"
-    preset = "quick"                     # a preset of che_bench.protocol
-    tasks = ["even_pairs", { name = "associative_recall", params = { distance = "far" } }]
-    architectures = ["transformer", "lstm", { name = "tape_rnn", options = { memory_size = 60 } }]
-    encodings = ["none", "alibi", { name = "kerple", kernels = ["none", 1, 3] }]
-    kernels = ["none", 3]                # "none" = no DAPE, 1 = DAPE, odd >= 3 = DAPE V2
-    seeds = [0, 1, 2]
-    learning_rates = [1e-4, 3e-4]        # omitted: the preset's learning rate
-    [overrides]                          # any make_config override
-    steps = 500
-    [resources]                          # per run, for the Ray backend
-    num_cpus = 1
-    num_gpus = 0.25
-
-``architectures`` defaults to the transformer alone; the transformer's runs are the
-encodings x kernels, each other architecture is one run per task, seed and learning rate
-(``encodings`` may be left out when the transformer is not listed).
-``tasks = "all"`` / ``encodings = "all"`` (or a list holding ``"all"``) expand from the
-registries, so new tasks and encodings join such suites without edits. The whole grid
-is validated when the suite is expanded, before anything runs: an unknown task or
-encoding, or an impossible combination, is one CheBenchError naming the suite file.
+The format (every key, its default, an example) is on the documentation's sweeps page,
+``docs/sweeps.md`` ("Suite files"; a test checks that it names every key accepted here and
+that its example expands). A suite names tasks, architectures, encodings, DAPE kernels,
+seeds and learning rates; the grid is their product (per encoding, optionally with its own
+kernels), every point built through ``make_config`` with the suite's preset and overrides.
+``"all"`` expands from the registries, so new tasks and encodings join such suites without
+edits. The whole grid is validated when the suite is expanded, before anything runs: an
+unknown task or encoding, or an impossible combination, is one CheBenchError naming the
+suite file.
 """
 
 from __future__ import annotations
@@ -63,6 +47,14 @@ _TOP_LEVEL_KEYS = {
     "resources",
 }
 _RESOURCE_KEYS = {"num_cpus", "num_gpus"}
+#: The keys of a table entry of ``tasks``, ``architectures`` and ``encodings`` besides ``name``.
+_ENTRY_KEYS = {
+    "tasks": {"params"},
+    "architectures": {"options"},
+    "encodings": {"options", "kernels"},
+}
+#: Run settings a suite sets through its grid keys, never in ``[overrides]``.
+_GRID_SETTINGS = ("seed", "lr", "task_params", "pe_options", "arch", "arch_options")
 _ALL = "all"
 _NO_KERNEL = "none"
 
@@ -247,7 +239,7 @@ def parse_suite(data: dict[str, Any], path: Path) -> Suite:
     overrides = data.get("overrides", {})
     if not isinstance(overrides, dict):
         raise fail("'overrides' must be a table")
-    for reserved in ("seed", "lr", "task_params", "pe_options", "arch", "arch_options"):
+    for reserved in _GRID_SETTINGS:
         if reserved in overrides:
             raise fail(f"set {reserved!r} through the suite's grid keys, not [overrides]")
     try:
@@ -312,7 +304,7 @@ def _named_table(item: Any, key: str, allowed: set[str]) -> tuple[str, dict[str,
 
 
 def _task_entry(item: Any) -> TaskEntry:
-    name, table = _named_table(item, "tasks", {"params"})
+    name, table = _named_table(item, "tasks", _ENTRY_KEYS["tasks"])
     params = table.get("params", {})
     if not isinstance(params, dict):
         raise CheBenchError(f"task {name!r}: 'params' must be a table")
@@ -322,7 +314,7 @@ def _task_entry(item: Any) -> TaskEntry:
 def _architectures(value: Any) -> tuple[ArchitectureEntry, ...]:
     entries = []
     for item in _as_list(value, "architectures"):
-        name, table = _named_table(item, "architectures", {"options"})
+        name, table = _named_table(item, "architectures", _ENTRY_KEYS["architectures"])
         options = table.get("options", {})
         if not isinstance(options, dict):
             raise CheBenchError(f"architecture {name!r}: 'options' must be a table")
@@ -331,7 +323,7 @@ def _architectures(value: Any) -> tuple[ArchitectureEntry, ...]:
 
 
 def _encoding_entry(item: Any) -> EncodingEntry:
-    name, table = _named_table(item, "encodings", {"options", "kernels"})
+    name, table = _named_table(item, "encodings", _ENTRY_KEYS["encodings"])
     options = table.get("options", {})
     if not isinstance(options, dict):
         raise CheBenchError(f"encoding {name!r}: 'options' must be a table")

@@ -14,12 +14,6 @@ restarted sweep forms the same packs, which resume together.
 
 from __future__ import annotations
 
-import concurrent.futures
-import multiprocessing
-import os
-import signal
-import threading
-import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -30,15 +24,11 @@ from rich.console import Console
 
 from che_bench.config import RunConfig, group_into_packs
 from che_bench.outcomes import RunResult
+from che_bench.run.local_backend import LocalBackend as LocalBackend  # the sweep's backends
 from che_bench.run.options import RuntimeOptions
 from che_bench.run.packing import AUTO, CPU_AUTO_WIDTH
 from che_bench.run.runner import execute_runs, software_versions
 from che_bench.run.sweep_views import GridView, SweepView
-
-#: How often an idle-or-busy worker checks that the sweep process is still alive.
-ORPHAN_POLL_S = 1.0
-#: How long an orphaned worker may take to checkpoint its run before it exits anyway.
-ORPHAN_GRACE_S = 60.0
 
 
 class Backend(Protocol):
@@ -232,133 +222,3 @@ class InProcessBackend:
 
     def close(self) -> None:
         self._submitted.clear()
-
-
-# --------------------------------------------------------------------------------------------
-# Local backend: a pool of worker processes on this machine.
-
-
-def default_threads_per_worker(workers: int) -> int:
-    """Split this machine's cores evenly between the workers (at least one thread each)."""
-    return max(1, available_cpus() // max(1, workers))
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-class LocalBackend:
-    """``workers`` spawned processes, each running one pack at a time (``execute_runs``) with
-    ``options`` and ``options.threads`` torch threads (default: this machine's cores split
-    between them); results travel back to the sweep process."""
-
-    def __init__(self, workers: int, options: RuntimeOptions | None = None) -> None:
-        from che_bench.run.device import resolve_device
-
-        options = options or RuntimeOptions()
-        self.workers = workers
-        self.on_gpu = resolve_device(options.device).type == "cuda"
-        self.threads = options.threads or default_threads_per_worker(workers)
-        # Workers draw no progress bars: their lines would interleave on one terminal.
-        self.options = options.with_changes(progress=False)
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-
-    def capacity(self) -> int:
-        return self.workers
-
-    def submit(self, configs: list[RunConfig], width: int | str) -> concurrent.futures.Future:
-        return self._executor().submit(_run_in_worker, configs, width, self.options)
-
-    def wait(self, handles):
-        done, _ = concurrent.futures.wait(handles, return_when=concurrent.futures.FIRST_COMPLETED)
-        finished = []
-        for future in done:
-            try:
-                finished.append((future, future.result()))
-            except concurrent.futures.process.BrokenProcessPool as exc:
-                self._discard_pool()  # a worker died (e.g. killed for memory); start a new pool
-                finished.append((future, RuntimeError(f"worker process died: {exc}")))
-            except Exception as exc:
-                finished.append((future, exc))
-        return finished
-
-    def interrupt(self) -> None:
-        if self._pool is None:
-            return
-        for process in list(self._pool._processes.values()):
-            try:
-                if process.pid is not None:
-                    os.kill(process.pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._pool = None
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-
-    def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
-        if self._pool is None:
-            # spawn, not fork: forking a process that already runs torch threads can deadlock.
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker,
-                initargs=(self.threads, os.getpid(), self.workers),
-            )
-        return self._pool
-
-    def _discard_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-
-
-_run_active = threading.Event()
-
-
-def _init_worker(threads: int, sweep_pid: int, workers: int) -> None:
-    """Worker set-up: torch threads, the GPU's memory shared by the workers, Ctrl-C
-    handling, and an orphan watchdog."""
-    import torch
-
-    from che_bench.device_memory import share_gpu_among
-
-    torch.set_num_threads(threads)
-    share_gpu_among(workers)
-    # Own process group: a Ctrl-C in the terminal reaches the sweep only, which then asks each
-    # worker once to stop (a second SIGINT would abort training mid-step, without checkpoint).
-    os.setpgrp()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # between runs there is nothing to stop
-    threading.Thread(target=_watch_sweep, args=(sweep_pid,), daemon=True).start()
-
-
-def _run_in_worker(
-    configs: list[RunConfig], width: int | str, options: RuntimeOptions
-) -> list[RunResult]:
-    """Runs in a worker; SIGINT stops them (training finishes its step and checkpoints)."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    _run_active.set()
-    try:
-        return execute_runs(configs, options, pack=width)
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _run_active.clear()
-
-
-def _watch_sweep(sweep_pid: int) -> None:
-    """Exit when the sweep process is gone (killed, even with SIGKILL): a run in progress is
-    stopped first so it saves its checkpoint. Without this, orphaned workers would live on."""
-    while os.getppid() == sweep_pid:
-        time.sleep(ORPHAN_POLL_S)
-    if _run_active.is_set():
-        os.kill(os.getpid(), signal.SIGINT)
-        deadline = time.monotonic() + ORPHAN_GRACE_S
-        while _run_active.is_set() and time.monotonic() < deadline:
-            time.sleep(0.1)
-    os._exit(1)

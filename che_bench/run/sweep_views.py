@@ -42,7 +42,10 @@ class SweepView(Protocol):
 
 def describe_run(config: RunConfig) -> str:
     """One-line label of a grid point: task(non-default params) pe kernel (or the
-    architecture, for one other than the transformer) lr seed."""
+    architecture with its non-default options, ``mamba(neg_eigen=true)``, for one other
+    than the transformer) lr seed."""
+    from che_bench.model.option_text import changed_options, options_text
+
     defaults = _default_task_params(config.task)
     params = ",".join(
         f"{key}={value}"
@@ -51,7 +54,9 @@ def describe_run(config: RunConfig) -> str:
     )
     task = f"{config.task}({params})" if params else config.task
     kernel = "-" if config.kernel is None else f"k{config.kernel}"
+    options = options_text(changed_options(config.arch, config.arch_options), ",")
     model = f"{config.pe} {kernel}" if config.is_transformer else config.arch
+    model += f"({options})" if options else ""
     return f"{task} {model} lr={config.lr:g} seed={config.seed}"
 
 
@@ -109,7 +114,7 @@ class GridView:
         seconds = result.timings.get("total_s")
         took = f" ({seconds:.1f}s)" if seconds is not None else ""
         if result.status == "complete":
-            outcome = f"[green]complete[/] score {result.score:.3f}"
+            outcome = f"[green]complete[/] score {result.score:.2%}"
         else:
             outcome = f"[red]failed[/] {result.error}"
         self.console.print(
@@ -117,7 +122,6 @@ class GridView:
             f"{outcome}{took}",
             highlight=False,
             markup=True,
-            soft_wrap=True,
         )
         if self.task is not None:
             self.progress.advance(self.task)

@@ -24,6 +24,25 @@ from che_bench.store.schema import (
 
 #: How long a connection waits for another process's write before it gives up.
 BUSY_TIMEOUT_S = 60.0
+#: The first bytes of every SQLite database file (the SQLite file format, section 1.3).
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def unreadable_file_message(path: Path, exc: BaseException) -> str:
+    """Why SQLite cannot read the file at ``path``: an SQLite database (it begins with the
+    SQLite header) that is damaged or truncated, or a file that is no SQLite database."""
+    try:
+        with open(path, "rb") as file:
+            sqlite_file = file.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    except OSError:
+        sqlite_file = False
+    if sqlite_file:
+        return (
+            f"result store {path} is damaged or truncated (an SQLite database that SQLite "
+            f"cannot read: {exc}); refusing to touch it: restore it from a copy, or give "
+            "another --store"
+        )
+    return f"{path} is not a che-bench result store (not an SQLite database); refusing to touch it"
 
 
 def open_or_create(
@@ -41,12 +60,7 @@ def open_or_create(
         tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
         connection.execute("COMMIT")
     except sqlite3.DatabaseError as exc:
-        raise store_error(
-            path,
-            exc,
-            f"{path} is not a che-bench result store (not an SQLite "
-            "database); refusing to touch it",
-        ) from None
+        raise store_error(path, exc, unreadable_file_message(path, exc)) from None
     if application_id == 0 and not tables:
         if reading is not None:
             raise CheBenchError(f"{path} is empty: not a che-bench result store yet")

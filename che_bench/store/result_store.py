@@ -31,9 +31,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pandas as pd
+
 from che_bench.errors import CheBenchError
 from che_bench.store.access import ReadOnlyAccess, store_error
-from che_bench.store.opening import BUSY_TIMEOUT_S, open_or_create
+from che_bench.store.opening import BUSY_TIMEOUT_S, open_or_create, unreadable_file_message
 from che_bench.store.reads import StoreReads
 from che_bench.store.writes import StoreWrites
 
@@ -81,8 +83,15 @@ class ResultStore(StoreReads, StoreWrites):
             ) from None
         try:
             yield connection
-        except sqlite3.DatabaseError as exc:
-            raise store_error(self.path, exc, f"result store {self.path}: {exc}") from None
+        except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+            # (pandas' queries wrap SQLite's error in their own)
+            cause = exc.__cause__ if isinstance(exc.__cause__, sqlite3.DatabaseError) else exc
+            message = (
+                unreadable_file_message(self.path, cause)
+                if "malformed" in str(cause)
+                else f"result store {self.path}: {cause}"
+            )
+            raise store_error(self.path, cause, message) from None
         finally:
             connection.close()
 

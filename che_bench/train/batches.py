@@ -4,7 +4,6 @@ worker processes for a wide pack."""
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from collections import deque
@@ -16,6 +15,7 @@ import numpy as np
 import torch
 
 from che_bench.config import RunConfig
+from che_bench.device_memory import usable_cpus
 from che_bench.encodings.base import Draws
 from che_bench.errors import CheBenchError
 from che_bench.model.base import BenchModel
@@ -38,12 +38,13 @@ def draw_seed(seed: int) -> int:
 
 
 def batch_workers_for(members: int, device: torch.device) -> int:
-    """Worker processes making a pack's batches: on a GPU, for a wide pack, as many as there
-    are cores to spare (up to ``MAX_BATCH_WORKERS``); on a CPU none (its cores compute the
-    step, and a batch costs the same there in any process)."""
+    """Worker processes making a pack's batches: on a GPU, for a wide pack, as many as this
+    process has CPUs to spare (``usable_cpus``: its affinity, its part of a sweep's, a Ray
+    task's; up to ``MAX_BATCH_WORKERS``); on a CPU none (its cores compute the step, and a
+    batch costs the same there in any process)."""
     if device.type != "cuda" or members < WIDE_PACK:
         return 0
-    return max(1, min(MAX_BATCH_WORKERS, (os.cpu_count() or 2) - 1))
+    return max(1, min(MAX_BATCH_WORKERS, usable_cpus() - 1))
 
 
 @dataclass

@@ -10,48 +10,23 @@ the same members. A checkpoint of another model is still refused.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from che_bench.atomic import save_atomically
 from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
+from che_bench.train.batches import BatchStream
 from che_bench.train.history import TrainingHistory
+from che_bench.train.layout import WIDTH_BOUND_FORMAT
+from che_bench.train.optimizer import PackOptimizer
 
-if TYPE_CHECKING:  # (training imports this module)
-    from che_bench.train.loop import BatchStream, PackOptimizer
-
-#: Checkpoint layout version. 3: the layout fingerprint leaves out the member axis.
+#: Checkpoint layout version. 3: the layout fingerprint (``che_bench.train.layout``) leaves
+#: out the member axis; version 2 (``WIDTH_BOUND_FORMAT``) is still read.
 CHECKPOINT_FORMAT = 3
-#: Version 2, whose fingerprint included the writing pack's width; still read.
-WIDTH_BOUND_FORMAT = 2
-#: The widest pack whose version-2 checkpoints are recognised (one hash per width tried).
-MAX_WIDTH_BOUND_PACK = 1024
-
-
-def member_layout(member_shapes: Sequence[torch.Size]) -> str:
-    """Fingerprint of a model's flat layout from the shapes of one member's parameters (in
-    the model's order: names are not needed)."""
-    return _fingerprint([tuple(shape) for shape in member_shapes])
-
-
-def _fingerprint(shapes: list[tuple[int, ...]]) -> str:
-    return hashlib.sha256(repr(shapes).encode()).hexdigest()[:16]
-
-
-def layout_matches(state: dict[str, Any], member_shapes: Sequence[torch.Size]) -> bool:
-    """Whether a checkpoint's fingerprint is that of ``member_shapes``; a version-2 file
-    fingerprinted the shapes with its pack's width in front, so each width is tried."""
-    if state.get("format") != WIDTH_BOUND_FORMAT:
-        return state["layout"] == member_layout(member_shapes)
-    return any(
-        state["layout"] == _fingerprint([(width, *shape) for shape in member_shapes])
-        for width in range(1, MAX_WIDTH_BOUND_PACK + 1)
-    )
 
 
 def checkpoint_step(path: Path, config: RunConfig) -> int:

@@ -2,9 +2,10 @@
 
 A row is ``{"step", "loss", "accuracy", "grad_norm", "lr", "elapsed_s"}``: the window's last
 step, the mean training loss over the window's steps, the masked token accuracy pooled over
-the window's batches, the mean global gradient norm before clipping, the learning rate and the
-training seconds up to that step (across resumes). Example with ``log_every=100`` and 250
-steps: rows at steps 100, 200 and 250, the last one over steps 201..250.
+the window's batches, the mean global gradient norm before clipping, the learning rate of the
+step (its schedule's) and the training seconds up to that step (across resumes). Example
+with ``log_every=100`` and 250 steps: rows at steps 100, 200 and 250, the last one over steps
+201..250.
 
 The training loop feeds it the values it already reads from the device (``add``), so it adds
 no synchronisation; its state, an open window included, travels in checkpoints, so a resumed
@@ -52,8 +53,12 @@ class TrainingHistory:
         log_every: int,
         last_step: int,
         on_row: Callable[[int, dict[str, Any]], None] | None = None,
+        lr_factor: Callable[[int], float] | None = None,
     ) -> None:
         self.log_every = check_log_every(log_every)
+        #: The schedule's factor of update k (0-based; ``LrSchedule.factor``): a row's lr is
+        #: that of its last update.
+        self._lr_factor = lr_factor or (lambda update: 1.0)
         self.last_step = last_step
         self.lrs = [float(lr) for lr in lrs]
         self.rows: list[list[dict[str, Any]]] = [[] for _ in self.lrs]
@@ -83,7 +88,7 @@ class TrainingHistory:
                     "loss": window.loss / window.steps,
                     "accuracy": window.correct / window.counted if window.counted else math.nan,
                     "grad_norm": window.grad_norm / window.steps,
-                    "lr": self.lrs[member],
+                    "lr": self.lrs[member] * self._lr_factor(step - 1),
                     "elapsed_s": elapsed_s,
                 }
                 self.rows[member].append(row)

@@ -28,7 +28,6 @@ the current step, checkpoints are written, then KeyboardInterrupt is re-raised.
 
 from __future__ import annotations
 
-import math
 import signal
 import sys
 import threading
@@ -40,15 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from che_bench.config import RunConfig
 from che_bench.model.base import BenchModel
@@ -60,7 +50,8 @@ from che_bench.train.checkpoints import (
 )
 from che_bench.train.history import DEFAULT_LOG_EVERY, TrainingHistory
 from che_bench.train.metrics import masked_counts
-from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.optimizer import LrSchedule, PackOptimizer, pack_optimizer
+from che_bench.train.progress import training_progress
 from che_bench.train.readings import Readings, check_in
 from che_bench.train.step import micro_batches_for, projected_modules, training_step
 
@@ -128,7 +119,13 @@ def train_pack(
         configs,
         device,
         checkpoints,
-        TrainingHistory([c.lr for c in configs], log_every, configs[0].steps, on_history),
+        TrainingHistory(
+            [c.lr for c in configs],
+            log_every,
+            configs[0].steps,
+            on_history,
+            lr_factor=LrSchedule.of(configs[0]).factor,
+        ),
         BatchStream(task, configs, workers=batch_workers, model=model),
     )
     batches = on_device(iter(run.stream), device, prefetch)
@@ -157,13 +154,7 @@ class _PackRun:
         self.model, self.configs, self.device = model, configs, device
         self.checkpoints, self.history, self.stream = checkpoints, history, stream
         self.steps = configs[0].steps
-        self.optimizer = PackOptimizer(
-            model,
-            [c.lr for c in configs],
-            configs[0].adam_betas,
-            configs[0].adam_eps,
-            configs[0].grad_clip_norm,
-        )
+        self.optimizer = pack_optimizer(model, configs)
         self.projected = projected_modules(model)
         self.micro_batches = micro_batches_for(len(configs), device)
         # In-place tasks: unscored positions have no answer to learn.
@@ -192,7 +183,7 @@ class _PackRun:
         try:
             with (
                 _deferred_interrupt() as interrupted,
-                _progress_bar(progress, self.steps, self.step) as bar,
+                training_progress(progress, self.label(), self.steps, self.step) as bar,
             ):
                 while self.step < self.steps:
                     self.train_step(next(batches))
@@ -208,6 +199,11 @@ class _PackRun:
                 self.save()
             _report_interrupt(self.checkpoints, self.between_steps, self.step, self.steps)
             raise
+
+    def label(self) -> str:
+        """The runs, as progress lines name them."""
+        more = f" (+{len(self.configs) - 1} in its pack)" if len(self.configs) > 1 else ""
+        return f"run {self.configs[0].run_id()}{more}"
 
     def seconds(self) -> float:
         """Training seconds so far, resumed ones included."""
@@ -264,6 +260,8 @@ class _PackRun:
             history=self.history.rows,
             timings={
                 "train_s": self.seconds_before + elapsed,
+                # (the training seconds of earlier sessions, from the checkpoint resumed)
+                "resumed_train_s": self.seconds_before,
                 "steps_per_s": new_steps / max(elapsed, 1e-9),
                 "resumed_from_step": float(self.resumed_from),
                 "pack_members": float(len(self.configs)),
@@ -307,7 +305,7 @@ def _report_interrupt(
         sys.stderr.write("che-bench: aborted mid-step; a re-run resumes from the last checkpoint\n")
 
 
-# --- Ctrl-C and progress --------------------------------------------------------------------
+# --- Ctrl-C ---------------------------------------------------------------------------------
 
 
 @contextmanager
@@ -332,25 +330,3 @@ def _deferred_interrupt() -> Iterator[threading.Event]:
         yield event
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-@contextmanager
-def _progress_bar(enabled: bool, steps: int, start: int) -> Iterator[Progress | None]:
-    console = Console(stderr=True)
-    if not enabled or not console.is_terminal:
-        yield None
-        return
-    bar = Progress(
-        TextColumn("train"),
-        BarColumn(bar_width=24),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.4f}  acc {task.fields[acc]:.1%}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-    )
-    with bar:
-        bar.add_task("train", total=steps, completed=start, loss=math.nan, acc=math.nan)
-        yield bar

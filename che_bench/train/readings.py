@@ -10,12 +10,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from rich.progress import (
-    Progress,
-)
 
 from che_bench.config import RunConfig
 from che_bench.train.history import TrainingHistory
+from che_bench.train.progress import StepProgress
 
 
 class Diverged(RuntimeError):
@@ -94,7 +92,7 @@ def check_in(
     step: int,
     configs: Sequence[RunConfig],
     on_step: Callable[[int, list[float]], None] | None,
-    bar: Progress | None,
+    bar: StepProgress | None,
 ) -> None:
     """Read the pending readings: report the step, stop when every member has diverged,
     show progress."""
@@ -109,12 +107,7 @@ def check_in(
             readings.history.rows,
         )
     if bar is not None:
-        bar.update(
-            bar.task_ids[0],
-            completed=step,
-            loss=float(np.nanmean(readings.running_losses)),
-            acc=readings.running_accuracy,
-        )
+        bar.update(step, float(np.nanmean(readings.running_losses)), readings.running_accuracy)
 
 
 def note_divergence(

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from che_bench.errors import CheBenchError
-from che_bench.model.recurrent.base import Cell, Memory, RecurrentModel, positive_int
+from che_bench.model.base import positive_int
+from che_bench.model.recurrent.base import Cell, Memory, RecurrentModel
 from che_bench.model.recurrent.rnn import CELLS
 from che_bench.model.recurrent.stack_rnn import StackMemory
 from che_bench.model.recurrent.tape_rnn import TapeMemory

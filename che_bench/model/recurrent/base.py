@@ -22,9 +22,8 @@ from typing import Any, Protocol, cast
 
 import torch
 
-from che_bench.errors import CheBenchError
 from che_bench.members import MemberLinear
-from che_bench.model.base import BenchModel
+from che_bench.model.base import BenchModel, output_positions
 from che_bench.tasks.base import Task
 
 FLOAT_BYTES = 4
@@ -71,25 +70,6 @@ class Memory(Protocol):
     def write(self, memory: torch.Tensor, h: torch.Tensor, plan: Any) -> torch.Tensor: ...
 
 
-def positive_int(name: str, value: object) -> int:
-    """``value`` if it is a positive integer, else a one-line CheBenchError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CheBenchError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def output_positions(task: Task, input_tokens: int) -> tuple[int, int]:
-    """(placeholders appended, positions read out) for an input of ``input_tokens`` tokens:
-    CHE's non-autoregressive layout (CHE experiments/utils.py make_model_with_empty_targets)
-    appends ``output_length`` empty tokens and reads them; an in-place task reads its inputs."""
-    if task.output_layout == "in_place":
-        return 0, input_tokens
-    if task.input_length(input_tokens) != input_tokens:
-        raise CheBenchError(f"task {task.name!r} never produces inputs of {input_tokens} tokens")
-    placeholders = task.output_length(input_tokens)
-    return placeholders, placeholders
-
-
 def unroll(
     cell: Cell, memory: Memory | None, tokens: torch.Tensor, input_tokens: int, read: int
 ) -> torch.Tensor:
@@ -124,8 +104,15 @@ class RecurrentModel(BenchModel):
 
     ``fused``: a one-member model runs its cell's ``fused_unroll`` (torch's kernel) when not
     computing gradients, and when training on a ``FUSED_TRAINING_DEVICES`` device (the
-    builder sets it for the lstm only).
+    builder sets it for the lstm only); ``fused_training`` True makes it train so on any
+    device (the self-test's CPU copy takes the GPU's path with it).
     """
+
+    #: None: train with the fused kernel on ``FUSED_TRAINING_DEVICES``; True: everywhere.
+    fused_training: bool | None = None
+
+    #: ``fused`` picks a kernel for the same function (outputs equal up to rounding).
+    inert_options = frozenset({"memory_budget_bytes", "fused"})
 
     def __init__(
         self,
@@ -176,45 +163,23 @@ class RecurrentModel(BenchModel):
         (the same sequences for every member) or ``[M, B, n]`` (each member its own).
         ``draws``, ``evaluating`` and ``dropout_seeds`` are accepted for ``Encoder``'s
         signature and unused."""
-        inputs = self._member_inputs(inputs)
+        inputs = self.member_inputs(inputs)
         input_tokens = inputs.shape[-1]
-        placeholders, read = output_positions(self.task, input_tokens)
-        empty = inputs.new_full((*inputs.shape[:2], placeholders), self.task.input_size)
-        tokens = torch.cat([inputs, empty], dim=-1)
-        batch = tokens.shape[1]
-        sub_batch = batch
-        if not torch.is_grad_enabled():
-            row_bytes = self.query_row_bytes(input_tokens)
-            sub_batch = max(1, min(batch, self.memory_budget_bytes // row_bytes))
-        parts = [
-            self._hidden_outputs(part, input_tokens, read) for part in tokens.split(sub_batch, 1)
-        ]
-        hidden = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        tokens, read = self.with_output_tokens(inputs)
+        hidden = self.in_sub_batches(
+            lambda part: self._hidden_outputs(part, input_tokens, read), tokens, input_tokens
+        )
         return self.head(torch.relu(hidden))
-
-    def _member_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
-        """``inputs`` as ``[M, B, n]``, checked (ids index the members' input tables)."""
-        if inputs.dim() == 2:
-            inputs = inputs.expand(self.members, -1, -1)
-        elif inputs.dim() != 3 or inputs.shape[0] != self.members:
-            raise CheBenchError(
-                f"inputs must be [B, n] or [{self.members}, B, n], got {list(inputs.shape)}"
-            )
-        # Host tensors only: on a GPU the check would wait for the device (batches are
-        # checked where they are made, ``che_bench.train.metrics.check_token_ids``).
-        if (
-            inputs.shape[-1]
-            and not inputs.is_cuda
-            and (int(inputs.min()) < 0 or int(inputs.max()) >= self.task.input_size)
-        ):
-            raise CheBenchError(f"input ids must lie in 0..{self.task.input_size - 1}")
-        return inputs
 
     def _hidden_outputs(self, tokens: torch.Tensor, input_tokens: int, read: int) -> torch.Tensor:
         if (
             self.fused
             and self.members == 1
-            and (not torch.is_grad_enabled() or tokens.device.type in FUSED_TRAINING_DEVICES)
+            and (
+                not torch.is_grad_enabled()
+                or self.fused_training
+                or tokens.device.type in FUSED_TRAINING_DEVICES
+            )
         ):
             outputs = cast(FusedCell, self.cell).fused_unroll(tokens[0])
             return outputs[None, :, outputs.shape[1] - read :]

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from che_bench.errors import CheBenchError
 from che_bench.members import MemberLinear, init_members_
 from che_bench.model import BenchModel, register_model
 from che_bench.tasks.base import Task
@@ -64,47 +63,25 @@ class GRU(BenchModel):
         """Logits ``[M, B, output_length(n), output_size]`` for ids ``[B, n]`` (shared by the
         members) or ``[M, B, n]``; the keywords are part of the contract and unused (the GRU
         draws nothing at random)."""
-        inputs = self._member_inputs(inputs)
-        members, batch, n = inputs.shape
-        if self.task.output_layout == "in_place":
-            tokens, read = inputs, n
-        else:
-            read = self.task.output_length(n)
-            empty = inputs.new_full((members, batch, read), self.task.input_size)
-            tokens = torch.cat([inputs, empty], dim=-1)
+        inputs = self.member_inputs(inputs)  # [M, B, n], ids checked
+        # The empty output tokens appended (none for an in-place task); the last `read` read.
+        tokens, read = self.with_output_tokens(inputs)
+        members, batch, steps = tokens.shape
         member_rows = torch.arange(members, device=inputs.device)[:, None]
         h = self.input_table.new_zeros(members, batch, self.hidden_size)
         outputs = []
-        for step in range(tokens.shape[-1]):
+        for step in range(steps):
             from_input = self.input_table[member_rows, tokens[:, :, step]]  # [M, B, 3H]
             from_hidden = self.hidden_to_gates(h)
             r_in, z_in, c_in = from_input.chunk(3, dim=-1)
             r_h, z_h, c_h = from_hidden.chunk(3, dim=-1)
             r, z = torch.sigmoid(r_in + r_h), torch.sigmoid(z_in + z_h)
             h = torch.lerp(torch.tanh(c_in + r * c_h), h, z)  # (1 - z) * c + z * h
-            if step >= tokens.shape[-1] - read:
+            if step >= steps - read:
                 outputs.append(h)
         if not outputs:
             return self.head(h.new_zeros(members, batch, 0, self.hidden_size))
         return self.head(torch.relu(torch.stack(outputs, dim=2)))
-
-    def _member_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
-        """``inputs`` as ``[M, B, n]``; bad shapes or ids are a one-line CheBenchError (an id
-        out of range would read another row of the table silently)."""
-        if inputs.dim() == 2:
-            inputs = inputs.expand(self.members, -1, -1)
-        if inputs.dim() != 3 or inputs.shape[0] != self.members:
-            raise CheBenchError(
-                f"inputs must be [B, n] or [{self.members}, B, n], got {list(inputs.shape)}"
-            )
-        # Host tensors only: on a GPU the check would wait for the device.
-        if (
-            inputs.numel()
-            and not inputs.is_cuda
-            and (int(inputs.min()) < 0 or int(inputs.max()) >= self.task.input_size)
-        ):
-            raise CheBenchError(f"input ids must lie in 0..{self.task.input_size - 1}")
-        return inputs
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "hidden_size": self.hidden_size}

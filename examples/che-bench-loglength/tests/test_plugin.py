@@ -47,7 +47,7 @@ def test_a_run_records_the_plugin(tmp_path, capsys):
 
 def test_the_model_passes_check_model(capsys):
     assert main(["check-model", "gru"]) == 0
-    assert "architecture gru: all 7 checks passed" in capsys.readouterr().out
+    assert "architecture gru: all 8 checks passed" in capsys.readouterr().out
     assert model_checks.run_model_check("shapes", "gru", {"hidden_size": 8}) == []
 
 

@@ -1,0 +1,377 @@
+"""Side by side, for each state-tracking model: che-bench's fast form of its sequence kernel
+against the field's reference pure-PyTorch recurrence, in the same model on the same core.
+
+The reference replaces che-bench's kernel inside che-bench's own model (the module attribute
+the model's blocks call), so the embedding, projections, convolutions, norms, MLPs, loss and
+optimizer are identical and only the recurrence differs. The references (the ``references``
+extra of pyproject.toml, test-only dependencies; a missing one is reported and skipped):
+
+* mamba: mambapy's sequential scan ``MambaBlock.selective_scan_seq`` (given D = 0: the model
+  adds its D term itself);
+* deltanet, gated_deltanet, deltaproduct: fla-core's ``delta_rule_recurrence``,
+  ``naive_recurrent_gated_delta_rule``, ``naive_recurrent_gated_delta_product``;
+* mlstm: xlstm's ``recurrent_step_stabilized_simple`` called token by token (its step-by-step
+  form) and its ``parallel_stabilized_simple``;
+* slstm: xlstm's vanilla backend ``slstm_forward`` with its ``slstm`` pointwise step.
+
+Per model and kernel: the largest difference of the logits from ours (a batch of 8 at the
+training length, before training: the swap computes the same model), the median training
+step (forward + backward + the ``state_tracking`` preset's AdamW; batch 256 and n = 40 on
+parity_check by default), the candidates' steps alternating so that they share the machine's
+load, each after one warm-up step, and the evaluation forward at batch 64 for each n in
+``--eval-lengths`` (default 500), with ``--peak-memory`` in a fresh process with the peak
+resident memory it added. ``ref/ours`` is the reference's step time over ours. The issue's
+goal: ours at least 2x faster than each step-by-step recurrence.
+
+Prints the CPU model, torch's CPU capability and the load average before and after: timings
+from a shared, busy machine are only comparable within one run.
+
+Example (minutes on a 2-core machine)::
+
+    python benchmarks/bench_state_tracking.py --peak-memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import importlib
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from bench_model import (
+    in_fresh_process,
+    measure_evaluation,
+    member_batch,
+    protocol_config,
+    training_step_of,
+)
+
+from che_bench.cpu import cpu_facts
+from che_bench.model.architectures import build_architecture
+from che_bench.model.base import BenchModel
+from che_bench.model.state_tracking import MODELS, deltanet, mamba, mlstm, slstm
+from che_bench.tasks import get_task
+
+#: Where each model's sequence kernel lives: the module attribute its blocks call.
+KERNELS: dict[str, tuple[Any, str]] = {
+    "mamba": (mamba, "selective_scan"),
+    "deltanet": (deltanet, "delta_product"),
+    "gated_deltanet": (deltanet, "delta_product"),
+    "deltaproduct": (deltanet, "delta_product"),
+    "mlstm": (mlstm, "mlstm_chunkwise"),
+    "slstm": (slstm, "slstm_scan"),
+}
+#: che-bench's own kernels, as imported (the references are swapped in and out).
+OURS = {name: getattr(module, attribute) for name, (module, attribute) in KERNELS.items()}
+GOAL = 2.0  # the issue's: a training step at least 2x faster than the step-by-step recurrence
+
+
+# -- the references, called with che-bench's kernel signatures --------------------------------
+
+
+def mambapy_scan(block: Any) -> Callable[..., torch.Tensor]:
+    """``selective_scan(x, dt, A, B, C, negative)`` through mambapy's ``selective_scan_seq``
+    (one member at a time: A differs per member)."""
+
+    def kernel(x, dt, A, B, C, negative=False):
+        if negative:
+            raise ValueError("mambapy's scan has no negative eigenvalues")
+        this = SimpleNamespace(config=SimpleNamespace(d_inner=x.shape[-1], d_state=A.shape[-1]))
+        members = range(x.shape[0])
+        return torch.stack([block.selective_scan_seq(this, x[m], dt[m], A[m], B[m], C[m], 0.0)
+                            for m in members])
+
+    return kernel
+
+
+def fla_delta_rule(recurrence: Any) -> Callable[..., torch.Tensor]:
+    """DeltaNet's ``delta_product`` through fla's ``delta_rule_recurrence`` (layout [B, H, T, d]
+    as ours; it scales q by d^-1/2 itself, ours arrives scaled)."""
+
+    def kernel(q, k, v, beta, log_decay=None, chunk=0):
+        if log_decay is not None or k.shape[-2] != q.shape[-2]:
+            raise ValueError("delta_rule_recurrence: no gate, one sub-step per token")
+        out, _ = recurrence(*(x.flatten(0, 1) for x in (q * q.shape[-1] ** 0.5, k, v, beta)))
+        return out.unflatten(0, q.shape[:2])
+
+    return kernel
+
+
+def fla_gated_delta_rule(recurrent: Any) -> Callable[..., torch.Tensor]:
+    """Gated DeltaNet's ``delta_product`` through fla's ``naive_recurrent_gated_delta_rule``."""
+
+    def kernel(q, k, v, beta, log_decay=None, chunk=0):
+        if log_decay is None or k.shape[-2] != q.shape[-2]:
+            raise ValueError("naive_recurrent_gated_delta_rule: a gate, one sub-step per token")
+        fla_layout = [x.flatten(0, 1).transpose(1, 2) for x in (q, k, v, beta, log_decay)]
+        out, _ = recurrent(*fla_layout, scale=1.0)
+        return out.transpose(1, 2).unflatten(0, q.shape[:2])
+
+    return kernel
+
+
+def fla_gated_delta_product(recurrent: Any) -> Callable[..., torch.Tensor]:
+    """DeltaProduct's ``delta_product`` through fla's ``naive_recurrent_gated_delta_product``."""
+
+    def kernel(q, k, v, beta, log_decay=None, chunk=0):
+        q_, k_, v_, beta_ = (x.flatten(0, 1).transpose(1, 2) for x in (q, k, v, beta))
+        gate = None if log_decay is None else log_decay.flatten(0, 1).transpose(1, 2)
+        n = k.shape[-2] // q.shape[-2]
+        out, _ = recurrent(q_, k_, v_, gate, beta_, 1.0, num_householder=n)
+        return out.transpose(1, 2).unflatten(0, q.shape[:2])
+
+    return kernel
+
+
+def xlstm_mlstm_steps(step: Any) -> Callable[..., torch.Tensor]:
+    """``mlstm_chunkwise`` as xlstm's ``recurrent_step_stabilized_simple`` token by token."""
+
+    def kernel(q, k, v, igate, fgate):
+        lead = q.shape[:2]
+        q, k, v, igate, fgate = (x.flatten(0, 1) for x in (q, k, v, igate, fgate))
+        batch, heads, _, size = q.shape
+        state = (q.new_zeros(batch, heads, size, size), q.new_zeros(batch, heads, size, 1),
+                 q.new_zeros(batch, heads, 1, 1))
+        outputs = []
+        # One unbind per input (not an index per step, whose backward is quadratic in T); the
+        # step squeezes its q, k, v in place, so it gets copies.
+        for q_t, k_t, v_t, i_t, f_t in zip(*(x.unbind(2) for x in (q, k, v, igate, fgate)),
+                                           strict=True):
+            h, state = step(*state, q_t[:, :, None].clone(), k_t[:, :, None].clone(),
+                            v_t[:, :, None].clone(), i_t[..., None, None], f_t[..., None, None])
+            outputs.append(h)
+        return torch.cat(outputs, dim=2).unflatten(0, lead)
+
+    return kernel
+
+
+def xlstm_mlstm_parallel(parallel: Any) -> Callable[..., torch.Tensor]:
+    """``mlstm_chunkwise`` as xlstm's ``parallel_stabilized_simple``."""
+
+    def kernel(q, k, v, igate, fgate):
+        flat = [x.flatten(0, 1) for x in (q, k, v)]
+        gates = [x.flatten(0, 1)[..., None] for x in (igate, fgate)]
+        return parallel(*flat, *gates).unflatten(0, q.shape[:2])
+
+    return kernel
+
+
+def xlstm_slstm(vanilla: Any) -> Callable[..., torch.Tensor]:
+    """``slstm_scan(pre [N, T, B, 4d], recurrent [N, d, 4d])`` as xlstm's vanilla
+    ``slstm_forward`` with N heads (its gate-major layout: [i of every head, f, z, o])."""
+
+    def kernel(pre, recurrent):
+        heads, steps, batch, gates = pre.shape
+        size = gates // 4
+        x = pre.view(heads, steps, batch, 4, size).permute(1, 2, 3, 0, 4).flatten(2)
+        states = pre.new_zeros(4, batch, heads * size)
+        bias = pre.new_zeros(4 * heads * size)  # pre holds the bias
+        pointwise = vanilla.slstm_pointwise_function_registry["slstm"]
+        every, _, _ = vanilla.slstm_forward(x, states, recurrent.transpose(1, 2), bias, pointwise)
+        return every[0, 1:].view(steps, batch, heads, size).permute(2, 0, 1, 3)
+
+    return kernel
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A reference kernel: ``label``, where it is (``module``, ``attribute``), the adapter that
+    gives it che-bench's kernel signature, and whether it runs step by step (the goal's)."""
+
+    label: str
+    module: str
+    attribute: str | None  # None: the adapter takes the module
+    adapter: Callable[[Any], Callable[..., torch.Tensor]]
+    stepwise: bool = True
+
+    def kernel(self) -> Callable[..., torch.Tensor]:
+        """The adapted kernel; ImportError when the package is missing."""
+        module = importlib.import_module(self.module)
+        return self.adapter(module if self.attribute is None else getattr(module, self.attribute))
+
+
+FLA = "fla.ops.{}.naive"
+REFERENCES: dict[str, list[Reference]] = {
+    "mamba": [Reference("mambapy:selective_scan_seq", "mambapy.mamba", "MambaBlock",
+                        mambapy_scan)],
+    "deltanet": [Reference("fla:delta_rule_recurrence", FLA.format("delta_rule"),
+                           "delta_rule_recurrence", fla_delta_rule)],
+    "gated_deltanet": [Reference("fla:naive_recurrent_gated_delta_rule",
+                                 FLA.format("gated_delta_rule"),
+                                 "naive_recurrent_gated_delta_rule", fla_gated_delta_rule)],
+    "deltaproduct": [Reference("fla:naive_recurrent_gated_delta_product",
+                               FLA.format("gated_delta_product"),
+                               "naive_recurrent_gated_delta_product", fla_gated_delta_product)],
+    "mlstm": [Reference("xlstm:recurrent_step_stabilized_simple", "xlstm.blocks.mlstm.backends",
+                        "recurrent_step_stabilized_simple", xlstm_mlstm_steps),
+              Reference("xlstm:parallel_stabilized_simple", "xlstm.blocks.mlstm.backends",
+                        "parallel_stabilized_simple", xlstm_mlstm_parallel, stepwise=False)],
+    "slstm": [Reference("xlstm:slstm_forward", "xlstm.blocks.slstm.src.vanilla", None,
+                        xlstm_slstm)],
+}
+
+
+def ours_label(name: str) -> str:
+    return f"che-bench:{KERNELS[name][1]}"
+
+
+def kernel_of(name: str, label: str) -> Callable[..., torch.Tensor]:
+    """The kernel ``label`` of model ``name`` (ours or a reference)."""
+    if label == ours_label(name):
+        return OURS[name]
+    return next(ref for ref in REFERENCES[name] if ref.label == label).kernel()
+
+
+@contextlib.contextmanager
+def kernel_installed(name: str, label: str) -> Iterator[None]:
+    """Model ``name``'s blocks call kernel ``label`` inside the block."""
+    module, attribute = KERNELS[name]
+    setattr(module, attribute, kernel_of(name, label))
+    try:
+        yield
+    finally:
+        setattr(module, attribute, OURS[name])
+
+
+# -- measurements ---------------------------------------------------------------------------
+
+
+MODEL_DEFAULTS = {model.name: model.defaults for model in MODELS}
+
+
+def build(name: str, args) -> BenchModel:
+    """Model ``name`` for ``args.task`` with ``args``'s options, initialised after seed 0."""
+    torch.manual_seed(0)
+    options = {key: value for key, value in (("layers", args.layers), ("width", args.width),
+                                             ("heads", args.heads)) if value is not None}
+    if "heads" not in MODEL_DEFAULTS[name]:
+        options.pop("heads", None)
+    return build_architecture(name, get_task(args.task), **options)
+
+
+def logit_difference(name: str, label: str, args) -> float:
+    """Largest |logit| difference between ours and ``label`` on 8 sequences of the training
+    length (eval mode, no gradients)."""
+    model = build(name, args).eval()
+    inputs, _ = member_batch(args, args.train_length, 8)
+    with torch.no_grad():
+        expected = model(inputs)
+        with kernel_installed(name, label):
+            return float((model(inputs) - expected).abs().max())
+
+
+def training_medians(name: str, labels: list[str], args) -> dict[str, float]:
+    """Median training-step seconds per kernel, the kernels' steps alternating."""
+    config = protocol_config(name, args)
+    steps = {label: training_step_of(build(name, args), config, args) for label in labels}
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for round_ in range(args.steps + 1):  # round 0 warms up
+        for label, step in steps.items():
+            with kernel_installed(name, label):
+                started = time.perf_counter()
+                step()
+                if round_:
+                    times[label].append(time.perf_counter() - started)
+    return {label: statistics.median(values) for label, values in times.items()}
+
+
+def evaluation_in_this_process(name: str, label: str, args, inputs: torch.Tensor):
+    with kernel_installed(name, label):
+        make = functools.partial(build, name, args)
+        return measure_evaluation(make, inputs, args.threads, 1, args.eval_repeats)
+
+
+def evaluation_cells(name: str, label: str, args) -> str:
+    """The evaluation columns of one row: seconds (and peak MiB) per evaluated length."""
+    cells = []
+    for n in args.eval_lengths:
+        inputs, _ = member_batch(args, n, args.eval_batch)
+        if args.peak_memory:
+            wall, _, peak = in_fresh_process(evaluation_in_this_process, name, label, args, inputs)
+            cells.append(f"{wall:9.2f} {peak / 2**20:8.0f}")
+        else:
+            cells.append(f"{evaluation_in_this_process(name, label, args, inputs)[0]:9.2f}")
+    return " ".join(cells)
+
+
+def model_rows(name: str, args) -> list[str]:
+    """The rows of model ``name``: ours, each reference (or why it was skipped), the goal."""
+    labels, skipped = [ours_label(name)], []
+    for ref in REFERENCES[name]:
+        try:
+            ref.kernel()
+            labels.append(ref.label)
+        except ImportError as exc:
+            skipped.append(f"{name:<15} {ref.label:<40} not installed ({exc}); "
+                           "pip install -e '.[references]'")
+    medians = training_medians(name, labels, args)
+    ours = medians[labels[0]]
+    rows = []
+    for label in labels:
+        difference = f"{logit_difference(name, label, args):.1e}" if label != labels[0] else "-"
+        rows.append(f"{name:<15} {label:<40} {medians[label] * 1e3:9.0f} "
+                    f"{medians[label] / ours:8.2f} {difference:>8} "
+                    f"{evaluation_cells(name, label, args)}")
+    for ref in REFERENCES[name]:
+        if ref.stepwise and ref.label in medians:
+            ratio = medians[ref.label] / ours
+            rows.append(f"  goal (training step >= {GOAL:g}x faster than {ref.label}): "
+                        f"{ratio:.2f}x, {'met' if ratio >= GOAL else 'NOT met'}")
+    return rows + skipped
+
+
+def header(args) -> list[str]:
+    facts = cpu_facts()
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    eval_columns = " ".join(
+        f"{f'eval n={n} s':>9}" + (f" {'peak MiB':>8}" if args.peak_memory else "")
+        for n in args.eval_lengths)
+    return [
+        f"CPU: {facts['cpu']}; torch {torch.__version__}, CPU capability "
+        f"{facts['cpu_capability']}; {torch.get_num_threads()} thread(s)",
+        f"load average (1, 5, 15 min) before: {load} (a shared machine: compare rows of one run)",
+        f"{args.task}: training step at n = {args.train_length} (batch: the state_tracking "
+        f"preset's unless --batch), median of {args.steps}, alternating; evaluation at "
+        f"batch {args.eval_batch}, median of {args.eval_repeats} after a warm-up",
+        f"{'model':<15} {'kernel':<40} {'train ms':>9} {'ref/ours':>8} {'max|dy|':>8} "
+        f"{eval_columns}",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=[model.name for model in MODELS],
+                        choices=list(KERNELS))
+    parser.add_argument("--task", default="parity_check")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="default: the state_tracking preset's (256)")
+    parser.add_argument("--train-length", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per kernel")
+    parser.add_argument("--eval-lengths", nargs="+", type=int, default=[500])
+    parser.add_argument("--eval-batch", type=int, default=64)
+    parser.add_argument("--eval-repeats", type=int, default=1)
+    parser.add_argument("--peak-memory", action="store_true",
+                        help="evaluate in a fresh process per row; print its peak")
+    parser.add_argument("--threads", type=int, default=1)
+    for option in ("layers", "width", "heads"):
+        parser.add_argument(f"--{option}", type=int, default=None, help="default: the model's")
+    args = parser.parse_args()
+    args.members, args.pe, args.unfused = 1, "none", False  # what bench_model's helpers read
+    torch.set_num_threads(args.threads)
+    print("\n".join(header(args)), flush=True)
+    for name in args.models:
+        print("\n".join(model_rows(name, args)), flush=True)
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    print(f"load average (1, 5, 15 min) after: {load}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""The chunkwise (WY) form of the gated delta rule, and DeltaProduct's Householder products
+mapped onto it: the fast form DeltaNet, Gated DeltaNet and DeltaProduct train and evaluate with
+(spec state_tracking.md 1.b-1.d). Its plain step-by-step recurrence, the tests' oracle, is
+``delta_rule_recurrent``.
+
+Recurrence (per head; state ``S`` is ``d_k x d_v``, ``S_0 = 0``), gated delta rule (Yang, Kautz
+& Hatamizadeh 2024, arXiv 2412.06464), with ``g_t = log alpha_t <= 0``:
+
+    S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,    o_t = S_t^T q_t.
+
+DeltaNet (Yang et al. 2024, arXiv 2406.06484) is ``g = 0``. With ``||k_t|| = 1`` the transition
+has eigenvalue ``1 - beta_t`` along ``k_t`` and 1 elsewhere: ``beta in (0, 1)`` keeps it in
+[0, 1], Grazzi et al.'s ``beta in (0, 2)`` reaches (-1, 1) (arXiv 2411.12537). Nothing here is
+computed in log space but the gate, which is positive by construction, so both ranges are exact.
+
+Chunkwise form (Yang et al. 2024, Section 3; fla's ``delta_rule_chunkwise`` and
+``naive_chunk_gated_delta_rule``): for a chunk of C tokens with rows K, Q, V, betas b, in-chunk
+log-decay prefix ``G_i = sum_{j<=i} g_j`` and ``D_ij = exp(G_i - G_j)`` (i >= j):
+
+    A = strictly_lower(diag(b) K K^T * D),   (I + A) [W U] = [diag(b e^G) K, diag(b) V]
+    U~ = U - W S_in,   O = (Q * e^G) S_in + lower(Q K^T * D) U~,
+    S_out = e^{G_C} S_in + (K * e^{G_C - G})^T U~.
+
+The triangular solve and every in-chunk product run for all chunks at once; only the state is
+carried by a loop over chunks.
+
+DeltaProduct (Siems et al. 2025, arXiv 2502.10297): each token takes ``n`` Householder
+sub-steps after the gate; interleaving them gives a delta rule over ``T * n`` positions with
+the gate on each token's first sub-step and the query on its last (spec 1.d).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import Tensor
+
+#: Longest chunk: the in-chunk matrices grow as C^2 per chunk, the loop over chunks as T / C.
+MAX_CHUNK = 64
+
+
+def chunk_length(steps: int, limit: int = MAX_CHUNK) -> int:
+    """The chunk length that splits ``steps`` into the fewest chunks of at most ``limit`` with
+    the least padding (a training batch of 41 tokens is one chunk of 41, not 64)."""
+    chunks = max(1, -(-steps // limit))
+    return -(-steps // chunks)
+
+
+def delta_product(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    log_decay: torch.Tensor | None = None,
+    chunk: int = MAX_CHUNK,
+) -> torch.Tensor:
+    """Outputs ``[..., T, d_v]`` of the gated delta product: per token t, ``S <- exp(g_t) S``,
+    then ``n`` sub-steps ``S <- (I - b k k^T) S + b k v^T``, then ``o_t = S^T q_t``.
+
+    ``q [..., T, d_k]`` (any scale already applied), ``k [..., T*n, d_k]`` (unit rows),
+    ``v [..., T*n, d_v]``, ``beta [..., T*n]``, ``log_decay [..., T]`` (<= 0; None: no gate);
+    the sub-steps of token t are rows ``t*n .. t*n+n-1``. ``n = 1`` is the gated delta rule."""
+    steps = q.shape[-2]
+    n = k.shape[-2] // steps if steps else 1
+    if n == 1:
+        return gated_delta_rule(q, k, v, beta, log_decay, chunk)
+    # The query reads after the token's last sub-step, the gate acts before its first.
+    silent = q.new_zeros(*q.shape[:-1], n - 1, q.shape[-1])
+    q = torch.cat([silent, q.unsqueeze(-2)], dim=-2).flatten(-3, -2)
+    if log_decay is not None:
+        still = log_decay.new_zeros(*log_decay.shape, n - 1)
+        log_decay = torch.cat([log_decay.unsqueeze(-1), still], dim=-1).flatten(-2)
+    return gated_delta_rule(q, k, v, beta, log_decay, chunk)[..., n - 1 :: n, :]
+
+
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    log_decay: torch.Tensor | None = None,
+    chunk: int = MAX_CHUNK,
+) -> torch.Tensor:
+    """Outputs ``[..., T, d_v]`` of the gated delta rule (module docstring) for ``q, k
+    [..., T, d_k]``, ``v [..., T, d_v]``, ``beta [..., T]``, ``log_decay [..., T]`` or None."""
+    *lead, steps, _ = k.shape
+    dtype = v.dtype
+    if steps == 0:
+        return v.new_zeros(*lead, 0, v.shape[-1])
+    size = chunk_length(steps, chunk)
+    pad = -steps % size
+    # float32 throughout, as autocast would not keep it (the triangular solve has no half
+    # precision kernel, and the chunk products accumulate).
+    with _float32(k.device.type):
+        # Padding rows (k = v = beta = 0) leave the state alone; their outputs are cut off.
+        q, k, v = (_chunked(x.float(), pad, size) for x in (q, k, v))
+        beta = _chunked(beta.float().unsqueeze(-1), pad, size).squeeze(-1)
+        gate = None
+        if log_decay is not None:
+            gate = _chunked(log_decay.float().unsqueeze(-1), pad, size).squeeze(-1)
+        out = _chunkwise(q, k, v, beta, gate)
+    return out.flatten(1, 2)[:, :steps].reshape(*lead, steps, v.shape[-1]).to(dtype)
+
+
+def _float32(device_type: str) -> contextlib.AbstractContextManager[object]:
+    """Autocast off on ``device_type`` (a device without autocast, such as the meta device
+    the tests run the GPU path on, needs nothing)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _chunked(x: torch.Tensor, pad: int, size: int) -> torch.Tensor:
+    """``[..., T, d]`` as ``[batch, chunks, size, d]``, padded with zeros at the end."""
+    x = x.reshape(-1, *x.shape[-2:])
+    if pad:
+        x = torch.cat([x, x.new_zeros(x.shape[0], pad, x.shape[-1])], dim=1)
+    return x.view(x.shape[0], -1, size, x.shape[-1])
+
+
+def _chunkwise(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    gate: torch.Tensor | None,
+) -> torch.Tensor:
+    """The chunkwise form (module docstring) on ``[batch, chunks, C, d]`` rows."""
+    scores, w, u, q_in, k_out, chunk_decay = _in_chunk(q, k, v, beta, gate)
+    fresh = u[:, 0]  # the first chunk starts from S = 0
+    outs = [scores[:, 0] @ fresh]
+    state: torch.Tensor | None = None
+    for index in range(1, k.shape[1]):
+        update = k_out[:, index - 1].transpose(-1, -2) @ fresh
+        if state is None:
+            state = update
+        else:
+            state = update + (state if chunk_decay is None else state * chunk_decay[:, index - 1])
+        fresh = u[:, index] - w[:, index] @ state
+        outs.append(q_in[:, index] @ state + scores[:, index] @ fresh)
+    return torch.stack(outs, dim=1)
+
+
+def _in_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    gate: torch.Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """Every chunk's own terms at once: ``lower(Q K^T * D)``, W, U, ``Q * e^G``,
+    ``K * e^{G_C - G}`` and ``e^{G_C}`` (None without a gate). The temporaries (``A``, ``D``)
+    are freed on return: an evaluation's peak memory holds fewer C x C matrices."""
+    size = k.shape[-2]
+    upper = torch.ones(size, size, dtype=torch.bool, device=k.device).triu(1)
+    keys = k * beta.unsqueeze(-1)
+    # In place on fresh products, whose backward needs only the mask.
+    inner = (keys @ k.transpose(-1, -2)).masked_fill_(upper, 0.0)
+    q_in, k_out, chunk_decay, decay = q, k, None, None
+    if gate is not None:
+        prefix = gate.cumsum(-1)
+        # Masked before exp: above the diagonal G_i - G_j > 0 could overflow.
+        relative = prefix.unsqueeze(-1) - prefix.unsqueeze(-2)
+        decay = relative.masked_fill_(upper, -torch.inf).exp_()
+        inner = inner * decay
+        growth = prefix.exp().unsqueeze(-1)
+        q_in, keys = q * growth, keys * growth
+        k_out = k * (prefix[..., -1:] - prefix).exp().unsqueeze(-1)
+        chunk_decay = prefix[..., -1].exp()[..., None, None]
+    # unitriangular: the solve reads only the strictly lower part (the diagonal is 1).
+    solved = torch.linalg.solve_triangular(
+        inner, torch.cat([keys, v * beta.unsqueeze(-1)], dim=-1), upper=False, unitriangular=True
+    )
+    del inner
+    w, u = solved.split([k.shape[-1], v.shape[-1]], dim=-1)
+    scores = (q @ k.transpose(-1, -2)).masked_fill_(upper, 0.0)
+    if decay is not None:
+        scores = scores * decay
+    return scores, w, u, q_in, k_out, chunk_decay

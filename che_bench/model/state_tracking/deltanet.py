@@ -1,0 +1,272 @@
+"""DeltaNet, Gated DeltaNet and DeltaProduct (spec state_tracking.md 1.b-1.d): one block
+stack, one mixer, one kernel (``delta_rule.delta_product``); the three differ in the forget
+gate, the output gate and the number of Householder sub-steps per token.
+
+Block (fla's ``DeltaNetBlock``, pre-norm): ``x += Mixer(RMSNorm(x)); x += SwiGLU(RMSNorm(x))``,
+final RMSNorm before the read-out; every norm eps 1e-6 (fla's model ``norm_eps``, passed to
+the layer's output norm too). Mixer, per token (``d_k = d_v = width / heads``):
+
+1. q, k, v = SiLU(conv4(W x)) (causal depthwise short convolutions, no bias);
+2. q, k L2-normalised per head (fla's ``l2_norm``: ``x / sqrt(|x|^2 + 1e-6)``), q scaled by
+   ``d_k^-1/2``; beta = sigmoid(W_b x), doubled under ``negative_eigenvalues`` (Grazzi et al.,
+   arXiv 2411.12537: beta in (0, 2), transition eigenvalues in (-1, 1));
+3. forget gate (Gated DeltaNet, DeltaProduct): ``g = -exp(A_log) softplus(W_a x + dt_bias)``;
+4. the gated delta product (``delta_rule``); per-head RMSNorm of the output, gated by
+   ``SiLU(W_g x)`` where the model has an output gate; heads concatenated; ``W_o``.
+
+Departures, chosen for the small formal-language models: ``d_v = d_k = width / heads`` for all
+three (fla's Gated DeltaNet and DeltaProduct layers default to ``expand_v = 2`` and head_dim
+256); ``negative_eigenvalues`` defaults to false for DeltaProduct too (fla's layer defaults to
+true) so that every model's default is the original [0, 1] range.
+
+Initialisation: Grazzi et al.'s fork of fla (GR ``fla/layers/delta_net.py``
+``_initialize_weights``, ``fla/models/delta_net/modeling_delta_net.py``), the code behind their
+DeltaNet results: the mixer's linear maps xavier-uniform with gain 2^-2.5 (each map with its
+own fan-out), short convolutions as ``nn.Conv1d``; embedding, MLP and read-out N(0, 0.02), the
+MLP's down-projection divided by sqrt(2 * layers); norms 1. The fork marks the mixer as
+initialised before the model's rescaling runs, so its ``o_proj`` keeps xavier unscaled. The
+gate's ``A_log``, ``dt_bias`` follow fla's Gated DeltaNet (Mamba-2's): ``A ~ U(0, 16)``,
+``dt = exp(U(log 1e-3, log 0.1))`` clamped at 1e-4, ``dt_bias = softplus^-1(dt)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from che_bench.members import MemberLinear, init_members_, per_member
+from che_bench.model.base import positive_int
+from che_bench.model.state_tracking.delta_rule import MAX_CHUNK, delta_product
+from che_bench.model.state_tracking.layers import MemberCausalConv1d, MemberRMSNorm, switch
+from che_bench.model.state_tracking.stack import COMMON_DEFAULTS, StateTrackingModel
+
+#: fla's model ``norm_eps`` (block norms, final norm and the mixer's output norm).
+NORM_EPS = 1e-6
+#: The GR fork's xavier gain for the mixer's linear maps.
+MIXER_GAIN = 2**-2.5
+#: fla's ``initializer_range`` for the embedding, MLP and read-out.
+INIT_STD = 0.02
+CONV_SIZE = 4
+
+
+def l2_normalise(x: torch.Tensor) -> torch.Tensor:
+    """``x / sqrt(|x|^2 + 1e-6)`` over the last axis (fla's ``l2_norm``; finite gradient at 0)."""
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + 1e-6)
+
+
+def mlp_width(width: int) -> int:
+    """fla's SwiGLU width: 2/3 of 4 * width, rounded up to a multiple of 256 (128 -> 512)."""
+    return 256 * -(-int(width * 4 * 2 / 3) // 256)
+
+
+class DeltaMixer(nn.Module):
+    """The delta-rule token mixer ``[M, B, T, width] -> [M, B, T, width]`` (module docstring).
+    ``householder``: sub-steps per token; ``forget_gate``, ``output_gate``: whether it has
+    them; ``negative_eigenvalues``: beta in (0, 2) instead of (0, 1)."""
+
+    def __init__(
+        self,
+        members: int,
+        width: int,
+        heads: int,
+        *,
+        householder: int = 1,
+        forget_gate: bool = False,
+        output_gate: bool = False,
+        negative_eigenvalues: bool = False,
+    ) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.householder = heads, width // heads, householder
+        self.beta_scale = 2.0 if negative_eigenvalues else 1.0
+        self.forget_gate, self.output_gate = forget_gate, output_gate
+        n = householder
+        # q, k, v (through the short conv), beta, the forget gate's input, the output gate.
+        self.sizes = [width, n * width, n * width, n * heads]
+        self.sizes += [heads if forget_gate else 0, width if output_gate else 0]
+        self.project = MemberLinear(members, width, sum(self.sizes), bias=False, init="torch")
+        init_members_(self.project.weight, self._init_projection)
+        self.conv = MemberCausalConv1d(members, sum(self.sizes[:3]), CONV_SIZE, bias=False)
+        self.norm = MemberRMSNorm(members, self.head_dim, eps=NORM_EPS)
+        self.out = MemberLinear(members, width, width, bias=False, init="torch")
+        init_members_(self.out.weight, lambda w: nn.init.xavier_uniform_(w, gain=MIXER_GAIN))
+        if forget_gate:
+            self.a_log = nn.Parameter(torch.empty(members, heads))
+            self.dt_bias = nn.Parameter(torch.empty(members, heads))
+            init_members_(self.a_log, lambda a: a.copy_(torch.empty_like(a).uniform_(0, 16).log()))
+            init_members_(self.dt_bias, _init_dt_bias)
+
+    def _init_projection(self, weight: torch.Tensor) -> None:
+        # One xavier draw per map fla keeps separate (q, k, v, b, a, g): each its own fan-out.
+        for part in weight.split(self.sizes):
+            if part.shape[0]:
+                nn.init.xavier_uniform_(part, gain=MIXER_GAIN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        members, batch, steps, width = x.shape
+        heads, d = self.heads, self.head_dim
+        qkv, beta, gate_in, out_gate = self.project(x).split(
+            [sum(self.sizes[:3]), *self.sizes[3:]], dim=-1
+        )
+        q, k, v = F.silu(self.conv(qkv)).split(self.sizes[:3], dim=-1)
+        q = l2_normalise(q.view(members, batch, steps, heads, d)).transpose(2, 3) * d**-0.5
+        # Token t's sub-step j is row t * n + j (fla's ``(n h d)`` channel order).
+        k = l2_normalise(self._sub_steps(k, d))
+        v = self._sub_steps(v, d)
+        beta = self._sub_steps(beta, 1).squeeze(-1).sigmoid() * self.beta_scale
+        log_decay = None
+        if self.forget_gate:
+            rate = F.softplus(gate_in + per_member(self.dt_bias, 4))
+            log_decay = (-per_member(self.a_log, 4).exp() * rate).transpose(2, 3)
+        o = delta_product(q, k, v, beta, log_decay).transpose(2, 3)  # [M, B, T, H, d]
+        o = self.norm(o)
+        if self.output_gate:
+            o = o * F.silu(out_gate).view(members, batch, steps, heads, d)
+        return self.out(o.reshape(members, batch, steps, width))
+
+    def _sub_steps(self, x: torch.Tensor, d: int) -> torch.Tensor:
+        """``[M, B, T, n * H * d]`` as ``[M, B, H, T * n, d]``."""
+        members, batch, steps, _ = x.shape
+        x = x.view(members, batch, steps, self.householder, self.heads, d)
+        return x.permute(0, 1, 4, 2, 3, 5).reshape(members, batch, self.heads, -1, d)
+
+
+def _init_dt_bias(bias: torch.Tensor) -> None:
+    low, high = math.log(1e-3), math.log(0.1)
+    dt = (torch.rand_like(bias) * (high - low) + low).exp().clamp(min=1e-4)
+    bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+
+
+class SwiGLU(nn.Module):
+    """fla's gated MLP: ``W_down(SiLU(gate) * up)`` with ``[gate, up] = W_gu x``, no biases."""
+
+    def __init__(self, members: int, width: int, layers: int) -> None:
+        super().__init__()
+        hidden = mlp_width(width)
+        self.up = MemberLinear(members, width, 2 * hidden, bias=False, init="torch")
+        self.down = MemberLinear(members, hidden, width, bias=False, init="torch")
+        init_members_(self.up.weight, lambda w: nn.init.normal_(w, std=INIT_STD))
+        # GPT-2's residual scaling, as the GR fork's ``_init_weights`` applies to down_proj.
+        down_std = INIT_STD / math.sqrt(2 * layers)
+        init_members_(self.down.weight, lambda w: nn.init.normal_(w, std=down_std))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class DeltaBlock(nn.Module):
+    """``x += mixer(RMSNorm(x)); x += SwiGLU(RMSNorm(x))``."""
+
+    def __init__(self, members: int, width: int, layers: int, mixer: DeltaMixer) -> None:
+        super().__init__()
+        self.mixer_norm = MemberRMSNorm(members, width, eps=NORM_EPS)
+        self.mixer = mixer
+        self.mlp_norm = MemberRMSNorm(members, width, eps=NORM_EPS)
+        self.mlp = SwiGLU(members, width, layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.mixer(self.mixer_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class DeltaRuleModel(StateTrackingModel):
+    """What the three delta-rule models share; a subclass says which gates it has."""
+
+    defaults: ClassVar[dict[str, Any]] = {**COMMON_DEFAULTS, "negative_eigenvalues": False}
+
+    def check_options(self, settings: dict[str, Any]) -> dict[str, Any]:
+        switch("negative_eigenvalues", settings["negative_eigenvalues"])
+        return super().check_options(settings)
+
+    def mixer_options(self) -> dict[str, Any]:
+        """The ``DeltaMixer`` keywords that tell the models apart."""
+        return {"householder": 1, "forget_gate": False, "output_gate": False}
+
+    def make_block(self, layer: int) -> nn.Module:
+        mixer = DeltaMixer(
+            self.members,
+            self.width,
+            self.heads,
+            negative_eigenvalues=self.settings["negative_eigenvalues"],
+            **self.mixer_options(),
+        )
+        return DeltaBlock(self.members, self.width, self.layers, mixer)
+
+    def make_final_norm(self) -> nn.Module:
+        return MemberRMSNorm(self.members, self.width, eps=NORM_EPS)
+
+    def init_embedding(self, weight: torch.Tensor) -> None:
+        nn.init.normal_(weight, std=INIT_STD)
+
+    def init_head(self, weight: torch.Tensor) -> None:
+        nn.init.normal_(weight, std=INIT_STD)
+
+    def no_weight_decay(self) -> set[str]:
+        """The forget gate's ``a_log`` and ``dt_bias`` only: the harness decays every parameter
+        not flagged ``_no_weight_decay`` (GR ``xlstm/experiments/main.py``), and fla flags
+        these two (DeltaNet: none; embedding, norms, convolutions and read-out decay)."""
+        exempt = ("a_log", "dt_bias")
+        return {name for name, _ in self.named_parameters() if name.rsplit(".", 1)[-1] in exempt}
+
+    def extra_floats(self, tokens: int) -> int:
+        # Per sub-step: the in-chunk C x C matrices (4 per head at the solve) and about 12
+        # width-vectors of keys, values and the solve's operands (measured at n = 500 with the
+        # profiler's memory events: 5.2 MB a row for deltanet, 6.5 gated, 11.5 deltaproduct;
+        # with the 16 widths a token of the base estimate this gives 9.2, 9.2 and 14.4 MB).
+        sub_steps = tokens * self.mixer_options()["householder"]
+        return sub_steps * (4 * self.heads * MAX_CHUNK + 12 * self.width)
+
+
+class DeltaNet(DeltaRuleModel):
+    """DeltaNet (Yang et al. 2024): short convs, L2-normalised q/k, the delta rule per head,
+    per-head output RMSNorm, SwiGLU MLP; option negative_eigenvalues (beta in (0, 2)).
+
+    Trained in the chunkwise (WY) form (``delta_rule``)."""
+
+    name = "deltanet"
+    label = "DeltaNet"
+
+
+class GatedDeltaNet(DeltaRuleModel):
+    """Gated DeltaNet (Yang, Kautz & Hatamizadeh 2024): DeltaNet with a forget gate per head
+    and a SiLU output gate; option negative_eigenvalues (beta in (0, 2)).
+
+    Trained in the chunkwise (WY) form with the gate's in-chunk decay (``delta_rule``)."""
+
+    name = "gated_deltanet"
+    label = "Gated DeltaNet"
+
+    def mixer_options(self) -> dict[str, Any]:
+        return {"householder": 1, "forget_gate": True, "output_gate": True}
+
+
+class DeltaProduct(DeltaRuleModel):
+    """DeltaProduct (Siems et al. 2025): Gated DeltaNet with `householder` delta-rule
+    sub-steps per token (default 2); options negative_eigenvalues, forget_gate.
+
+    Trained as a delta rule over the interleaved sub-steps (``delta_rule``)."""
+
+    name = "deltaproduct"
+    label = "DeltaProduct"
+    defaults: ClassVar[dict[str, Any]] = {
+        **DeltaRuleModel.defaults,
+        "householder": 2,
+        "forget_gate": True,
+    }
+
+    def check_options(self, settings: dict[str, Any]) -> dict[str, Any]:
+        positive_int("householder", settings["householder"])
+        switch("forget_gate", settings["forget_gate"])
+        return super().check_options(settings)
+
+    def mixer_options(self) -> dict[str, Any]:
+        # fla's ``use_forget_gate`` (default true) is an option here.
+        return {
+            "householder": self.settings["householder"],
+            "forget_gate": self.settings["forget_gate"],
+            "output_gate": True,
+        }

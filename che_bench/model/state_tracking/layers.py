@@ -1,0 +1,73 @@
+"""Layers the state-tracking models share, with che-bench's member axis (``che_bench.members``):
+RMSNorm, the causal depthwise ("short") convolution, and the checks of their options."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from che_bench.errors import CheBenchError
+from che_bench.members import init_members_, per_member
+
+
+def non_negative_int(name: str, value: object) -> int:
+    """``value`` if it is an integer >= 0, else a one-line CheBenchError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CheBenchError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def switch(name: str, value: object) -> bool:
+    """``value`` if it is true or false, else a one-line CheBenchError."""
+    if not isinstance(value, bool):
+        raise CheBenchError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def head_size(width: int, heads: int) -> int:
+    """``width // heads``; a width the heads do not divide is a one-line CheBenchError."""
+    if width % heads:
+        raise CheBenchError(f"width {width} is not a multiple of heads {heads}")
+    return width // heads
+
+
+class MemberRMSNorm(nn.Module):
+    """RMSNorm over the last axis, ``x / sqrt(mean(x^2) + eps) * weight``, a learned scale per
+    member initialised to 1 (Zhang & Sennrich 2019; fla's and mamba's RMSNorm)."""
+
+    def __init__(self, members: int, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.dim, self.eps = dim, eps
+        self.weight = nn.Parameter(torch.ones(members, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (self.dim,), eps=self.eps) * per_member(self.weight, x.dim())
+
+
+class MemberCausalConv1d(nn.Module):
+    """A causal depthwise convolution over time, ``y_t[c] = b[c] + sum_j w[c, j] x_{t-K+1+j}[c]``
+    (zeros before the first token), for ``x [M, B, T, C]``; one grouped ``conv1d`` over the
+    members' channels. Initialised as ``nn.Conv1d`` (uniform within ``1/sqrt(K)``), unless the
+    model re-initialises it."""
+
+    def __init__(self, members: int, channels: int, kernel: int, bias: bool = True) -> None:
+        super().__init__()
+        self.members, self.channels, self.kernel = members, channels, kernel
+        self.weight = nn.Parameter(torch.empty(members, channels, kernel))
+        self.bias: nn.Parameter | None = (
+            nn.Parameter(torch.empty(members, channels)) if bias else None
+        )
+        bound = 1 / kernel**0.5  # nn.Conv1d's default: fan_in = kernel for a depthwise map
+        init_members_(self.weight, lambda w: nn.init.uniform_(w, -bound, bound))
+        if self.bias is not None:
+            init_members_(self.bias, lambda b: nn.init.uniform_(b, -bound, bound))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        members, batch, steps, channels = x.shape
+        grouped = x.permute(1, 0, 3, 2).reshape(batch, members * channels, steps)
+        grouped = F.pad(grouped, (self.kernel - 1, 0))
+        bias = None if self.bias is None else self.bias.reshape(-1)
+        weight = self.weight.reshape(members * channels, 1, self.kernel)
+        out = F.conv1d(grouped, weight, bias, groups=members * channels)
+        return out.view(batch, members, channels, steps).permute(1, 0, 3, 2)

@@ -1,0 +1,130 @@
+"""How training and evaluation show their progress on standard error: a live bar on a
+terminal; when standard error is not a terminal (redirected to a file or a pipe: a batch job, ``nohup``), one line
+every ``LINE_INTERVAL_S`` seconds of wall time, so that a slow run is seen to move.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+#: Seconds of wall time between two progress lines when standard error is not a terminal.
+LINE_INTERVAL_S = 60.0
+
+
+class StepProgress(Protocol):
+    """What the training loop tells its progress display after reading the device."""
+
+    def update(self, step: int, loss: float, accuracy: float) -> None: ...
+
+
+def duration_text(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``, ``2 h 07 min`` (``?`` when not finite)."""
+    if not math.isfinite(seconds):
+        return "?"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
+class ProgressLines:
+    """A progress line on standard error at most every ``interval`` seconds (default
+    ``LINE_INTERVAL_S``) of ``clock`` (default wall time, ``time.monotonic``; tests give
+    another), the first one ``interval`` seconds after the start."""
+
+    def __init__(
+        self,
+        label: str,
+        steps: int,
+        start: int,
+        *,
+        interval: float | None = None,
+        clock: Callable[[], float] | None = None,
+        unit: str = "step",
+    ) -> None:
+        self.label, self.steps, self.start_step, self.unit = label, steps, start, unit
+        self.interval = LINE_INTERVAL_S if interval is None else interval
+        self.clock = time.monotonic if clock is None else clock
+        self.started = self.clock()
+        self.next_line = self.started + self.interval
+
+    def update(self, step: int, loss: float, accuracy: float) -> None:
+        self.report(step, f"loss {loss:.4f}, acc {accuracy:.1%}")
+
+    def report(self, step: int, detail: str) -> None:
+        """A line (``step`` of ``steps`` done, ``detail``) if the interval has passed."""
+        now = self.clock()
+        if now < self.next_line:
+            return
+        self.next_line = now + self.interval
+        elapsed = now - self.started
+        done = step - self.start_step
+        left = elapsed / done * (self.steps - step) if done > 0 else math.inf
+        sys.stderr.write(
+            f"che-bench: {self.label}: {self.unit} {step:,}/{self.steps:,} "
+            f"({step / max(self.steps, 1):.0%}), {detail}, "
+            f"{duration_text(elapsed)} elapsed, about {duration_text(left)} left\n"
+        )
+        sys.stderr.flush()
+
+
+class _Bar:
+    """The live bar on a terminal."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+
+    def update(self, step: int, loss: float, accuracy: float) -> None:
+        self.bar.update(self.bar.task_ids[0], completed=step, loss=loss, acc=accuracy)
+
+
+@contextmanager
+def training_progress(
+    enabled: bool,
+    label: str,
+    steps: int,
+    start: int,
+    *,
+    interval: float | None = None,
+    clock: Callable[[], float] | None = None,
+) -> Iterator[StepProgress | None]:
+    """The bar on a terminal, ``ProgressLines`` (``interval``, ``clock``) elsewhere, None when
+    not ``enabled``."""
+    console = Console(stderr=True)
+    if not enabled:
+        yield None
+        return
+    if not console.is_terminal:
+        yield ProgressLines(label, steps, start, interval=interval, clock=clock)
+        return
+    bar = Progress(
+        TextColumn("train"),
+        BarColumn(bar_width=24),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}  acc {task.fields[acc]:.1%}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
+    with bar:
+        bar.add_task("train", total=steps, completed=start, loss=math.nan, acc=math.nan)
+        yield _Bar(bar)

@@ -1,0 +1,150 @@
+"""DeltaNet, Gated DeltaNet and DeltaProduct as models: the chunkwise model equals the same
+model run token by token, the eigenvalue switch, packs, gradients, training, option errors,
+the evaluation's memory split and the checks of ``che-bench check-model``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from che_bench.checks import model_checks
+from che_bench.errors import CheBenchError
+from che_bench.model.architectures import build_architecture
+from che_bench.model.state_tracking import deltanet
+from che_bench.model.state_tracking.delta_rule_recurrent import recurrent_delta_product
+from che_bench.tasks import get_task
+from tests.model_helpers import (
+    TINY,
+    assert_the_split_evaluation_is_the_whole_one,
+    assert_training_on_parity_reduces_the_loss,
+    inputs_for,
+    peak_bytes,
+    tiny,
+)
+
+MODELS = ("deltanet", "gated_deltanet", "deltaproduct")
+
+
+@pytest.mark.parametrize("negative", [False, True])
+@pytest.mark.parametrize("name", MODELS)
+def test_the_chunkwise_model_is_the_model_run_token_by_token(name, negative, monkeypatch):
+    model = tiny(name, negative_eigenvalues=negative).eval()
+    inputs = inputs_for("parity_check", 500)
+    with torch.no_grad():
+        fast = model(inputs)
+        monkeypatch.setattr(deltanet, "delta_product", recurrent_delta_product)
+        slow = model(inputs)
+    torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_negative_eigenvalues_double_beta_and_nothing_else(name, monkeypatch):
+    seen = []
+
+    def recording(q, k, v, beta, log_decay=None, chunk=64):
+        seen.append((beta, log_decay))
+        return recurrent_delta_product(q, k, v, beta, log_decay)
+
+    monkeypatch.setattr(deltanet, "delta_product", recording)
+    models = [tiny(name, negative_eigenvalues=flag) for flag in (False, True)]
+    for a, b in zip(*(model.state_dict().values() for model in models), strict=True):
+        assert torch.equal(a, b)  # same parameters: the switch is not a parameter
+    with torch.no_grad():
+        for model in models:
+            model(inputs_for("parity_check", 6))
+    (plain, gate), (doubled, gate_too) = seen[0], seen[len(seen) // 2]
+    torch.testing.assert_close(doubled, 2 * plain)
+    assert plain.max() < 1 < doubled.max() < 2
+    assert (gate is None) == (name == "deltanet")
+    if gate is not None:
+        torch.testing.assert_close(gate, gate_too)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_parameter_of_every_member_gets_a_gradient(name):
+    model = tiny(name, task="reverse_string", members=2)
+    model(inputs_for("reverse_string", 6)).square().sum().backward()
+    for parameter_name, parameter in model.named_parameters():
+        assert parameter.grad is not None and torch.isfinite(parameter.grad).all()
+        assert (parameter.grad.flatten(1).norm(dim=1) > 0).all(), parameter_name
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_few_steps_on_parity_reduce_the_loss(name):
+    assert_training_on_parity_reduces_the_loss(tiny(name, negative_eigenvalues=True, width=16))
+
+
+def test_weight_decay_spares_the_forget_gate_only_as_the_harness_does():
+    assert tiny("deltanet").no_weight_decay() == set()
+    for name in ("gated_deltanet", "deltaproduct"):
+        assert tiny(name, layers=2).no_weight_decay() == {
+            f"blocks.{layer}.mixer.{parameter}"
+            for layer in (0, 1)
+            for parameter in ("a_log", "dt_bias")
+        }
+
+
+def test_the_initialisation_is_grazzi_et_al_s_fork_of_fla():
+    """Mixer maps xavier-uniform with gain 2^-2.5 (each with its own fan-out), MLP and read-out
+    N(0, 0.02), the MLP's down-projection scaled by 1 / sqrt(2 * layers)."""
+    model = build_architecture("deltanet", get_task("parity_check"), layers=2, width=128)
+    mixer, mlp = model.blocks[0].mixer, model.blocks[0].mlp
+    q_map = mixer.project.weight[0, :128]
+    beta_map = mixer.project.weight[0, 384:388]
+    assert q_map.abs().max() <= 2**-2.5 * (6 / 256) ** 0.5 < beta_map.abs().max()
+    assert beta_map.abs().max() <= 2**-2.5 * (6 / 132) ** 0.5
+    assert mlp.up.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert mlp.down.weight.std().item() == pytest.approx(0.01, rel=0.05)
+    assert model.head.weight.std().item() == pytest.approx(0.02, rel=0.3)
+
+
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("deltanet", {"negative_eigenvalues": "yes"}, "negative_eigenvalues must be true or false"),
+        ("gated_deltanet", {"width": 10, "heads": 4}, "width 10 is not a multiple of heads 4"),
+        ("deltaproduct", {"householder": 0}, "householder must be a positive integer"),
+        ("deltaproduct", {"forget_gate": 1}, "forget_gate must be true or false"),
+        ("deltanet", {"householder": 2}, "deltanet takes no option householder"),
+    ],
+)
+def test_bad_options_are_one_line_errors(name, options, message):
+    with pytest.raises(CheBenchError, match=message) as caught:
+        build_architecture(name, get_task("parity_check"), **options)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_evaluation_split_to_the_memory_budget_computes_the_same_logits(name):
+    assert_the_split_evaluation_is_the_whole_one(tiny(name))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_memory_estimate_covers_a_default_model_at_500_tokens(name):
+    """The split relies on it: at most twice the measured peak, never below it (so a batch of
+    64 at n = 500 runs in a 1 GiB budget in one or two parts)."""
+    model = build_architecture(name, get_task("parity_check")).eval()
+    measured = peak_bytes(model, inputs_for("parity_check", 500)) / 2
+    assert measured <= model.query_row_bytes(500) <= 2 * measured
+    assert 64 * model.query_row_bytes(500) <= 2 * model.memory_budget_bytes
+
+
+@pytest.mark.parametrize("check", list(model_checks.MODEL_CHECKS))
+@pytest.mark.parametrize("name", MODELS)
+def test_check_model_passes(name, check):
+    assert model_checks.run_model_check(check, name, TINY) == []
+
+
+@pytest.mark.parametrize("arch", ["deltanet", "gated_deltanet", "deltaproduct"])
+def test_the_blocks_run_on_the_meta_device_so_without_host_synchronisation(arch):
+    """The GPU path with no data to read: any ``.item()``, ``int(tensor)`` or ``bool(tensor)``
+    inside forward or backward (chunk sizes included) would fail here."""
+    model = build_architecture(
+        arch, get_task("parity_check"), members=2, layers=1, width=8, heads=2,
+        negative_eigenvalues=True,
+    )
+    block = model.blocks[0].to("meta")
+    x = torch.randn(2, 3, 150, 8, device="meta", requires_grad=True)
+    block(x).sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    assert all(parameter.grad is not None for parameter in block.parameters())
