@@ -21,7 +21,7 @@ import torch
 from che_bench.checks.conformance import _guarded
 from che_bench.checks.conformance_hooks import differ
 from che_bench.checks.option_effects import check_options_take_effect
-from che_bench.errors import CheBenchError
+from che_bench.errors import CheBenchError, one_line
 from che_bench.model.architectures import (
     TRANSFORMER,
     build_architecture,
@@ -32,6 +32,7 @@ from che_bench.model.base import BenchModel
 from che_bench.model.packs import member_state_dict, stack_members
 from che_bench.model.recurrent import ARCHITECTURES as RECURRENT
 from che_bench.tasks import Task, get_task, list_tasks
+from che_bench.train.metrics import token_loss
 from che_bench.train.optimizer import PackOptimizer
 from che_bench.train.step import training_step
 
@@ -121,8 +122,9 @@ def check_shapes_and_finite(arch: str, options: dict[str, Any]) -> list[str]:
 def check_pack_equals_members(arch: str, options: dict[str, Any]) -> list[str]:
     """A pack of 3 members (``stack_members`` of models built from seeds 0, 1, 2) computes,
     per member, what that member computes alone (shared ``[B, n]`` and own ``[M, B, n]``
-    inputs), and each member's weights (``member_state_dict``) load into a one-member model
-    that computes the same."""
+    inputs), each member's weights (``member_state_dict``) load into a one-member model
+    that computes the same, and a training step of the pack (``pack_training_failures``)
+    is each member's step alone."""
     task = get_task(SHORT_TASK)
     members = [_model(arch, options, seed=seed).eval() for seed in (0, 1, 2)]
     pack = stack_members(members).eval()
@@ -153,7 +155,50 @@ def check_pack_equals_members(arch: str, options: dict[str, Any]) -> list[str]:
                     f"member_state_dict (member {m}) loaded into a one-member model: expected "
                     f"that member's logits, got {difference}"
                 )
+    return failures + pack_training_failures(arch, options)
+
+
+def pack_training_failures(arch: str, options: dict[str, Any]) -> list[str]:
+    """In training, a pack of 3 gives each member its gradient alone. The optimizer re-homes a
+    pack's parameters into one flat ``[M, P]`` buffer, so each is a view whose members are not
+    adjacent in memory: a forward pass that ``view``s a parameter across the member axis fails
+    only here."""
+    task = get_task(SHORT_TASK)
+    pack = stack_members([_model(arch, options, seed=seed) for seed in (0, 1, 2)]).train()
+    alone = [_model(arch, options, seed=seed).train() for seed in (0, 1, 2)]
+    inputs = torch.stack([_inputs(task, 9, 3, seed=seed) for seed in (0, 1, 2)])
+    targets = torch.from_numpy(task.sample(9, 3, np.random.default_rng(0)).targets.copy())
+    try:
+        packed = _gradients(pack, inputs, targets)
+    except Exception as exc:  # any error a pack's training step meets: the check's finding
+        return [f"training step of a pack of 3: expected it to run, got {one_line(exc)}"]
+    failures = []
+    for m, member in enumerate(alone):
+        for name, gradient in _gradients(member, inputs[m : m + 1], targets).items():
+            difference = differ(packed[name][m : m + 1], gradient)
+            if difference:
+                failures.append(
+                    f"a pack's gradient (member {m}, {name}): expected that member's "
+                    f"gradient alone, got {difference}"
+                )
+                break
     return failures
+
+
+def _gradients(
+    model: BenchModel, inputs: torch.Tensor, targets: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Each parameter's gradient of the summed member losses, the parameters re-homed into
+    the optimizer's flat buffer first as in training."""
+    PackOptimizer(model, [TRAIN_LR] * model.members, (0.9, 0.999), 1e-8, 1.0)
+    model.seed_draws(list(range(model.members)))
+    model.zero_grad()
+    logits = model(inputs)
+    token_loss(logits, targets[None].expand(model.members, -1, -1)).sum().backward()
+    return {
+        name: torch.zeros_like(parameter) if parameter.grad is None else parameter.grad.clone()
+        for name, parameter in model.named_parameters()
+    }
 
 
 def check_state_dict_round_trip(arch: str, options: dict[str, Any]) -> list[str]:

@@ -1,6 +1,7 @@
 """How training and evaluation show their progress on standard error: a live bar on a
-terminal; when standard error is not a terminal (redirected to a file or a pipe: a batch job, ``nohup``), one line
-every ``LINE_INTERVAL_S`` seconds of wall time, so that a slow run is seen to move.
+terminal; when standard error is not a terminal (redirected to a file or a pipe: a batch job,
+``nohup``), one line every ``LINE_INTERVAL_S`` seconds of wall time, so that a slow run is
+seen to move.
 """
 
 from __future__ import annotations

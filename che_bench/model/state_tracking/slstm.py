@@ -92,8 +92,8 @@ class SLSTMLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         members, batch, steps, _ = x.shape
         heads, size = self.heads, self.size
-        weight = self.weight.view(members * heads, GATES * size, size).transpose(1, 2)
-        bias = self.bias.view(members * heads, 1, GATES * size)
+        weight = self.weight.reshape(members * heads, GATES * size, size).transpose(1, 2)
+        bias = self.bias.reshape(members * heads, 1, GATES * size)
         inputs = self._by_head(x)
         if self.conv is None:
             pre = torch.baddbmm(bias, inputs, weight)
@@ -107,7 +107,7 @@ class SLSTMLayer(nn.Module):
                 ],
                 dim=-1,
             )
-        recurrent = self.recurrent.view(members * heads, size, GATES * size)
+        recurrent = self.recurrent.reshape(members * heads, size, GATES * size)
         h = slstm_scan(pre.view(members * heads, steps, batch, GATES * size), recurrent)
         h = h.view(members, heads, steps, batch, size).permute(0, 3, 2, 1, 4)
         return head_norm(h, self.norm_weight)
