@@ -109,6 +109,14 @@ def test_runs_differing_in_other_settings_get_separate_columns(tmp_path):
     assert columns == ["ALiBi [steps=7]", "ALiBi [steps=20]"] or columns == ["ALiBi [steps=20]", "ALiBi [steps=7]"]
 
 
+def test_runs_differing_in_encoding_options_name_the_options_not_a_dict(tmp_path):
+    store = ResultStore(tmp_path / "s.sqlite")
+    store.record(synthetic_result("even_pairs", "alibi", score=0.6))
+    store.record(synthetic_result("even_pairs", "alibi", score=0.7, pe_options={"alibi_mode": "two_slopes"}))
+    columns = sorted(summarize(store)["column"].tolist())
+    assert columns == ["ALiBi [alibi_mode=two_slopes]", "ALiBi [pe_options=default]"]
+
+
 def test_export_keeps_every_run_and_per_length_rows(store):
     runs = export_frame(store)
     assert sorted(runs["status"]) == ["complete"] * 4 + ["failed", "started"]

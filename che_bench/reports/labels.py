@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from che_bench.config import OMITTED_AT_DEFAULT, TRANSFORMER
+from che_bench.model.option_text import options_text
 from che_bench.reports import unregistered
 from che_bench.reports.paper import paper_protocol_differences
 from che_bench.reports.unregistered import UNKNOWN_LEVEL, recorded_task_label
@@ -200,10 +201,20 @@ def _architecture_prefix(arch: str, mixed: bool) -> str:
 
 
 def _settings_suffix(config: dict[str, Any], keys: list[str]) -> str:
+    """`` [key=value, ...]`` of the settings that tell the encoding's runs apart; an option
+    table (the encoding's ``pe_options``) shows its own ``key=value`` items, or
+    ``pe_options=default`` when empty, never a dict."""
     if not keys:
         return ""
     values = {**OMITTED_AT_DEFAULT, **config}
-    return " [" + ", ".join(f"{key}={short_value(values.get(key))}" for key in keys) + "]"
+    items = []
+    for key in keys:
+        value = values.get(key)
+        if isinstance(value, dict):
+            items.append(options_text(value) if value else f"{key}=default")
+        else:
+            items.append(f"{key}={short_value(value)}")
+    return " [" + ", ".join(items) + "]"
 
 
 def short_value(value: Any) -> str:
