@@ -20,6 +20,7 @@ from che_bench.cli import build_parser
 from che_bench.config import make_config
 from che_bench.eval import evaluation
 from che_bench.store import ResultStore
+from che_bench.train import progress
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 README = (REPOSITORY / "README.md").read_text()
@@ -69,7 +70,7 @@ def test_run_help_names_the_presets_default(capsys):
 
 def test_the_evaluation_progress_bar_labels_its_countdown(monkeypatch):
     output = io.StringIO()
-    monkeypatch.setattr(evaluation, "Console", lambda stderr: Console(
+    monkeypatch.setattr(progress, "Console", lambda stderr: Console(
         file=output, force_terminal=True, width=100, color_system=None))
     with evaluation._progress_bar(True, 24) as bar:
         bar.refresh()

@@ -22,14 +22,13 @@ the GPU from pinned memory without waiting.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from che_bench.config import RunConfig
@@ -39,7 +38,7 @@ from che_bench.outcomes import Scores
 from che_bench.tasks.base import Task
 from che_bench.train.batches import host_to_device
 from che_bench.train.metrics import check_token_ids, exact_counts, masked_counts
-from che_bench.train.progress import ProgressLines
+from che_bench.train.progress import ProgressLines, progress_display
 
 #: Share of the free GPU memory an evaluation's row chunks may fill (the rest: weights,
 #: activations outside attention, the allocator's slack, other processes on the GPU).
@@ -227,26 +226,17 @@ def _counts(model: BenchModel, inputs, targets, mask, draws, dropout_seeds, rows
     )
 
 
-@contextmanager
-def _progress_bar(enabled: bool, total: int) -> Iterator[Progress | ProgressLines | None]:
+def _progress_bar(
+    enabled: bool, total: int
+) -> AbstractContextManager[Progress | ProgressLines | None]:
     """The bar on a terminal; elsewhere ``ProgressLines`` (a line a minute: a slow model's
     evaluation is seen to move); None when not ``enabled``."""
-    console = Console(stderr=True)
-    if not enabled:
-        yield None
-        return
-    if not console.is_terminal:
-        yield ProgressLines("evaluate", total, 0, unit="length")
-        return
-    bar = Progress(
+    columns = (
         TextColumn("{task.description}"),
         BarColumn(bar_width=24),
         MofNCompleteColumn(),
         TextColumn("lengths · ETA"),
         TimeRemainingColumn(),
-        console=console,
-        transient=True,
     )
-    with bar:
-        bar.add_task("eval", total=total)
-        yield bar
+    lines = functools.partial(ProgressLines, "evaluate", total, 0, unit="length")
+    return progress_display(enabled, lines, columns, "eval", total)

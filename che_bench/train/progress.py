@@ -9,15 +9,16 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -97,6 +98,31 @@ class _Bar:
 
 
 @contextmanager
+def progress_display(
+    enabled: bool,
+    lines: Callable[[], ProgressLines],
+    columns: Sequence[ProgressColumn],
+    description: str,
+    total: int,
+    completed: int = 0,
+    **fields: Any,
+) -> Iterator[Progress | ProgressLines | None]:
+    """A live bar of ``columns`` (one task: ``description``, ``total``, ``completed``,
+    ``fields``) on a terminal, ``lines()`` elsewhere, None when not ``enabled``."""
+    console = Console(stderr=True)
+    if not enabled:
+        yield None
+        return
+    if not console.is_terminal:
+        yield lines()
+        return
+    bar = Progress(*columns, console=console, transient=True)
+    with bar:
+        bar.add_task(description, total=total, completed=completed, **fields)
+        yield bar
+
+
+@contextmanager
 def training_progress(
     enabled: bool,
     label: str,
@@ -108,14 +134,7 @@ def training_progress(
 ) -> Iterator[StepProgress | None]:
     """The bar on a terminal, ``ProgressLines`` (``interval``, ``clock``) elsewhere, None when
     not ``enabled``."""
-    console = Console(stderr=True)
-    if not enabled:
-        yield None
-        return
-    if not console.is_terminal:
-        yield ProgressLines(label, steps, start, interval=interval, clock=clock)
-        return
-    bar = Progress(
+    columns = (
         TextColumn("train"),
         BarColumn(bar_width=24),
         MofNCompleteColumn(),
@@ -123,9 +142,15 @@ def training_progress(
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
-        console=console,
-        transient=True,
     )
-    with bar:
-        bar.add_task("train", total=steps, completed=start, loss=math.nan, acc=math.nan)
-        yield _Bar(bar)
+    with progress_display(
+        enabled,
+        lambda: ProgressLines(label, steps, start, interval=interval, clock=clock),
+        columns,
+        "train",
+        steps,
+        start,
+        loss=math.nan,
+        acc=math.nan,
+    ) as display:
+        yield _Bar(display) if isinstance(display, Progress) else display
