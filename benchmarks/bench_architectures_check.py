@@ -9,8 +9,13 @@
   (``PackOptimizer``: global norm 1, lr 1e-3, CHE's optax defaults). Every step's length,
   loss, accuracy and wall time (from the previous step's end: batch making included) go to
   a JSON file. The CHE half writes the same records from CHE's ``TrainingWorker``.
+  ``--curriculum`` (with ``--curriculum-option KEY=VALUE``) draws the lengths by another of
+  CHE's curricula instead: che-bench's ``che_bench.curricula``, on the numpy stream that
+  CHE's ``np.random.seed(seed)`` starts (``length_schedule``); ``--arch-option KEY=VALUE``
+  sets the model's options (``build_recurrent``).
 * ``report``: the learning curves (means over windows of ``--window`` steps) of a CHE file
-  and a che-bench file as a markdown table, the median step time of each (steps at a length
+  and a che-bench file (refused unless both trained on the same lengths and curriculum) as a
+  markdown table, the median step time of each (steps at a length
   seen before, after step ``--settle``: no JAX compilation inside), and a PNG of the curves.
 
     python benchmarks/bench_architectures_check.py train --architecture lstm \\
@@ -32,7 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from che_bench import protocol
+from che_bench import curricula, protocol
+from che_bench.commands.key_values import parse_key_values
 from che_bench.model.recurrent import build_recurrent
 from che_bench.tasks import get_task
 from che_bench.train.optimizer import PackOptimizer
@@ -46,19 +52,40 @@ LEARNING_RATE = 1e-3
 SOLVED = 0.95
 
 
-def train(architecture: str, task_name: str, steps: int, seed: int) -> dict:
-    """Every step's record of training ``architecture`` on ``task_name`` for ``steps`` steps."""
+def length_schedule(curriculum: str, options: dict, steps: int, seed: int) -> tuple[list, dict]:
+    """The lengths CHE's training loop draws in ``steps`` steps (step 0 first) under
+    ``curriculum`` (CHE's name) with ``options``, and those options with che-bench's defaults
+    filled in (what CHE's driver must be given). CHE's ``TrainingWorker`` seeds Python's and
+    numpy's global generators with ``seed``: ``UniformCurriculum`` draws ``random.choice``
+    from the first, ``RegularIncreaseCurriculum`` and ``ReverseExponentialCurriculum`` draw
+    from the second (legacy ``RandomState``; as long as the task's sampler does not draw from
+    it too: parity_check, like most, samples with JAX)."""
+    lengths = range(LENGTHS[0], LENGTHS[-1] + 1)
+    schedule = curricula.build(curriculum, options, lengths, steps)
+    recorded = curricula.recorded_options(schedule)
+    if curriculum == curricula.UNIFORM:
+        python_random = random.Random(seed)
+        return [python_random.choice(LENGTHS) for _ in range(steps)], recorded
+    numpy_random = np.random.RandomState(seed)
+    return [schedule.length(step, numpy_random) for step in range(steps)], recorded
+
+
+def train(architecture: str, task_name: str, steps: int, seed: int,
+          curriculum: str = curricula.UNIFORM, curriculum_options: dict | None = None,
+          arch_options: dict | None = None) -> dict:
+    """Every step's record of training ``architecture`` (with ``arch_options``) on
+    ``task_name`` for ``steps`` steps on the lengths of ``curriculum``."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     task = get_task(task_name)
-    model = build_recurrent(architecture, task, members=1)
+    model = build_recurrent(architecture, task, members=1, **(arch_options or {}))
     model.train()
     optimizer = PackOptimizer(model, [LEARNING_RATE], protocol.ADAM_BETAS, protocol.ADAM_EPS,
                               protocol.GRAD_CLIP_NORM)
-    lengths, data = random.Random(seed), np.random.default_rng(seed)
+    lengths, options = length_schedule(curriculum, curriculum_options or {}, steps, seed)
+    data = np.random.default_rng(seed)
     records, last = [], time.perf_counter()
-    for step in range(steps):
-        length = lengths.choice(LENGTHS)
+    for step, length in enumerate(lengths):
         batch = task.sample(length, BATCH, data)
         # [1, B, .] copies, as che-bench's BatchStream stacks its members' batches.
         inputs, targets, mask = (torch.from_numpy(np.stack([array]))
@@ -72,7 +99,9 @@ def train(architecture: str, task_name: str, steps: int, seed: int) -> dict:
         last = now
     return {"side": "che-bench", "task": task_name, "architecture": architecture,
             "torch": torch.__version__, "records": records,
-            "parameters": model.describe()["parameters"]}
+            "parameters": model.describe()["parameters"],
+            "curriculum": {"name": curriculum, "options": options},
+            "arch_options": arch_options or {}}
 
 
 def window_means(records: list[dict], window: int) -> list[tuple[int, float, float]]:
@@ -109,6 +138,11 @@ def report(che_path: str, bench_path: str, window: int, settle: int, png: str | 
     che, bench = (json.loads(Path(path).read_text()) for path in (che_path, bench_path))
     if [r["length"] for r in che["records"]] != [r["length"] for r in bench["records"]]:
         raise SystemExit("the two runs did not train on the same sequence of lengths")
+    uniform = {"name": curricula.UNIFORM, "options": {}}  # files written before curricula
+    che_curriculum, bench_curriculum = (side.get("curriculum", uniform) for side in (che, bench))
+    if che_curriculum != bench_curriculum:
+        raise SystemExit(f"the two runs trained on different curricula: {che_curriculum} "
+                         f"and {bench_curriculum}")
     che_rows = window_means(che["records"], window)
     bench_rows = window_means(bench["records"], window)
     lines = ["| steps | CHE loss | che-bench loss | CHE accuracy | che-bench accuracy |",
@@ -158,6 +192,10 @@ def main() -> None:
     trainer.add_argument("--steps", type=int, default=2000)
     trainer.add_argument("--seed", type=int, default=0)
     trainer.add_argument("--out", required=True)
+    trainer.add_argument("--curriculum", default=curricula.UNIFORM, choices=curricula.CURRICULA)
+    trainer.add_argument("--curriculum-option", action="append", default=[],
+                         metavar="KEY=VALUE")
+    trainer.add_argument("--arch-option", action="append", default=[], metavar="KEY=VALUE")
     reporter = commands.add_parser("report")
     reporter.add_argument("che")
     reporter.add_argument("bench")
@@ -167,7 +205,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "train":
         load = os.getloadavg()
-        result = train(args.architecture, args.task, args.steps, args.seed)
+        result = train(args.architecture, args.task, args.steps, args.seed, args.curriculum,
+                       parse_key_values(args.curriculum_option, "--curriculum-option"),
+                       parse_key_values(args.arch_option, "--arch-option"))
         result["loadavg_before"], result["loadavg_after"] = load, os.getloadavg()
         Path(args.out).write_text(json.dumps(result))
     else:

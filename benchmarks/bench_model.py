@@ -7,8 +7,9 @@ Three parts (run them separately on a busy machine):
   the reference training regime; prints wall and CPU time per step and the k1/plain and
   k3/plain ratios.
 * ``eval``: one evaluation forward (no gradients, eval mode, chunked by the memory budget) at
-  batch 64 for n in --lengths; prints the time and the peak resident memory added by the
-  forward (each configuration runs in a fresh process so the peaks do not mix).
+  batch 64 for n in --lengths; prints the time, the k/plain ratio of CPU times and the peak
+  resident memory added by the forward (each configuration runs in a fresh process so the
+  peaks do not mix).
 * ``architectures``: per architecture (``--architectures``; default every registered one, the
   transformer with ``--pe``), the median training step at n = 40 (forward + backward + the
   optimizer of the preset the architecture's published protocol trains with: CHE's ``paper``,
@@ -20,6 +21,12 @@ Three parts (run them separately on a busy machine):
   resident memory its forwards added (a few seconds per process to start). A one-member
   lstm evaluates with torch's fused kernel unless ``--unfused``; ``--members M`` times packs
   of M.
+
+``train`` and ``eval`` print, beside each DAPE row, the FLOPs of DAPE's filter f as che-bench
+computes it (``cpu_peak``; the bias channels once per batch), its rate over the CPU time the
+row adds to the plain row, and that rate's fraction of the core's measured fp32 peak (a
+1024^3 matrix product); their first line gives that peak and the nominal one derived from
+/proc/cpuinfo.
 
 Use at most as many threads as there are idle cores: on a 2-core machine whose other core is
 busy, ``--threads 2`` makes every small parallel op wait for a descheduled thread, which
@@ -48,6 +55,7 @@ from typing import TypeVar
 
 import numpy as np
 import torch
+from cpu_peak import dape_filter_flops, measured_peak, nominal_peak
 
 from che_bench.checks.speed import median_seconds
 from che_bench.config import RunConfig, make_config
@@ -195,12 +203,36 @@ def time_evaluation(task_name, pe, kernel, n, args) -> tuple[float, float, int]:
     return in_fresh_process(measure_evaluation, make, inputs, args.threads, 0, 1)
 
 
+def print_peaks() -> float:
+    """Print the core's fp32 peaks (``cpu_peak``) and return the measured one, GFLOP/s."""
+    nominal, derivation = nominal_peak()
+    measured = measured_peak()
+    print(f"fp32 peak of one core: nominal {nominal:.0f} GFLOP/s = {derivation}; measured "
+          f"{measured:.0f} GFLOP/s (1024^3 matrix product, {torch.get_num_threads()} thread(s)). "
+          "DAPE's filter: GFLOP of f as computed (cpu_peak.dape_filter_flops), GFLOP/s over the "
+          "CPU time added to the plain row, % of the measured peak")
+    return measured
+
+
+def filter_rate(task_name: str, pe: str, kernel: int | None, batch: int, length: int,
+                extra_seconds: float | None, peak: float, training: bool) -> str:
+    """The filter's columns of a row: GFLOP, GFLOP/s over ``extra_seconds``, % of ``peak``."""
+    flops = dape_filter_flops(build_model(get_task(task_name), pe, kernel), batch, length,
+                              training) / 1e9
+    if not flops or not extra_seconds or extra_seconds <= 0:
+        return f"{flops:8.4g} {'-':>7} {'-':>6}"
+    rate = flops / extra_seconds
+    return f"{flops:8.4g} {rate:7.1f} {100 * rate / peak:6.1f}"
+
+
 def run_train(args) -> None:
+    peak = print_peaks()
     print(f"training step: batch {args.batch}, n = {args.train_length}, {args.steps} timed steps, "
           f"{torch.get_num_threads()} thread(s); median per step")
     print(f"{'task':<20} {'encoding':<16} {'kernel':<6} {'wall ms':>9} {'cpu ms':>9} "
-          f"{'cpu/plain':>9}")
+          f"{'cpu/plain':>9} {'f GFLOP':>8} {'GFLOP/s':>7} {'%peak':>6}")
     for task_name in args.tasks:
+        length = get_task(task_name).model_length(args.train_length)
         for pe in args.encodings:
             plain_cpu = None
             for kernel in args.kernels:
@@ -208,24 +240,35 @@ def run_train(args) -> None:
                 if kernel is None:
                     plain_cpu = cpu
                 ratio = f"{cpu / plain_cpu:9.2f}" if plain_cpu else f"{'-':>9}"
+                extra = cpu - plain_cpu if plain_cpu else None
+                rate = filter_rate(task_name, pe, kernel, args.batch, length, extra, peak, True)
                 print(f"{task_name:<20} {pe:<16} {kernel_label(kernel):<6} {wall * 1e3:9.1f} "
-                      f"{cpu * 1e3:9.1f} {ratio}", flush=True)
+                      f"{cpu * 1e3:9.1f} {ratio} {rate}", flush=True)
 
 
 def run_eval(args) -> None:
+    fp32_peak = print_peaks()
     print(f"evaluation forward: batch {args.eval_batch}, memory budget "
           f"{args.memory_budget / 2**30:.2f} GiB, {args.threads} thread(s)")
     print(f"{'task':<26} {'n':>4} {'T':>5} {'encoding':<14} {'kernel':<6} {'wall s':>8} "
-          f"{'cpu s':>8} {'peak MiB':>9}")
+          f"{'cpu s':>8} {'cpu/plain':>9} {'peak MiB':>9} {'f GFLOP':>8} {'GFLOP/s':>7} "
+          f"{'%peak':>6}")
     for task_name in args.tasks:
         task = get_task(task_name)
         for n in args.lengths:
             tokens = task.model_length(n)
             for pe in args.encodings:
+                plain_cpu = None
                 for kernel in args.kernels:
                     wall, cpu, peak = time_evaluation(task_name, pe, kernel, n, args)
+                    if kernel is None:
+                        plain_cpu = cpu
+                    ratio = f"{cpu / plain_cpu:9.2f}" if plain_cpu else f"{'-':>9}"
+                    extra = cpu - plain_cpu if plain_cpu else None
+                    rate = filter_rate(task_name, pe, kernel, args.eval_batch, tokens, extra,
+                                       fp32_peak, False)
                     print(f"{task_name:<26} {n:>4} {tokens:>5} {pe:<14} {kernel_label(kernel):<6} "
-                          f"{wall:8.2f} {cpu:8.2f} {peak / 2**20:9.0f}", flush=True)
+                          f"{wall:8.2f} {cpu:8.2f} {ratio} {peak / 2**20:9.0f} {rate}", flush=True)
 
 
 def architecture_row(name: str, args) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from che_bench import protocol, settings
+from che_bench import curricula, protocol, settings
 from che_bench.errors import CheBenchError
 
 #: The default architecture (``che_bench.model.architectures.TRANSFORMER``; this module
@@ -97,6 +97,9 @@ class RunConfig:
     lr_schedule: str = settings.BY_NAME["lr_schedule"].default
     warmup_steps: int = settings.BY_NAME["warmup_steps"].default
     min_lr_ratio: float = DEFAULT_MIN_LR_RATIO
+    #: The training-length curriculum (``che_bench.curricula``) and its options, defaults filled.
+    curriculum: str = curricula.UNIFORM
+    curriculum_options: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-compatible dict (tuples become lists)."""
@@ -220,11 +223,11 @@ def make_config(
     trains with its own settings under a preset where it has them. Raises CheBenchError for
     anything invalid.
     """
-    from che_bench.model.architectures import canonical_architecture
+    from che_bench.model.architectures import architecture_overrides
     from che_bench.tasks import get_task
 
-    overrides = {key: value for key, value in overrides.items() if value is not None}
-    arch = overrides["arch"] = canonical_architecture(overrides.get("arch", TRANSFORMER))
+    overrides, pe = architecture_overrides(overrides, pe)  # the arch canonical, None dropped
+    arch = overrides["arch"]
     values = _preset_with_overrides(preset, overrides, arch)
     task_obj = get_task(task, **dict(values.get("task_params", {})))
     if arch == TRANSFORMER:
@@ -344,11 +347,8 @@ def _run_fields(values: dict[str, Any], task) -> dict[str, Any]:
     fields["pe_options"] = dict(fields["pe_options"])
     fields["arch_options"] = dict(fields["arch_options"])
     train_max_length = fields["train_max_length"]
-    if train_max_length < task.min_length:
-        raise CheBenchError(
-            f"train_max_length {train_max_length} is below the task's minimum length "
-            f"{task.min_length}"
-        )
+    # (Refuses a train_max_length below the task's minimum length first.)
+    fields["curriculum_options"] = curricula.resolved_options(fields, task.min_length)
     if fields["lr_schedule"] == "constant" and fields["min_lr_ratio"] != DEFAULT_MIN_LR_RATIO:
         raise CheBenchError("min_lr_ratio applies to lr_schedule warmup_cosine only")
     fields["test_lengths"] = protocol.parse_lengths(fields["test_lengths"])

@@ -126,3 +126,18 @@ class Setting:
         if value is None or self.check is None:
             return value
         return self.check(self.label, value)
+
+
+def task_default(setting: Setting, task: Any) -> Any:
+    """The value ``setting`` takes for ``task`` when not given."""
+    return getattr(task, setting.task_default) if setting.task_default else setting.default
+
+
+def stored_value(config: dict[str, Any], setting: Setting) -> Any:
+    """The value of ``setting`` in a stored config dict (``RunConfig.to_dict``); its default
+    when the dict leaves it out."""
+    if setting.where == MODEL:
+        return config["model_options"].get(setting.name, setting.default)
+    if setting.where == DAPE:
+        return config["dape_options"].get(setting.name, setting.default)
+    return config.get(setting.name, setting.default)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# (Setting, its validators and the names of where it lives, re-exported.)
+# (The curricula; Setting, its validators and the names of where it lives, re-exported.)
+from che_bench.curricula import CURRICULA, UNIFORM
 from che_bench.setting_types import (
     DAPE,
     IN_ID_UNLESS_DEFAULT,
@@ -32,15 +33,11 @@ from che_bench.setting_types import (
     positive_number,
     true_or_false,
 )
-from che_bench.setting_types import (
-    IN_ID as IN_ID,
-)
-from che_bench.setting_types import (
-    RUN as RUN,
-)
-from che_bench.setting_types import (
-    Validator as Validator,
-)
+from che_bench.setting_types import IN_ID as IN_ID
+from che_bench.setting_types import RUN as RUN
+from che_bench.setting_types import Validator as Validator
+from che_bench.setting_types import stored_value as stored_value
+from che_bench.setting_types import task_default as task_default
 
 PRESET_NAMES = ("paper", "quick", "smoke", "state_tracking")
 #: Optimizers: Adam (CHE's) and AdamW (decoupled weight decay, the xLSTM harness's).
@@ -162,6 +159,24 @@ SETTINGS: tuple[Setting, ...] = (
         presets=_per_preset(40, 40, 40, 39),
         check=at_least(1),
     ),
+    # CHE's length curricula (che_bench.curricula); out of the run id at uniform (as before).
+    Setting(
+        "curriculum",
+        str,
+        "CHE's training-length curricula: uniform, fixed, regular_increase, reverse_exponential",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        default=UNIFORM,
+        check=one_of(*CURRICULA),
+    ),
+    Setting(
+        "curriculum_options",
+        KEY_VALUES,
+        "curriculum option (repeatable), e.g. tau=0.5; docs/protocol.md lists them",
+        flag="--curriculum-option",
+        metavar="KEY=VALUE",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        default={},
+    ),
     # Evaluation protocol.
     Setting(
         "test_lengths",
@@ -208,8 +223,8 @@ SETTINGS: tuple[Setting, ...] = (
         "arch",
         str,
         "architecture: transformer (default: the encoder, the only one with --pe, --kernel "
-        "and the transformer's flags), CHE's rnn, lstm, stack_rnn, stack_lstm, tape_rnn, or "
-        "a plugin's (see `che-bench models`)",
+        "and the transformer's flags), CHE's rnn, lstm, stack_rnn, stack_lstm, ndstack_rnn, "
+        "tape_rnn, or a plugin's (see `che-bench models`)",
         in_id=IN_ID_UNLESS_DEFAULT,
         default="transformer",
     ),
@@ -383,18 +398,3 @@ def omitted_at_default() -> dict[str, Any]:
         for setting in SETTINGS
         if setting.in_id == IN_ID_UNLESS_DEFAULT
     }
-
-
-def task_default(setting: Setting, task: Any) -> Any:
-    """The value ``setting`` takes for ``task`` when not given."""
-    return getattr(task, setting.task_default) if setting.task_default else setting.default
-
-
-def stored_value(config: dict[str, Any], setting: Setting) -> Any:
-    """The value of ``setting`` in a stored config dict (``RunConfig.to_dict``); its default
-    when the dict leaves it out."""
-    if setting.where == MODEL:
-        return config["model_options"].get(setting.name, setting.default)
-    if setting.where == DAPE:
-        return config["dape_options"].get(setting.name, setting.default)
-    return config.get(setting.name, setting.default)

@@ -27,6 +27,7 @@ TINY_MEMORY = {
     "stack_rnn": {"stack_cell_size": 3, "stack_size": 5},
     "stack_lstm": {"stack_cell_size": 3, "stack_size": 5},
     "tape_rnn": {"memory_cell_size": 3, "memory_size": 6, "mlp_layers_size": (4,)},
+    "ndstack_rnn": {"stack_size": 5},
 }
 
 
@@ -209,9 +210,10 @@ def test_haiku_initialisation_and_the_reference_parameter_counts():
     assert torch.all(gates.bias == 0) and torch.all(lstm.head.bias == 0)
     counts = {name: build_recurrent(name, task).describe()["parameters"] for name in ARCHITECTURES}
     # in->h (3+E)*256+256, h->h 256*256+256 (two biases), read-out 256*2+2; stack: push 8 and
-    # 3 actions of h; tape: MLP 256-64-64-8 and 5 actions of h.
+    # 3 actions of h; tape: MLP 256-64-64-8 and 5 actions of h; ndstack: reads 3 symbols,
+    # 84 actions of h (2 states, 3 symbols).
     assert counts == {"rnn": 67_330, "lstm": 266_754, "stack_rnn": 72_205,
-                      "stack_lstm": 277_773, "tape_rnn": 91_791}
+                      "stack_lstm": 277_773, "ndstack_rnn": 89_686, "tape_rnn": 91_791}
 
 
 def test_describe_names_the_architecture_and_its_sizes():

@@ -14,6 +14,7 @@ from che_bench.model.base import BenchModel
 from che_bench.settings import BY_NAME
 from che_bench.tasks import Task, get_task
 from che_bench.train.metrics import token_loss
+from che_bench.train.step import teacher_targets
 
 #: Relative error (``relative_error``) allowed between float32 logits / gradients computed by
 #: two implementations or devices (TF32 off): rounding differences only.
@@ -65,7 +66,7 @@ def forward_backward(
     """Logits ``[M, B, L, C]`` and every member's gradient ``[M, P]`` of the summed token
     losses, on the CPU."""
     model.zero_grad(set_to_none=True)
-    logits = model(inputs, draws)
+    logits = model(inputs, draws, **teacher_targets(model, targets))
     token_loss(logits, targets).sum().backward()
     members = model.members
     gradients = torch.cat(

@@ -46,6 +46,14 @@ def _register_table(subparsers: argparse._SubParsersAction) -> None:
     add_arch_filter_argument(table)
     _add_evaluation_argument(table)
     _add_metric_argument(table)
+    table.add_argument(
+        "--best-over",
+        action="append",
+        metavar="OPTION[,OPTION]",
+        help="architecture options whose values a cell takes the best over too: runs that "
+        "differ only in them share a column '(best of K)', each cell naming its best "
+        "configuration (the CHE paper's Tape-RNN: --best-over computation_steps_mult,n_tapes)",
+    )
     add_store_argument(table)
     table.set_defaults(handler=table_command)
 
@@ -169,6 +177,7 @@ def _write_text(text: str, out: str | None) -> Path | None:
 
 
 def table_command(args: argparse.Namespace) -> int:
+    from che_bench.reports.best_of import parse_best_over
     from che_bench.reports.tables import format_table
 
     store = existing_store(args.store)
@@ -181,6 +190,7 @@ def table_command(args: argparse.Namespace) -> int:
             fmt=args.fmt,
             evaluation=args.evaluation,
             metric=args.metric,
+            best_over=parse_best_over(args.best_over),
         )
     )
     return 0

@@ -157,7 +157,8 @@ def _run_grid(
         f"{complete} completed now, {len(outcome.failed)} failed"
         + (f", {outcome.not_started} not started (--max-runs)" if outcome.not_started else "")
     )
-    console.print(format_table(store, run_ids=outcome.run_ids), markup=False, soft_wrap=True)
+    table = format_table(store, run_ids=outcome.run_ids, best_over=suite.best_over)
+    console.print(table, markup=False, soft_wrap=True)
     for result in outcome.failed:
         console.print(f"[red]failed[/] {result.run_id}: {result.error}")
     return 1 if outcome.failed else 0

@@ -71,6 +71,15 @@ class Draws:
         )
 
 
+def scaled_scores(
+    q: torch.Tensor, k: torch.Tensor, rows: slice, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``q[rows] k^T / sqrt(d_h)``, ``[M, B, H, R, T]`` (the default hook's scores), written
+    into ``out`` when given."""
+    # Scaled in place: the same values, without a second full-size map.
+    return torch.matmul(q[..., rows, :], k.transpose(-1, -2), out=out).div_(math.sqrt(q.shape[-1]))
+
+
 class AttentionHook(nn.Module):
     """Per-layer part of an encoding. The default is plain scaled dot-product scores."""
 
@@ -87,7 +96,7 @@ class AttentionHook(nn.Module):
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, rows: slice, ctx: Any) -> torch.Tensor:
         """Scaled scores of query ``rows`` against all keys: ``[M, B, H, R, T]``."""
-        return torch.matmul(q[..., rows, :], k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        return scaled_scores(q, k, rows)
 
     def bias(self, rows: slice, length: int, ctx: Any) -> torch.Tensor | None:
         """Additive bias ``[M or 1, 1, H, R, T]`` for query ``rows``: a member axis of M when

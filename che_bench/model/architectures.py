@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from che_bench.encodings import canonical_encoding_name
 from che_bench.errors import CheBenchError, one_line
 from che_bench.members import load_member_states
+from che_bench.model.autoregressive import AutoregressiveTransformer
 from che_bench.model.base import BenchModel
 from che_bench.model.encoder import Encoder, build_model
 from che_bench.model.recurrent import (
@@ -116,6 +118,30 @@ def architecture_options(arch: str, options: dict[str, Any]) -> dict[str, Any]:
     return {**entry.defaults, **options}
 
 
+def architecture_overrides(
+    overrides: dict[str, Any], pe: str | None
+) -> tuple[dict[str, Any], str | None]:
+    """A run's ``overrides`` without None values, ``arch`` canonical (default: the
+    transformer), and (overrides, pe) with ``--pe`` and ``--pe-option`` made the options
+    ``pe`` (canonical, left out at its default) and ``pe_options`` of an architecture other
+    than the transformer that takes them (CHE's autoregressive transformer)."""
+    overrides = {key: value for key, value in overrides.items() if value is not None}
+    arch = overrides["arch"] = canonical_architecture(overrides.get("arch", TRANSFORMER))
+    defaults = get_architecture(arch).defaults
+    if arch == TRANSFORMER or "pe" not in defaults:
+        return overrides, pe
+    options = dict(overrides.get("arch_options", {}))
+    options.update({} if pe in (None, "none") else {"pe": pe})  # the CLI's --pe is "none"
+    if "pe" in options:
+        options["pe"] = canonical_encoding_name(str(options["pe"]))
+        if options["pe"] == defaults["pe"]:
+            del options["pe"]
+    if overrides.get("pe_options"):
+        options["pe_options"] = {**options.get("pe_options", {}), **overrides["pe_options"]}
+    rest = {key: value for key, value in overrides.items() if key != "pe_options"}
+    return {**rest, "arch_options": options}, None
+
+
 def build_architecture(
     arch: str,
     task: Task,
@@ -131,6 +157,13 @@ def build_architecture(
     entry = get_architecture(arch)
     if entry.build is None:
         return build_model(task, pe, kernel, members=members, **options)
+    if "pe" in entry.defaults:  # an architecture with a positional encoding: --pe is its own
+        if kernel is not None:
+            raise CheBenchError(
+                f"{entry.name} takes no DAPE kernel (--kernel): DAPE processes square "
+                "self-attention maps, not cross-attention or one decoding step"
+            )
+        options = {**options, "pe": pe}
     resolved = architecture_options(entry.name, options)
     try:
         return entry.build(task, members=members, **resolved)
@@ -163,6 +196,8 @@ _DESCRIPTIONS = {
     "lstm": "CHE's LSTM (hk.LSTM)",
     "stack_rnn": "CHE's Stack-RNN: a vanilla RNN with a differentiable stack (push, pop, no-op)",
     "stack_lstm": "CHE's Stack-LSTM: an LSTM with a differentiable stack (push, pop, no-op)",
+    "ndstack_rnn": "CHE's NDStack-RNN: a vanilla RNN with DuSell & Chiang's differentiable "
+    "nondeterministic stack (push, pop, replace over states and symbols)",
     "tape_rnn": "CHE's Tape-RNN: a vanilla RNN with a tape (write, stay, left, right, jumps)",
 }
 
@@ -189,6 +224,7 @@ def _register_built_ins() -> None:
                 _DESCRIPTIONS[name],
             ),
         )
+    register_model(AutoregressiveTransformer)  # CHE's other transformer
     for model in STATE_TRACKING_MODELS:
         register_model(model)
 

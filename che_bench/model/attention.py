@@ -3,7 +3,10 @@ encoding's hook and an optional DAPE processor of the scores) and the post-LN bl
 
 Without gradients (evaluation) attention runs over chunks of query rows sized from the memory
 budget, so that no ``[M, B, ., T, T]`` map of the whole sequence is ever materialised; with
-gradients everything is one chunk.
+gradients everything is one chunk. With DAPE on a CPU (and nothing captured), every chunk's
+default scores go into one buffer reused by the next chunk, and DAPE's logits, the mask and
+the softmax are written over them in place: the same values, without the fresh full-size maps
+whose page faults cost more than their arithmetic.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 from torch import nn
 
 from che_bench.encodings import AttentionHook
+from che_bench.encodings.base import scaled_scores
 from che_bench.members import MemberLayerNorm, MemberLinear
 from che_bench.model.dape import DapeProcessor
 from che_bench.model.dropout import SequenceDropout
@@ -57,6 +61,8 @@ class Attention(nn.Module):
         # Plain scores and no processor: the fused kernel can take the bias as a mask.
         self.fused = dape is None and type(hook).scores is AttentionHook.scores
         self.capture: list[dict[str, torch.Tensor | None]] | None = None
+        #: During a forward, the buffer its row chunks' scores reuse (``_scores_buffer``).
+        self.scores_buffer: torch.Tensor | None = None
 
     def transient_channels(self, device: torch.device) -> int:
         """Float maps of shape ``[M, B, ., R, T]`` alive per row chunk (an estimate): those the
@@ -78,12 +84,33 @@ class Attention(nn.Module):
         else:
             channels = self.transient_channels(x.device)
             step = rows_per_chunk(members * batch, length, channels, self.memory_budget_bytes)
-        chunks = [
-            self._attend(q, k, v, slice(start, min(start + step, length)), ctx)
-            for start in range(0, length, step)
-        ]
+        self.scores_buffer = self._scores_buffer(q, step, length)
+        try:
+            chunks = [
+                self._attend(q, k, v, slice(start, min(start + step, length)), ctx)
+                for start in range(0, length, step)
+            ]
+        finally:
+            self.scores_buffer = None
         out = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=-2)
         return self.output(out.transpose(2, 3).reshape(members, batch, length, dim))
+
+    def _in_place(self, device: torch.device) -> bool:
+        """Whether DAPE's maps are built in place: on a CPU, without gradients or capture, a
+        fresh full-size map per row chunk costs more (in page faults) than its arithmetic."""
+        return (
+            self.dape is not None
+            and self.capture is None
+            and device.type == "cpu"
+            and not torch.is_grad_enabled()
+        )
+
+    def _scores_buffer(self, q: torch.Tensor, rows: int, length: int) -> torch.Tensor | None:
+        """One flat buffer that every row chunk's scores reuse, when built in place with the
+        default scores (other encodings' ``scores`` return maps of their own)."""
+        if not self._in_place(q.device) or type(self.hook).scores is not AttentionHook.scores:
+            return None
+        return q.new_empty(math.prod(q.shape[:3]) * rows * length)
 
     def _attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: slice, ctx: Any
@@ -110,10 +137,25 @@ class Attention(nn.Module):
         future: torch.Tensor | None,
     ) -> torch.Tensor:
         """The softmax probabilities of the query ``rows``, computed explicitly (recorded in
-        ``capture`` with the raw scores and the DAPE logits when capturing)."""
-        scores = self.hook.scores(q, k, rows, ctx)
-        raw = scores if bias is None else scores + bias
-        logits = self.dape(scores, bias, rows) if self.dape is not None else raw
+        ``capture`` with the raw scores and the DAPE logits when capturing; the scores written
+        into ``scores_buffer`` when there is one)."""
+        if self.scores_buffer is None:
+            scores = self.hook.scores(q, k, rows, ctx)
+        else:
+            shape = (*q.shape[:3], rows.stop - rows.start, k.shape[-2])
+            buffer = self.scores_buffer[: math.prod(shape)].view(shape)
+            scores = scaled_scores(q, k, rows, buffer)
+        capturing, in_place = self.capture is not None, self._in_place(q.device)
+        raw: torch.Tensor | None
+        if self.dape is None:
+            logits = raw = scores if bias is None else scores + bias
+        else:  # the scores are DAPE's alone unless captured; their sum with the bias is unused
+            raw = (scores if bias is None else scores + bias) if capturing else None
+            logits = self.dape(scores, bias, rows, overwrite=not capturing)
+        if in_place:  # DAPE's logits are this chunk's own map: masked and normalised in place
+            if future is not None:
+                logits.masked_fill_(future, -math.inf)
+            return torch.ops.aten._softmax.out(logits, -1, False, out=logits)
         if future is not None:  # after every processor, never inside it
             logits = logits.masked_fill(future, -math.inf)
         probabilities = torch.softmax(logits, dim=-1)

@@ -51,6 +51,9 @@ class BenchModel(nn.Module):
     #: Options that change neither parameters nor outputs (by default the evaluation memory
     #: budget, an option named as the attribute that holds it).
     inert_options: ClassVar[frozenset[str]] = frozenset({"memory_budget_bytes"})
+    #: True for a model trained with teacher forcing: the training step then passes the
+    #: targets (``forward(inputs, draws, targets=...)``, ``[M, B, L]``); evaluation never does.
+    uses_targets: ClassVar[bool] = False
 
     task: Task
     members: int

@@ -108,8 +108,9 @@ def render_report(
     if evaluation != ORIGINAL and not (evaluated["status"] == "complete").any():
         raise CheBenchError(f"no complete run of {title} has evaluation {evaluation}")
     compare = "paper" if paper_table_or_none() is not None and metric == "token" else "none"
+    best = _suite_best_over(suite)
     table, notes = display_table(
-        store, run_ids=ids, compare=compare, evaluation=evaluation, metric=metric
+        store, run_ids=ids, compare=compare, evaluation=evaluation, metric=metric, best_over=best
     )
     figures = _length_figures(store, table, ids, evaluation, metric)
     shown = _shown_evaluation(evaluated, evaluation)
@@ -142,6 +143,13 @@ def render_report(
         ),
     ]
     return page_html(f"che-bench report: {title}", sections)
+
+
+def _suite_best_over(suite: str | None) -> tuple[str, ...]:
+    """The options a suite's table takes the best over (its ``best_over``)."""
+    from che_bench.run.suites import load_suite
+
+    return () if suite is None else load_suite(suite).best_over
 
 
 def _length_figures(

@@ -52,7 +52,7 @@ _COUNTED_MODEL_OPTIONS = ("layers", "heads")
 def paper_protocol_differences(settings: dict[str, Any]) -> list[str]:
     """How a run's settings (``run_settings``) differ from the published protocol, most telling
     first, e.g. ``["preset quick", "1500 steps", "2 layers", ...]``; empty when the run followed
-    it: preset paper with its steps, batch, optimiser, model, training lengths 1..40, and the
+    it: preset paper with its steps, batch, optimiser, model, uniform lengths 1..40, and the
     score over every test length 41..500 from 512 sequences each. Seeds, learning rates and
     dropout at evaluation may differ (the reference code keeps dropout on at evaluation)."""
     paper = protocol.preset_settings("paper")
@@ -69,6 +69,9 @@ def paper_protocol_differences(settings: dict[str, Any]) -> list[str]:
         differences.append(f"batch {settings['batch_size']}")
     if settings["train_max_length"] != paper["train_max_length"]:
         differences.append(f"training lengths up to {settings['train_max_length']}")
+    curriculum = stored_value(settings, BY_NAME["curriculum"])
+    if curriculum != BY_NAME["curriculum"].default:
+        differences.append(f"curriculum {curriculum}")
     if tuple(settings["test_lengths"]) != protocol.parse_lengths(paper["test_lengths"]):
         differences.append(f"test lengths {protocol.format_lengths(settings['test_lengths'])}")
     if settings["score_from_42"]:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
 from che_bench.config import TRANSFORMER
 from che_bench.errors import CheBenchError
-from che_bench.reports import grazzi, table_formats, unregistered
+from che_bench.reports import best_of, grazzi, table_formats, unregistered
 from che_bench.reports.chance import run_exact_chance
 from che_bench.reports.labels import (
     CHE_BASELINES,
@@ -33,19 +33,16 @@ from che_bench.reports.labels import (
     PAPER_ENCODING_LABELS,
     architecture_label,
     architecture_order,
-    labelled_runs,
     run_architecture,
 )
 from che_bench.reports.paper import (
     PAPER_NOTE,
-    SHOWN_DIFFERENCES,
     load_paper_table,
     paper_protocol_text,
     paper_table_or_none,
 )
 from che_bench.reports.scaled import with_scaled_accuracy
-from che_bench.reports.table_formats import PAPER_SUFFIX
-from che_bench.reports.unregistered import UNKNOWN_LEVEL
+from che_bench.reports.table_formats import PAPER_SUFFIX, cell_text, chance_text, paper_text
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
 
 FORMATS = ("text", "csv", "markdown", "latex")
@@ -101,9 +98,12 @@ def summarize(
     compare: str = "none",
     evaluation: str = ORIGINAL,
     metric: str = "token",
+    best_over: Sequence[str] = (),
 ) -> pd.DataFrame:
     """Long table, one row per (task, column): level, chance, max, mean, std, n (percent) of
-    the ``metric`` scores of ``evaluation`` (see ``ResultStore.runs``). With
+    the ``metric`` scores of ``evaluation`` (see ``ResultStore.runs``); with ``best_over``
+    (option names, ``reports.best_of``) runs differing in those share a column and ``best``
+    names each cell's best configuration. With
     ``compare="paper"`` (or ``"grazzi"``: Grazzi et al.'s Table 3, ``reports.grazzi``) also
     ``paper``, ``comparable`` (the cell's runs followed the published
     protocol), ``diff`` (max - paper, NaN unless comparable), ``differences`` (a tuple: what
@@ -111,7 +111,7 @@ def summarize(
     run kept dropout on at evaluation, as the reference code does)."""
     _check_compare(compare, metric)
     return _summarize_runs(
-        complete_runs(store, tasks, run_ids, evaluation, metric), compare, metric
+        complete_runs(store, tasks, run_ids, evaluation, metric), compare, metric, best_over
     )
 
 
@@ -129,14 +129,17 @@ def _check_compare(compare: str, metric: str = "token") -> None:
         )
 
 
-def _summarize_runs(runs: pd.DataFrame, compare: str, metric: str) -> pd.DataFrame:
+def _summarize_runs(
+    runs: pd.DataFrame, compare: str, metric: str, best_over: Sequence[str] = ()
+) -> pd.DataFrame:
     """``summarize`` of a frame of complete runs, scored in ``metric``."""
     columns = ["level", "task", "column", "chance", "max", "mean", "std", "n"]
+    columns += [best_of.BEST] if best_over else []
     if compare != "none":
         columns += ["paper", "diff", "comparable", "differences", "dropout_at_eval"]
     if runs.empty:
         return pd.DataFrame(columns=columns)
-    runs = labelled_runs(runs)
+    runs = best_of.labelled(runs, best_over)
     if compare == grazzi.COMPARISON:
         runs = grazzi.with_protocol_differences(runs)
     if metric == "exact":
@@ -165,6 +168,8 @@ def _summarize_runs(runs: pd.DataFrame, compare: str, metric: str) -> pd.DataFra
         )
         .reset_index()
     )
+    if best_over:
+        cells[best_of.BEST] = best_of.winners(cells, runs, ["level", "task_label", "column"])
     paper = load_paper_table() if compare == "paper" else paper_table_or_none()
     if compare == "paper" and paper is not None:
         cells["paper"] = [
@@ -241,9 +246,10 @@ def format_table(
     fmt: str = "text",
     evaluation: str = ORIGINAL,
     metric: str = "token",
+    best_over: Sequence[str] = (),
 ) -> str:
-    """The CHE table of the store's complete runs (``metric`` scores of ``evaluation``) as
-    text, CSV, Markdown or LaTeX."""
+    """The CHE table of the store's complete runs (``metric`` scores of ``evaluation``, cells
+    the best over ``best_over`` options too) as text, CSV, Markdown or LaTeX."""
     if fmt not in FORMATS:
         raise CheBenchError(f"unknown table format {fmt!r}; valid: {', '.join(FORMATS)}")
     if fmt == "csv":
@@ -254,10 +260,17 @@ def format_table(
             compare=compare,
             evaluation=evaluation,
             metric=metric,
+            best_over=best_over,
         )
         return "" if cells.empty else _numeric_pivot(cells, compare).to_csv(float_format="%.4f")
     table, notes = display_table(
-        store, tasks=tasks, run_ids=run_ids, compare=compare, evaluation=evaluation, metric=metric
+        store,
+        tasks=tasks,
+        run_ids=run_ids,
+        compare=compare,
+        evaluation=evaluation,
+        metric=metric,
+        best_over=best_over,
     )
     if table.empty:
         return "(no complete runs)\n"
@@ -276,15 +289,17 @@ def display_table(
     compare: str = "none",
     evaluation: str = ORIGINAL,
     metric: str = "token",
+    best_over: Sequence[str] = (),
 ) -> tuple[pd.DataFrame, list[str]]:
     """The table as display strings (one row per task, indexed by level, task and chance %)
     and its notes; an empty frame when there is no complete run."""
     _check_compare(compare, metric)
     runs = complete_runs(store, tasks, run_ids, evaluation, metric)
-    cells = _summarize_runs(runs, compare, metric)
+    cells = _summarize_runs(runs, compare, metric, best_over)
     if cells.empty:
         return pd.DataFrame(), []
-    return _text_pivot(cells, compare), _notes(runs, cells, compare, evaluation, metric)
+    notes = _notes(runs, cells, compare, evaluation, metric) + best_of.notes(best_over)
+    return _text_pivot(cells, compare), notes
 
 
 def _wide(cells: pd.DataFrame, values: dict[str, list]) -> pd.DataFrame:
@@ -303,46 +318,22 @@ def _numeric_pivot(cells: pd.DataFrame, compare: str) -> pd.DataFrame:
     stats = ["max", "mean", "std", "n"] + (
         ["paper", "diff", "comparable"] if compare != "none" else []
     )
+    stats += [best_of.BEST] if best_of.BEST in cells else []
     table = _wide(cells, {f" {stat}": list(cells[stat]) for stat in stats})
     counts = [column for column in table.columns if column.endswith(" n")]
     return table.astype({column: "Int64" for column in counts})
 
 
 def _text_pivot(cells: pd.DataFrame, compare: str) -> pd.DataFrame:
-    cells = cells.assign(chance=[_chance_text(c) for c in cells["chance"]])
-    values = {"": [_cell_text(row) for _, row in cells.iterrows()]}
+    cells = cells.assign(chance=[chance_text(c) for c in cells["chance"]])
+    values = {"": [cell_text(row) for _, row in cells.iterrows()]}
     if compare != "none":
-        values[PAPER_SUFFIX] = [_paper_text(row) for _, row in cells.iterrows()]
+        values[PAPER_SUFFIX] = [paper_text(row) for _, row in cells.iterrows()]
     table = _wide(cells, values).fillna("")
     # Drop comparison columns with no published value at all (e.g. encodings not in the paper).
     return table[
         [c for c in table.columns if not (c.endswith(PAPER_SUFFIX) and (table[c] == "").all())]
     ]
-
-
-def _chance_text(chance: float) -> str:
-    """A chance in percent; the tiny ones of exact match with one significant digit."""
-    if math.isnan(chance):
-        return UNKNOWN_LEVEL
-    return f"{chance:.1f}" if chance >= 0.05 or chance == 0 else f"{chance:.0e}"
-
-
-def _cell_text(row: pd.Series) -> str:
-    if row["n"] == 1:
-        return f"{row['max']:.2f} (n=1)"
-    return f"{row['max']:.2f} ({row['mean']:.2f}±{row['std']:.2f}, n={row['n']})"
-
-
-def _paper_text(row: pd.Series) -> str:
-    """The published value and ours minus it, or what keeps the cell from being compared."""
-    if math.isnan(row["paper"]):
-        return ""
-    if row["comparable"]:
-        return f"{row['paper']:.2f} ({row['diff']:+.2f})"
-    shown = list(row["differences"][:SHOWN_DIFFERENCES])
-    if len(row["differences"]) > SHOWN_DIFFERENCES:
-        shown.append(f"+{len(row['differences']) - SHOWN_DIFFERENCES} more")
-    return f"{row['paper']:.2f} (not comparable: {', '.join(shown)})"
 
 
 def _notes(

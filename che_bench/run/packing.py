@@ -54,6 +54,7 @@ def training_bytes_per_member(config: RunConfig, device: torch.device) -> int:
     only with faked memory queries, in tests)."""
     from che_bench.model.architectures import build_architecture
     from che_bench.train.metrics import token_loss
+    from che_bench.train.step import teacher_targets
 
     task = config.build_task()
     length = config.train_max_length
@@ -66,7 +67,9 @@ def training_bytes_per_member(config: RunConfig, device: torch.device) -> int:
         torch.cuda.synchronize(device)
         baseline = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        logits = model(inputs.to(device))
+        # A model trained with teacher forcing reads the targets, as in its training step.
+        teacher = teacher_targets(model, torch.from_numpy(batch.targets.copy()).to(device))
+        logits = model(inputs.to(device), **teacher)
         targets = torch.zeros(logits.shape[:-1], dtype=torch.long, device=device)
         token_loss(logits, targets).sum().backward()
         torch.cuda.synchronize(device)

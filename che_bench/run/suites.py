@@ -45,6 +45,7 @@ _TOP_LEVEL_KEYS = {
     "learning_rates",
     "overrides",
     "resources",
+    "best_over",
 }
 _RESOURCE_KEYS = {"num_cpus", "num_gpus"}
 #: The keys of a table entry of ``tasks``, ``architectures`` and ``encodings`` besides ``name``.
@@ -113,6 +114,8 @@ class Suite:
     learning_rates: tuple[float, ...] | None
     overrides: dict[str, Any]
     resources: Resources
+    #: Architecture options whose values its tables take the best over (``reports.best_of``).
+    best_over: tuple[str, ...] = ()
 
     def configs(self) -> list[RunConfig]:
         """Every run of the grid as a RunConfig, in a stable order, without duplicates.
@@ -263,6 +266,7 @@ def parse_suite(data: dict[str, Any], path: Path) -> Suite:
             learning_rates=_learning_rates(data.get("learning_rates")),
             overrides=dict(overrides),
             resources=_resources(data.get("resources", {})),
+            best_over=_best_over(data.get("best_over", [])),
         )
     except CheBenchError as exc:
         raise fail(str(exc)) from None
@@ -361,6 +365,13 @@ def _learning_rates(value: Any) -> tuple[float, ...] | None:
     ):
         raise CheBenchError("'learning_rates' must be positive numbers")
     return tuple(dict.fromkeys(float(lr) for lr in rates))
+
+
+def _best_over(value: Any) -> tuple[str, ...]:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise CheBenchError("'best_over' must be a list of architecture option names")
+    return tuple(dict.fromkeys(names))
 
 
 def _resources(value: Any) -> Resources:

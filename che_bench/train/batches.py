@@ -1,6 +1,6 @@
-"""A pack's training batches: one length per step, each member's own data and random
-positions, made ahead on a background thread (on a GPU, copied from pinned memory) or in
-worker processes for a wide pack."""
+"""A pack's training batches: one length per step (the run's curriculum), each member's own
+data and random positions, made ahead on a background thread (on a GPU, copied from pinned
+memory) or in worker processes for a wide pack."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from che_bench import curricula
 from che_bench.config import RunConfig
 from che_bench.device_memory import usable_cpus
 from che_bench.encodings.base import Draws
@@ -61,8 +62,9 @@ class PackBatch:
 
 
 class BatchStream:
-    """The training batches of a pack, in order: the shared length schedule and each
-    member's data generator. Its RNG states can be saved and restored with the batches.
+    """The training batches of a pack, in order: the shared length schedule (the first
+    config's curriculum, at the step counted here) and each member's data generator. Its RNG
+    states can be saved and restored with the batches (the step with them: ``restore``).
 
     ``workers`` > 0 (a pack with a length seed): the members' batches are made in that many
     worker processes (``che_bench.train.batch_workers``), the same batches as in this process.
@@ -85,6 +87,13 @@ class BatchStream:
         first = configs[0]
         self.task, self.batch_size = task, first.batch_size
         self.min_length, self.max_length = task.min_length, first.train_max_length
+        self.curriculum = curricula.build(
+            first.curriculum,
+            first.curriculum_options,
+            range(self.min_length, self.max_length + 1),
+            first.steps,
+        )
+        self.step = 0  # of the next length drawn, 0 first (CHE's curricula count so)
         self.data_rngs = [np.random.default_rng(config.data_seed) for config in configs]
         # Without a length seed (a single run) the lengths come from the data generator.
         seeded = first.length_seed is not None
@@ -102,6 +111,9 @@ class BatchStream:
         }
 
     def restore(self, states: dict[str, Any]) -> None:
+        """The generators back to ``states``, and the curriculum to ``states["step"]`` (the
+        step reached: the next batch is that step's)."""
+        self.step = int(states.get("step", 0))
         if self.length_rng is not None:
             self.length_rng.bit_generator.state = states["length"]
         for rng, state in zip(self.data_rngs, states["data"], strict=True):
@@ -120,7 +132,9 @@ class BatchStream:
 
     def _draw_length(self) -> int:
         length_rng = self.length_rng or self.data_rngs[0]
-        return int(length_rng.integers(self.min_length, self.max_length + 1))
+        length = self.curriculum.length(self.step, length_rng)
+        self.step += 1
+        return length
 
     def _batch(self, length: int, arrays: tuple[np.ndarray, ...], states: dict) -> PackBatch:
         """The batch of ``arrays`` with its sample drawn; ``states``: the length and data

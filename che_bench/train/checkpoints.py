@@ -104,8 +104,10 @@ def load_checkpoints(
     for member, state in enumerate(states):
         optimizer.load_member_state(member, state)
         history.restore(member, state.get("history"))
+    step = steps.pop()
     stream.restore(
         {
+            "step": step,
             "length": states[0]["length_rng"],
             "data": [s["data_rng"] for s in states],
             "draw": [state["draw_rng"] for state in states],
@@ -115,4 +117,4 @@ def load_checkpoints(
     # (Absent from checkpoints written before: those saved every visible GPU's state.)
     if device.type == "cuda" and states[0].get("device_rng") is not None:
         torch.cuda.set_rng_state(states[0]["device_rng"], device)
-    return steps.pop(), float(states[0]["train_seconds"])
+    return step, float(states[0]["train_seconds"])

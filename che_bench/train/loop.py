@@ -7,9 +7,10 @@ all of them. Each member keeps its own parameters, Adam state, gradient clipping
 per member), Kerple projection, dropout masks, randomized-position draws and training data;
 the members share the length drawn at each step.
 
-Each step draws one length uniformly from ``task.min_length..train_max_length`` (from the
-length seed's generator, or, for a run without one, from its data generator as before the
-length seed existed) and, per member, a batch of that length from a numpy Generator seeded
+Each step draws one length by the run's curriculum (``che_bench.curricula``; by default
+uniformly from ``task.min_length..train_max_length``) from the length seed's generator, or,
+for a run without one, from its data generator as before the length seed existed; and, per
+member, a batch of that length from a numpy Generator seeded
 with its ``data_seed``; the loss is the per-token cross-entropy averaged over batch and output
 positions (unmasked, as in the reference). Dropout draws from torch's global RNG; randomized
 encodings from per-member generators of their own.

@@ -40,7 +40,7 @@ def training_step(
         draws = model.sample_draws(inputs.shape[-1])
     optimizer.zero_grad()
     if micro_batches <= 1:  # the GPU's step: no operator spent on splitting
-        logits = model(inputs, draws)
+        logits = model(inputs, draws, **teacher_targets(model, targets))
         losses = token_loss(logits, targets, loss_mask)
         losses.sum().backward()  # members are independent: each gets its own loss's gradient
         losses, logits = losses.detach(), logits.detach()
@@ -68,7 +68,7 @@ def _micro_batched_backward(
     losses, logits = [], []
     for rows in micro_batch_rows(batch, micro_batches):
         share = (rows.stop - rows.start) / batch
-        part_logits = model(inputs[:, rows], draws)
+        part_logits = model(inputs[:, rows], draws, **teacher_targets(model, targets[:, rows]))
         part_losses = token_loss(
             part_logits, targets[:, rows], None if loss_mask is None else loss_mask[:, rows]
         )
@@ -76,6 +76,11 @@ def _micro_batched_backward(
         losses.append(part_losses.detach() * share)
         logits.append(part_logits.detach())
     return torch.stack(losses).sum(0), torch.cat(logits, dim=1)
+
+
+def teacher_targets(model: BenchModel, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The targets, as keyword, for a model trained with teacher forcing (``uses_targets``)."""
+    return {"targets": targets} if model.uses_targets else {}
 
 
 def micro_batch_rows(batch: int, parts: int) -> list[slice]:

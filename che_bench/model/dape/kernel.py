@@ -150,10 +150,27 @@ def _first_layer(
     """The im2col matrix ``[k*C, n]`` of a chunk and its activated hidden map ``[D, n]``,
     written into the given buffers; ``conv1`` is ``[D, k*C]``, ``addend`` ``[D, R|1, T|1]``."""
     windows = _key_windows(content[chunk.batch, :, chunk.rows], kernel, windows_out)
-    hidden = torch.mm(conv1, windows, out=hidden_out)
     addend = _rows_of(addend, chunk.rows)
-    hidden.view(hidden.shape[0], -1, addend.shape[-1]).add_(addend[:, None])
+    if addend.shape[1] in (1, windows.shape[1]):  # one sequence: the product adds it, no pass
+        hidden = torch.addmm(addend, conv1, windows, out=hidden_out)
+    else:
+        hidden = torch.mm(conv1, windows, out=hidden_out)
+        hidden.view(hidden.shape[0], -1, addend.shape[-1]).add_(addend[:, None])
     return windows, F.leaky_relu(hidden, NEGATIVE_SLOPE, inplace=True)
+
+
+def batch_free_addend(
+    bias: torch.Tensor | None, weight1: torch.Tensor, bias1: torch.Tensor, heads: int
+) -> torch.Tensor:
+    """The first convolution's batch-free part, ``[D, R, T]`` (``[D, 1, 1]`` without a bias):
+    ``bias1`` plus the bias channels ``[1, C_b, R, T]`` through their columns of ``weight1``
+    (``[D, heads + C_b, k]``), computed once for every sequence of the batch."""
+    addend = bias1[:, None, None]
+    if bias is not None:
+        windows = _key_windows(bias, weight1.shape[-1])
+        addend = torch.addmm(bias1[:, None], _im2col_matrix(weight1[:, heads:]), windows)
+        addend = addend.view(-1, *bias.shape[2:])
+    return addend
 
 
 def _member_forward(
@@ -169,12 +186,7 @@ def _member_forward(
     ``bias`` ``[1, C_b, R, T]``); writes f's hidden maps into ``kept`` (flat buffers) when
     given. Returns the first layer's batch-free addend, ``[D, R, T]`` or ``[D, 1, 1]``."""
     kernel, width, heads = weight1.shape[-1], weight1.shape[0], content.shape[1]
-    # The batch-free bias channels pass the first convolution once: [D, R, T] or [D, 1, 1].
-    addend = bias1[:, None, None]
-    if bias is not None:
-        addend = torch.addmm(
-            bias1[:, None], _im2col_matrix(weight1[:, heads:]), _key_windows(bias, kernel)
-        ).view(-1, *bias.shape[2:])
+    addend = batch_free_addend(bias, weight1, bias1, heads)
     conv1, conv2 = _im2col_matrix(weight1[:, :heads]), _taps_matrix(weight2)
     chunks = _cache_chunks(content, width)
     buffers = _ChunkBuffers(content, chunks, **(kept or {}))
@@ -376,8 +388,10 @@ class ScoreFilter(torch.autograd.Function):
             )
             for collected, value in zip(grads, member_grads, strict=False):
                 collected.append(value)
+        # One member's gradients are viewed, not copied (a full-size map for the content).
         grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2 = (
-            None if values[0] is None else torch.stack(values) for values in grads
+            None if values[0] is None else values[0][None] if members == 1 else torch.stack(values)
+            for values in grads
         )
         if grad_bias is not None and bias.shape[0] == 1:  # one bias shared by the members
             grad_bias = grad_bias.sum(0, keepdim=True)

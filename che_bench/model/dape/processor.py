@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from che_bench.errors import CheBenchError
+from che_bench.model.dape.inference import add_filter_in_place
 from che_bench.model.dape.kernel import NEGATIVE_SLOPE, ScoreFilter
 
 VARIANTS = ("concat_residual", "concat", "add_residual")
@@ -118,6 +119,11 @@ class DapeProcessor(nn.Module):
                     bound = 1 / math.sqrt(weight.shape[1] * weight.shape[2])
                     nn.init.uniform_(bias, -bound, bound)
 
+    @property
+    def filter_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """f's parameters but its output bias: ``weight1``, ``bias1``, ``weight2``."""
+        return self.weight1, self.bias1, self.weight2
+
     def uses_convolution(self, device: torch.device) -> bool:
         if self.implementation not in IMPLEMENTATIONS:
             raise CheBenchError(
@@ -138,12 +144,18 @@ class DapeProcessor(nn.Module):
         return 6 * self.heads
 
     def forward(
-        self, scores: torch.Tensor, bias: torch.Tensor | None = None, rows: slice | None = None
+        self,
+        scores: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        rows: slice | None = None,
+        overwrite: bool = False,
     ) -> torch.Tensor:
         """Logits ``[M, B, H, R, T]`` from scores ``[M, B, H, R, T]`` and bias
         ``[M or 1, 1, H, R, T]``.
 
-        ``rows`` locates the chunk's query rows (needed only by ``tril``).
+        ``rows`` locates the chunk's query rows (needed only by ``tril``). ``overwrite``: the
+        caller no longer needs ``scores``, so without gradients the ``chunks`` filter may
+        build the logits in their place (the same values, one full-size map fewer).
         """
         if (bias is not None) != self.with_bias:
             raise CheBenchError(
@@ -164,7 +176,13 @@ class DapeProcessor(nn.Module):
                 bias = bias.masked_fill(future, 0.0)
 
         bias_channels = bias if self.concat_bias else None
-        if self.uses_convolution(scores.device):
+        convolution = self.uses_convolution(scores.device)
+        # (an expanded, non-contiguous map is never overwritten)
+        if overwrite and not convolution and not torch.is_grad_enabled() and scores.is_contiguous():
+            return add_filter_in_place(
+                scores, content, bias_channels, residual_terms, *self.filter_weights
+            )
+        if convolution:
             filtered = _filter_by_convolution(
                 content, bias_channels, self.weight1, self.bias1, self.weight2
             )

@@ -1,5 +1,5 @@
 """CHE's recurrent baselines (CHE experiments/constants.py MODEL_BUILDERS): ``rnn``, ``lstm``,
-``stack_rnn``, ``stack_lstm`` and ``tape_rnn``, with che-bench's member axis.
+``stack_rnn``, ``stack_lstm``, ``ndstack_rnn`` and ``tape_rnn``, with che-bench's member axis.
 
 ``build_recurrent(name, task, members=..., **options)`` builds one (initialised from torch's
 global RNG); ``che_bench.model.packs.stack_members`` packs several, each built from its own
@@ -13,7 +13,8 @@ from typing import Any
 
 from che_bench.errors import CheBenchError
 from che_bench.model.base import positive_int
-from che_bench.model.recurrent.base import Cell, Memory, RecurrentModel
+from che_bench.model.recurrent.base import COMPUTATION_STEPS, Cell, Memory, RecurrentModel
+from che_bench.model.recurrent.ndstack_rnn import NDStackMemory
 from che_bench.model.recurrent.rnn import CELLS
 from che_bench.model.recurrent.stack_rnn import StackMemory
 from che_bench.model.recurrent.tape_rnn import TapeMemory
@@ -22,7 +23,8 @@ from che_bench.tasks.base import Task
 
 @dataclass(frozen=True)
 class Architecture:
-    """A cell (``rnn``: hk.VanillaRNN, ``lstm``: hk.LSTM) and its memory (None, "stack", "tape")."""
+    """A cell (``rnn``: hk.VanillaRNN, ``lstm``: hk.LSTM) and its memory (None, "stack",
+    "ndstack", "tape")."""
 
     cell: str
     memory: str | None
@@ -33,6 +35,7 @@ ARCHITECTURES = {
     "lstm": Architecture("lstm", None),
     "stack_rnn": Architecture("rnn", "stack"),
     "stack_lstm": Architecture("lstm", "stack"),
+    "ndstack_rnn": Architecture("rnn", "ndstack"),
     "tape_rnn": Architecture("rnn", "tape"),
 }
 
@@ -42,6 +45,7 @@ LABELS = {
     "lstm": "LSTM",
     "stack_rnn": "Stack-RNN",
     "stack_lstm": "Stack-LSTM",
+    "ndstack_rnn": "NDStack-RNN",
     "tape_rnn": "Tape-RNN",
 }
 
@@ -64,6 +68,9 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "memory_budget_bytes": 1 << 30,  # che-bench's evaluation budget (model.MODEL_DEFAULTS)
     # A one-member lstm evaluates with torch's fused kernel (same outputs, faster; see rnn.py).
     "fused": True,
+    # CHE experiments/utils.py make_model_with_empty_targets (any model): this many times the
+    # input length of computation tokens between the input and the empty output positions.
+    COMPUTATION_STEPS: 0,
 }
 #: Options of each memory, with their defaults.
 MEMORY_DEFAULTS: dict[str | None, dict[str, Any]] = {
@@ -75,12 +82,23 @@ MEMORY_DEFAULTS: dict[str | None, dict[str, Any]] = {
         "stack_cell_size": 8,
         "stack_size": 30,
     },
+    "ndstack": {
+        # CHE's NDStackRNNCore takes both without a default; DuSell & Chiang's released NS-RNN
+        # runs (bdusell/nondeterministic-stack-rnn experiments/train/{dyck,unmarked-reversal}/
+        # ns) use 2 states and 3 stack symbols (docs/baselines.md). CHE's defaults:
+        # stack_size=30, read_states=False.
+        "stack_states": 2,
+        "stack_symbols": 3,
+        "stack_size": 30,
+        "read_states": False,
+    },
     "tape": {
         # CHE experiments/example.py _ARCHITECTURE_PARAMS: memory_cell_size 8, memory_size 40.
         "memory_cell_size": 8,
         "memory_size": 40,
-        # CHE models/tape_rnn.py TapeRNNCore: mlp_layers_size=(64, 64).
+        # CHE models/tape_rnn.py TapeRNNCore: mlp_layers_size=(64, 64), n_tapes=1.
         "mlp_layers_size": (64, 64),
+        "n_tapes": 1,
     },
 }
 
@@ -110,6 +128,12 @@ def _settings(name: str, options: dict[str, Any]) -> dict[str, Any]:
     for key, value in settings.items():
         if key == "mlp_layers_size":
             settings[key] = tuple(positive_int(key, size) for size in value)
+        elif key == COMPUTATION_STEPS:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise CheBenchError(f"{key} must be a non-negative integer, got {value!r}")
+        elif key == "read_states":
+            if not isinstance(value, bool):
+                raise CheBenchError(f"{key} must be true or false, got {value!r}")
         elif key != "fused":
             positive_int(key, value)
     return settings
@@ -119,6 +143,15 @@ def _memory(kind: str | None, members: int, settings: dict[str, Any]) -> Memory 
     hidden = settings["hidden_size"]
     if kind == "stack":
         return StackMemory(members, hidden, settings["stack_cell_size"], settings["stack_size"])
+    if kind == "ndstack":
+        return NDStackMemory(
+            members,
+            hidden,
+            settings["stack_states"],
+            settings["stack_symbols"],
+            settings["stack_size"],
+            settings["read_states"],
+        )
     if kind == "tape":
         return TapeMemory(
             members,
@@ -126,6 +159,7 @@ def _memory(kind: str | None, members: int, settings: dict[str, Any]) -> Memory 
             settings["memory_cell_size"],
             settings["memory_size"],
             settings["mlp_layers_size"],
+            settings["n_tapes"],
         )
     return None
 
@@ -137,12 +171,19 @@ def build_recurrent(name: str, task: Task, *, members: int = 1, **options: Any) 
     ``recurrent_defaults(name)``; anything else raises CheBenchError."""
     architecture = _architecture(name)
     settings = _settings(name, options)
+    computation = settings[COMPUTATION_STEPS]
+    if computation and task.output_layout == "in_place":
+        raise CheBenchError(
+            f"{COMPUTATION_STEPS} needs outputs after the input (CHE's layout); task "
+            f"{task.name!r} reads its outputs at its inputs"
+        )
     memory = _memory(architecture.memory, members, settings)
     extra = 0 if memory is None else memory.width
     # CHE experiments/utils.py make_model_with_empty_targets: one-hot of input_size + 1
-    # classes, the empty output positions being class input_size.
+    # classes, the empty output positions being class input_size; with computation tokens
+    # one more (computation input_size, empty output input_size + 1).
     cell: Cell = CELLS[architecture.cell](
-        members, task.input_size + 1, extra, settings["hidden_size"]
+        members, task.input_size + 1 + (computation > 0), extra, settings["hidden_size"]
     )
     sizes = {
         key: value for key, value in settings.items() if key not in ("memory_budget_bytes", "fused")
@@ -157,6 +198,7 @@ def build_recurrent(name: str, task: Task, *, members: int = 1, **options: Any) 
         members=members,
         memory_budget_bytes=settings["memory_budget_bytes"],
         fused=bool(settings["fused"]) and name == "lstm",
+        computation_steps=computation,
         sizes=sizes,
         build_options=dict(options),
     )

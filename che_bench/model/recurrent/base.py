@@ -31,6 +31,8 @@ FLOAT_BYTES = 4
 #: against ~10 kernel launches per time step unfused). On a CPU its training step measured
 #: slower than the batched loop (docs/baselines.md), so there it serves evaluation only.
 FUSED_TRAINING_DEVICES = ("cuda",)
+#: The option of CHE's computation tokens (CHE's ``computation_steps_mult``).
+COMPUTATION_STEPS = "computation_steps_mult"
 
 
 class Cell(Protocol):
@@ -63,11 +65,12 @@ class Memory(Protocol):
 
     def plan(self, input_tokens: int) -> Any: ...
 
-    def initial(self, members: int, batch: int, like: torch.Tensor) -> torch.Tensor: ...
+    # The memory's state: a tensor (stack, tape) or a tuple of them (ndstack_rnn).
+    def initial(self, members: int, batch: int, like: torch.Tensor) -> Any: ...
 
-    def read(self, memory: torch.Tensor) -> torch.Tensor: ...
+    def read(self, memory: Any) -> torch.Tensor: ...
 
-    def write(self, memory: torch.Tensor, h: torch.Tensor, plan: Any) -> torch.Tensor: ...
+    def write(self, memory: Any, h: torch.Tensor, plan: Any) -> Any: ...
 
 
 def unroll(
@@ -106,6 +109,10 @@ class RecurrentModel(BenchModel):
     computing gradients, and when training on a ``FUSED_TRAINING_DEVICES`` device (the
     builder sets it for the lstm only); ``fused_training`` True makes it train so on any
     device (the self-test's CPU copy takes the GPU's path with it).
+
+    ``computation_steps``: CHE's ``computation_steps_mult``; when positive, that many times
+    ``n`` computation tokens (id ``input_size``) follow the ``n`` input tokens, then the empty
+    output tokens (id ``input_size + 1``), whose outputs are read.
     """
 
     #: None: train with the fused kernel on ``FUSED_TRAINING_DEVICES``; True: everywhere.
@@ -124,6 +131,7 @@ class RecurrentModel(BenchModel):
         members: int,
         memory_budget_bytes: int,
         fused: bool,
+        computation_steps: int = 0,
         sizes: dict[str, Any],
         build_options: dict[str, Any],
     ) -> None:
@@ -131,6 +139,7 @@ class RecurrentModel(BenchModel):
         self.task, self.cell, self.memory = task, cell, memory
         self.architecture, self.members, self.fused = architecture, members, fused
         self.memory_budget_bytes = memory_budget_bytes
+        self.computation_steps = computation_steps
         self._sizes = sizes
         #: What the builder was given besides task and members (to build a pack alike).
         self.build_options = build_options
@@ -150,6 +159,21 @@ class RecurrentModel(BenchModel):
         return FLOAT_BYTES * self.members * per_sequence
 
     # -- forward ----------------------------------------------------------------------------
+
+    def with_output_tokens(self, inputs: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """CHE's layout (``BenchModel.with_output_tokens``), with ``computation_steps * n``
+        computation tokens before the empty output tokens when ``computation_steps`` > 0
+        (CHE experiments/utils.py make_model_with_empty_targets)."""
+        if not self.computation_steps:
+            return super().with_output_tokens(inputs)
+        placeholders, read = output_positions(self.task, inputs.shape[-1])
+        empty = self.task.input_size
+        parts = [
+            inputs,
+            inputs.new_full((*inputs.shape[:2], self.computation_steps * inputs.shape[-1]), empty),
+            inputs.new_full((*inputs.shape[:2], placeholders), empty + 1),
+        ]
+        return torch.cat(parts, dim=-1), read
 
     def forward(
         self,

@@ -1,17 +1,21 @@
-"""CHE's ``tape_rnn`` memory: the tape of CHE models/tape_rnn.py ``TapeInputLengthJumpCore``
-(one tape; CHE's ``n_tapes`` default is 1).
+"""CHE's ``tape_rnn`` memory: the tapes of CHE models/tape_rnn.py ``TapeInputLengthJumpCore``
+(``n_tapes`` of them; CHE's default is 1).
 
-The tape is a ring of ``size`` cells; the head is always at index 0 (moving the head rolls
-the tape). Each step the cell reads the head's cell (concatenated after its one-hot input);
-from its output ``h`` an MLP (ReLU between layers, none after the last) gives the value
-written at the head, and a linear map plus softmax the probabilities of five moves after
-the write. With ``written`` = the tape whose head cell holds that value,
+A tape is a ring of ``size`` cells; the head is always at index 0 (moving the head rolls
+the tape). Each step the cell reads the head's cell of every tape (concatenated, tape after
+tape, after its one-hot input); from its output ``h`` an MLP (ReLU between layers, none
+after the last) gives the ``n_tapes * cell`` values written at the heads, and one linear map
+plus softmax per tape the probabilities of five moves after the write. With ``written`` =
+a tape whose head cell holds its value,
 
     new = sum_a p_a * roll(written, shift_a)    roll(x, s)[i] = x[(i - s) mod size]
 
 with shifts (0, -1, +1, -n, +n) for the actions (stay, left, right, jump left, jump right)
 in CHE's order, ``n`` being the number of input tokens (CHE passes the input length, without
-the appended empty positions). The tape starts as zeros.
+the appended computation or empty positions). The tapes start as zeros and move apart (each
+its own action probabilities, the same shifts), so they are held as ``n_tapes`` rows per
+sequence: ``[M, B * n_tapes, size, cell]``, row ``b * n_tapes + t`` being tape t of
+sequence b.
 """
 
 from __future__ import annotations
@@ -47,24 +51,33 @@ def update_tape(
 
 
 class TapeMemory(nn.Module):
-    """One tape of ``size`` cells of ``cell_size`` floats per sequence and member, driven by
-    the cell's output (``hidden_size``) through a write MLP of ``mlp_layers`` hidden sizes."""
+    """``tapes`` tapes of ``size`` cells of ``cell_size`` floats per sequence and member,
+    driven by the cell's output (``hidden_size``) through a write MLP of ``mlp_layers``
+    hidden sizes."""
 
     def __init__(
-        self, members: int, hidden_size: int, cell_size: int, size: int, mlp_layers: Sequence[int]
+        self,
+        members: int,
+        hidden_size: int,
+        cell_size: int,
+        size: int,
+        mlp_layers: Sequence[int],
+        tapes: int = 1,
     ) -> None:
         super().__init__()
-        self.cell_size, self.size, self.width = cell_size, size, cell_size
-        # CHE models/tape_rnn.py TapeRNNCore.__call__: hk.nets.MLP(mlp_layers + [cell]) and
-        # hk.Linear(num_actions), both of h.
-        sizes = [hidden_size, *mlp_layers, cell_size]
+        self.cell_size, self.size, self.tapes = cell_size, size, tapes
+        self.width = tapes * cell_size
+        # CHE models/tape_rnn.py TapeRNNCore.__call__: hk.nets.MLP(mlp_layers + [n_tapes *
+        # cell]) and one hk.Linear(num_actions) per tape, all of h (here the tapes' action
+        # maps side by side in one, tape t's the columns 5t..5t+4).
+        sizes = [hidden_size, *mlp_layers, tapes * cell_size]
         self.write_mlp = nn.ModuleList(
             MemberLinear(members, fan_in, fan_out) for fan_in, fan_out in pairwise(sizes)
         )
-        self.actions = MemberLinear(members, hidden_size, ACTIONS)
+        self.actions = MemberLinear(members, hidden_size, tapes * ACTIONS)
 
     def state_floats(self) -> int:
-        return self.size * self.cell_size
+        return self.tapes * self.size * self.cell_size
 
     def plan(self, input_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The two maps of ``h`` as one (weight ``[M, H, first + 5]``, bias ``[M, 1, .]``) and
@@ -75,19 +88,24 @@ class TapeMemory(nn.Module):
         return weight, bias, jump_indices(self.size, input_tokens, weight.device)
 
     def initial(self, members: int, batch: int, like: torch.Tensor) -> torch.Tensor:
-        return like.new_zeros(members, batch, self.size, self.cell_size)
+        return like.new_zeros(members, batch * self.tapes, self.size, self.cell_size)
 
     def read(self, tape: torch.Tensor) -> torch.Tensor:
-        return tape[:, :, 0]
+        """The heads' cells ``[M, B, tapes * cell]``, tape after tape (CHE's reshape)."""
+        heads = tape[:, :, 0]
+        return heads.reshape(heads.shape[0], -1, self.width)
 
     def write(
         self, tape: torch.Tensor, h: torch.Tensor, plan: tuple[torch.Tensor, ...]
     ) -> torch.Tensor:
         weight, bias, indices = plan
         first, logits = torch.baddbmm(bias, h, weight).split(
-            [self.write_mlp[0].fan_out, ACTIONS], dim=-1
+            [self.write_mlp[0].fan_out, self.tapes * ACTIONS], dim=-1
         )
         value = first
         for layer in self.write_mlp[1:]:
             value = layer(torch.relu(value))
-        return update_tape(tape, torch.softmax(logits, dim=-1), value, indices)
+        # One row per tape (no-op reshapes for one tape); each tape its own softmax.
+        members = tape.shape[0]
+        actions = torch.softmax(logits.reshape(members, -1, ACTIONS), dim=-1)
+        return update_tape(tape, actions, value.reshape(members, -1, self.cell_size), indices)

@@ -1,0 +1,168 @@
+"""DAPE's filter built in place at evaluation (issue 28): the logits of the filter it replaced
+(``ScoreFilter`` into a fresh map, then a fresh softmax) bit for bit, and those of a plain
+conv2d form within float32 rounding, for every encoding, k = 1, 3, 5, 7, causal or not,
+packs of several members; the training path's gradients against the conv2d form; the
+benchmark's filter rates."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from che_bench.encodings import list_encodings
+from che_bench.model.dape import VARIANTS, DapeProcessor
+from che_bench.model.encoder import build_model
+from che_bench.tasks import get_task
+from tests.test_dape import conv2d_reference
+
+TINY = {"layers": 2, "dim": 16, "heads": 2, "ffn": 32}
+ENCODINGS = [cls.name for cls in list_encodings()]
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_model.py"
+
+
+def processor_and_maps(kernel, variant, with_bias, tril, members=3, bias_members=1):
+    torch.manual_seed(kernel)
+    processor = DapeProcessor(3, kernel, width=5, variant=variant, with_bias=with_bias,
+                              tril=tril, members=members)
+    scores = torch.randn(members, 2, 3, 7, 9)
+    bias = torch.randn(bias_members, 1, 3, 7, 9) if with_bias else None
+    return processor, scores, bias
+
+
+@pytest.mark.parametrize("kernel", [1, 3, 5, 7])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("tril", [False, True])
+@pytest.mark.parametrize("bias_members", [1, 3])
+def test_the_in_place_filter_gives_the_replaced_filter_s_logits(
+    kernel, variant, with_bias, tril, bias_members
+):
+    processor, scores, bias = processor_and_maps(kernel, variant, with_bias, tril,
+                                                 bias_members=bias_members)
+    with torch.no_grad():
+        replaced = processor(scores, bias)  # ScoreFilter into a fresh map
+        overwritten = scores.clone()
+        ours = processor(overwritten, bias, overwrite=True)
+        reference = conv2d_reference(processor, scores, bias)
+    assert ours.data_ptr() == overwritten.data_ptr()  # built in the scores' place
+    assert torch.equal(ours, replaced)
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cache_bytes", [1, 4 * 5 * 9 * 3, 4 * 5 * 9 * 7 * 2])
+def test_the_in_place_filter_is_exact_in_any_cache_chunks(monkeypatch, cache_bytes):
+    """One row at a time, 3 rows, whole sequences: every chunk reads its content before its
+    logits are written, and no chunk reads another's."""
+    import che_bench.model.dape.kernel as kernel_module
+
+    monkeypatch.setattr(kernel_module, "CACHE_CHUNK_BYTES", cache_bytes)
+    for kernel, variant, with_bias in ((3, "concat_residual", True), (7, "add_residual", False)):
+        processor, scores, bias = processor_and_maps(kernel, variant, with_bias, False)
+        with torch.no_grad():
+            ours = processor(scores.clone(), bias, overwrite=True)
+            torch.testing.assert_close(ours, conv2d_reference(processor, scores, bias),
+                                       atol=1e-5, rtol=1e-5)
+
+
+def test_scores_are_not_overwritten_with_gradients_or_unless_asked():
+    processor, scores, bias = processor_and_maps(3, "concat_residual", True, False)
+    kept = scores.clone()
+    with torch.no_grad():
+        processor(scores, bias)
+    processor(scores, bias, overwrite=True)  # gradients on: the training path
+    assert torch.equal(scores, kept)
+
+
+@pytest.mark.parametrize("kernel", [7])
+@pytest.mark.parametrize("tril", [False, True])
+def test_training_gradients_at_kernel_seven_match_the_conv2d_form(kernel, tril):
+    """k = 1, 3, 5: test_dape.test_matches_conv2d_reference_values_and_gradients."""
+    processor, scores, bias = processor_and_maps(kernel, "concat_residual", True, tril,
+                                                 bias_members=3)
+    scores.requires_grad_(True)
+    bias.requires_grad_(True)
+    inputs = [scores, bias, *processor.parameters()]
+    upstream = torch.randn_like(scores)
+    ours = processor(scores, bias, overwrite=True)
+    reference = conv2d_reference(processor, scores, bias)
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+    for mine, theirs in zip(torch.autograd.grad(ours, inputs, upstream),
+                            torch.autograd.grad(reference, inputs, upstream), strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
+
+
+def evaluate(model, inputs, draws, capture=False):
+    """The model's logits (the maps built in place unless ``capture``)."""
+    with torch.no_grad():
+        if not capture:
+            return model(inputs, draws)
+        with model.capture_attention():
+            return model(inputs, draws)
+
+
+@pytest.mark.parametrize("pe", ENCODINGS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_encoding_evaluates_as_before_and_as_the_conv2d_form(pe, causal):
+    """A pack of 2 members in row chunks (a small memory budget): the in-place maps give the
+    logits of the fresh maps (capturing keeps the old path) bit for bit, and those of the
+    grouped convolutions (an independent form of f) within float32 rounding."""
+    task = get_task("reverse_string")
+    torch.manual_seed(0)
+    model = build_model(task, pe, 3, members=2, causal=causal, memory_budget_bytes=1 << 14,
+                        **TINY).eval()
+    inputs = torch.from_numpy(task.sample(9, 3, np.random.default_rng(0)).inputs)
+    draws = model.sample_draws(inputs.shape[-1], evaluating=True)
+    ours = evaluate(model, inputs, draws)
+    assert torch.equal(ours, evaluate(model, inputs, draws, capture=True))
+    for block in model.blocks:
+        block.attention.dape.implementation = "convolution"
+    torch.testing.assert_close(ours, evaluate(model, inputs, draws), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pe", ["alibi", "kerple", "t5", "fire", "none"])
+@pytest.mark.parametrize("kernel", [1, 5, 7])
+def test_each_kernel_evaluates_as_before(pe, kernel):
+    task = get_task("reverse_string")
+    torch.manual_seed(kernel)
+    model = build_model(task, pe, kernel, members=2, memory_budget_bytes=1 << 14, **TINY).eval()
+    inputs = torch.from_numpy(task.sample(9, 3, np.random.default_rng(1)).inputs)
+    ours = evaluate(model, inputs, None)
+    assert torch.equal(ours, evaluate(model, inputs, None, capture=True))
+
+
+@pytest.mark.parametrize("pe", ENCODINGS)
+def test_every_encoding_trains_with_the_conv2d_form_s_gradients(pe):
+    task = get_task("reverse_string")
+    torch.manual_seed(0)
+    model = build_model(task, pe, 3, members=2, causal=pe == "kerple", **TINY)
+    inputs = torch.from_numpy(task.sample(5, 3, np.random.default_rng(0)).inputs)
+    draws = model.sample_draws(inputs.shape[-1], evaluating=False)
+    gradients = []
+    for implementation in ("chunks", "convolution"):
+        for block in model.blocks:
+            block.attention.dape.implementation = implementation
+        model.zero_grad()
+        torch.manual_seed(1)  # the same dropout
+        model(inputs, draws).square().sum().backward()
+        gradients.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    for ours, theirs in zip(*gradients, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_the_benchmark_prints_the_filter_s_rate_and_the_peak():
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "train", "--encodings", "kerple", "--kernels", "none", "3",
+         "--tasks", "parity_check", "--train-length", "3", "--batch", "2", "--steps", "1",
+         "--threads", "1"],
+        capture_output=True, text=True, check=True, timeout=600)
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("fp32 peak of one core: nominal ")
+    assert "MHz" in lines[0] and "measured" in lines[0]
+    plain, dape = lines[-2].split(), lines[-1].split()
+    assert plain[2] == "plain" and plain[-2:] == ["-", "-"]
+    assert dape[2] == "k3" and float(dape[-3]) > 0  # the filter's GFLOP per step
