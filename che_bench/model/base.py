@@ -89,7 +89,7 @@ class BenchModel(nn.Module):
         # checked where they are made, ``che_bench.train.metrics.check_token_ids``).
         if (
             inputs.shape[-1]
-            and not inputs.is_cuda
+            and inputs.device.type == "cpu"
             and (int(inputs.min()) < 0 or int(inputs.max()) >= self.task.input_size)
         ):
             raise CheBenchError(f"input ids must lie in 0..{self.task.input_size - 1}")
