@@ -136,11 +136,18 @@ def test_ctrl_c_finishes_the_step_and_checkpoints_it(tmp_path):
         if step == 3:
             os.kill(os.getpid(), signal.SIGINT)  # delivered as a flag, acted on after the step
 
-    with pytest.raises(KeyboardInterrupt):
-        execute_run(config, device="cpu", checkpoint_dir=tmp_path, progress=False, on_step=press_ctrl_c)
-    state = torch.load(tmp_path / f"{config.run_id()}.pt", weights_only=True)
-    assert state["step"] == 3
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    # Python's own handler, whatever pytest was started with (a background job starts with
+    # SIGINT ignored).
+    started_with = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            execute_run(config, device="cpu", checkpoint_dir=tmp_path, progress=False,
+                        on_step=press_ctrl_c)
+        state = torch.load(tmp_path / f"{config.run_id()}.pt", weights_only=True)
+        assert state["step"] == 3
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    finally:
+        signal.signal(signal.SIGINT, started_with)
 
 
 def test_diverged_run_is_recorded_as_failed(tmp_path, monkeypatch, capsys):
