@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -252,26 +253,18 @@ def format_table(
     the best over ``best_over`` options too) as text, CSV, Markdown or LaTeX."""
     if fmt not in FORMATS:
         raise CheBenchError(f"unknown table format {fmt!r}; valid: {', '.join(FORMATS)}")
+    selection: dict[str, Any] = {
+        "tasks": tasks,
+        "run_ids": run_ids,
+        "compare": compare,
+        "evaluation": evaluation,
+        "metric": metric,
+        "best_over": best_over,
+    }
     if fmt == "csv":
-        cells = summarize(
-            store,
-            tasks=tasks,
-            run_ids=run_ids,
-            compare=compare,
-            evaluation=evaluation,
-            metric=metric,
-            best_over=best_over,
-        )
+        cells = summarize(store, **selection)
         return "" if cells.empty else _numeric_pivot(cells, compare).to_csv(float_format="%.4f")
-    table, notes = display_table(
-        store,
-        tasks=tasks,
-        run_ids=run_ids,
-        compare=compare,
-        evaluation=evaluation,
-        metric=metric,
-        best_over=best_over,
-    )
+    table, notes = display_table(store, **selection)
     if table.empty:
         return "(no complete runs)\n"
     if fmt == "text":
