@@ -187,6 +187,20 @@ def positive_int(name: str, value: object) -> int:
     return value
 
 
+def non_negative_int(name: str, value: object) -> int:
+    """``value`` if it is an integer >= 0, else a one-line CheBenchError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CheBenchError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def switch(name: str, value: object) -> bool:
+    """``value`` if it is true or false, else a one-line CheBenchError."""
+    if not isinstance(value, bool):
+        raise CheBenchError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
 def output_positions(task: Task, input_tokens: int) -> tuple[int, int]:
     """(placeholders appended, positions read out) for an input of ``input_tokens`` tokens:
     CHE's non-autoregressive layout (CHE experiments/utils.py make_model_with_empty_targets)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from che_bench.errors import CheBenchError
-from che_bench.model.base import positive_int
+from che_bench.model.base import positive_int, switch
 from che_bench.model.recurrent.base import COMPUTATION_STEPS, Cell, Memory, RecurrentModel
 from che_bench.model.recurrent.ndstack_rnn import NDStackMemory
 from che_bench.model.recurrent.rnn import CELLS
@@ -132,8 +132,7 @@ def _settings(name: str, options: dict[str, Any]) -> dict[str, Any]:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise CheBenchError(f"{key} must be a non-negative integer, got {value!r}")
         elif key == "read_states":
-            if not isinstance(value, bool):
-                raise CheBenchError(f"{key} must be true or false, got {value!r}")
+            switch(key, value)
         elif key != "fused":
             positive_int(key, value)
     return settings

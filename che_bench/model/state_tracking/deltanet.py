@@ -39,9 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from che_bench.members import MemberLinear, init_members_, per_member
-from che_bench.model.base import positive_int
+from che_bench.model.base import positive_int, switch
 from che_bench.model.state_tracking.delta_rule import MAX_CHUNK, delta_product
-from che_bench.model.state_tracking.layers import MemberCausalConv1d, MemberRMSNorm, switch
+from che_bench.model.state_tracking.layers import MemberCausalConv1d, MemberRMSNorm
 from che_bench.model.state_tracking.stack import COMMON_DEFAULTS, StateTrackingModel
 
 #: fla's model ``norm_eps`` (block norms, final norm and the mixer's output norm).

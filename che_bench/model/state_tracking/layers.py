@@ -1,5 +1,5 @@
 """Layers the state-tracking models share, with che-bench's member axis (``che_bench.members``):
-RMSNorm, the causal depthwise ("short") convolution, and the checks of their options."""
+RMSNorm, the causal depthwise ("short") convolution, and the head-size check."""
 
 from __future__ import annotations
 
@@ -9,20 +9,6 @@ from torch import nn
 
 from che_bench.errors import CheBenchError
 from che_bench.members import init_members_, per_member
-
-
-def non_negative_int(name: str, value: object) -> int:
-    """``value`` if it is an integer >= 0, else a one-line CheBenchError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise CheBenchError(f"{name} must be an integer >= 0, got {value!r}")
-    return value
-
-
-def switch(name: str, value: object) -> bool:
-    """``value`` if it is true or false, else a one-line CheBenchError."""
-    if not isinstance(value, bool):
-        raise CheBenchError(f"{name} must be true or false, got {value!r}")
-    return value
 
 
 def head_size(width: int, heads: int) -> int:

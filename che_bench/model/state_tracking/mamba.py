@@ -36,8 +36,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from che_bench.members import MemberLinear, init_members_, per_member
-from che_bench.model.base import positive_int
-from che_bench.model.state_tracking.layers import MemberCausalConv1d, MemberRMSNorm, switch
+from che_bench.model.base import positive_int, switch
+from che_bench.model.state_tracking.layers import MemberCausalConv1d, MemberRMSNorm
 from che_bench.model.state_tracking.stack import COMMON_DEFAULTS, StateTrackingModel
 
 #: Tokens per chunk of the scan on a GPU, and on a CPU: a chunk's states

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from che_bench.model.state_tracking.layers import MemberCausalConv1d, non_negative_int
+from che_bench.model.base import non_negative_int
+from che_bench.model.state_tracking.layers import MemberCausalConv1d
 from che_bench.model.state_tracking.stack import COMMON_DEFAULTS
 from che_bench.model.state_tracking.xlstm import (
     GatedFeedForward,
