@@ -78,6 +78,10 @@ def test_each_reference_computes_the_same_model_and_is_timed_beside_ours(output)
     assert len(goals) == 6  # every step-by-step reference; not xlstm's parallel form
     verdict = r"training step [0-9.]+x \((met|NOT met)\), kernel alone [0-9.]+x \((met|NOT met)\)$"
     assert all(re.search(verdict, line) for line in goals)
+    # Each goal line is followed by the bound the rest of the step sets.
+    bounds = [output[output.index(line) + 1] for line in goals]
+    bound = r"^  bound: the step without its kernel \(a free stand-in\) takes \d+ ms, so no kernel "
+    assert all(re.search(bound + r"gives more than [0-9.]+x$", line) for line in bounds)
 
 
 def test_the_evaluation_runs_in_a_fresh_process_with_the_kernel_swapped_there():

@@ -61,6 +61,15 @@ def test_its_gradients_are_the_recurrence_s(n, beta_scale):
         torch.testing.assert_close(fast, slow, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("chunk", [1, 5, 6, 16, 64])
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_delta_product_s_chunks_hold_whole_tokens_of_any_size(n, chunk):
+    """A chunk limit below n, or not a multiple of it, still gives whole tokens per chunk."""
+    args = rule_inputs(23, n, True, 2.0, gate_scale=0.1)
+    expected = recurrent_delta_product(*args)
+    torch.testing.assert_close(delta_product(*args, chunk=chunk), expected, atol=2e-5, rtol=1e-4)
+
+
 def test_a_strong_gate_stays_finite_in_value_and_gradient():
     """Decays of e^-60 per token: the in-chunk differences above the diagonal would overflow
     if exponentiated before masking."""

@@ -157,3 +157,15 @@ def test_a_check_that_raises_is_one_failure_line(scratch_registries, monkeypatch
     assert model_checks.run_model_check("seed", "test_batch_mixer") == [
         "seed: expected to run, got RuntimeError: no luck"
     ]
+
+
+def test_the_training_check_reads_a_fall_of_the_loss_and_a_learnt_run_s_late_spike():
+    """The loss fell when the last 10 steps' mean is below the first 10's, or when some 10
+    steps' mean is under half of it (a model that learnt, then met an Adam spike); flat noise
+    or a rise is no fall."""
+    chance = [0.69, 0.70, 0.68, 0.71] * 5
+    learnt_then_spiked = chance[:10] + [0.3] * 10 + [0.02] * 30 + [0.9] * 50
+    assert model_checks.loss_fell(chance[:10] + [0.6] * 90)
+    assert model_checks.loss_fell(learnt_then_spiked)
+    assert not model_checks.loss_fell(chance * 5)
+    assert not model_checks.loss_fell(chance[:10] + [0.4] * 80 + [0.8] * 10)

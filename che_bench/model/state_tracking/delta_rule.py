@@ -26,7 +26,8 @@ carried by a loop over chunks.
 
 DeltaProduct (Siems et al. 2025, arXiv 2502.10297): each token takes ``n`` Householder
 sub-steps after the gate; interleaving them gives a delta rule over ``T * n`` positions with
-the gate on each token's first sub-step and the query on its last (spec 1.d).
+the gate on each token's first sub-step and the query on its last (spec 1.d). Only the
+query rows form the query terms (``Q K^T``, ``Q e^G``) and outputs: n times fewer than rows.
 """
 
 from __future__ import annotations
@@ -36,8 +37,19 @@ import contextlib
 import torch
 from torch import Tensor
 
-#: Longest chunk: the in-chunk matrices grow as C^2 per chunk, the loop over chunks as T / C.
+#: Longest chunk, in rows: the in-chunk matrices grow as C^2 per chunk, the loop over chunks
+#: as T / C. At training lengths (41 tokens) DeltaNet's and Gated DeltaNet's chunk is the
+#: whole sequence; their committed results were computed with this chunking.
 MAX_CHUNK = 64
+#: DeltaProduct's longest chunk, in rows (n sub-steps per token): with n = 2 its training step
+#: and its evaluation at n = 500 measured fastest on a CPU at 12-16 rows, 64 about 8% and 30%
+#: slower (docs/benchmarks.md).
+PRODUCT_CHUNK = 16
+
+
+def chunk_limit(n: int) -> int:
+    """The longest chunk, in rows, of a delta product with ``n`` sub-steps per token."""
+    return MAX_CHUNK if n == 1 else PRODUCT_CHUNK
 
 
 def chunk_length(steps: int, limit: int = MAX_CHUNK) -> int:
@@ -53,25 +65,22 @@ def delta_product(
     v: torch.Tensor,
     beta: torch.Tensor,
     log_decay: torch.Tensor | None = None,
-    chunk: int = MAX_CHUNK,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Outputs ``[..., T, d_v]`` of the gated delta product: per token t, ``S <- exp(g_t) S``,
     then ``n`` sub-steps ``S <- (I - b k k^T) S + b k v^T``, then ``o_t = S^T q_t``.
 
     ``q [..., T, d_k]`` (any scale already applied), ``k [..., T*n, d_k]`` (unit rows),
     ``v [..., T*n, d_v]``, ``beta [..., T*n]``, ``log_decay [..., T]`` (<= 0; None: no gate);
-    the sub-steps of token t are rows ``t*n .. t*n+n-1``. ``n = 1`` is the gated delta rule."""
+    the sub-steps of token t are rows ``t*n .. t*n+n-1``. ``n = 1`` is the gated delta rule.
+    ``chunk``: the longest chunk in rows (default ``chunk_limit(n)``)."""
     steps = q.shape[-2]
     n = k.shape[-2] // steps if steps else 1
-    if n == 1:
-        return gated_delta_rule(q, k, v, beta, log_decay, chunk)
-    # The query reads after the token's last sub-step, the gate acts before its first.
-    silent = q.new_zeros(*q.shape[:-1], n - 1, q.shape[-1])
-    q = torch.cat([silent, q.unsqueeze(-2)], dim=-2).flatten(-3, -2)
-    if log_decay is not None:
+    chunk = chunk_limit(n) if chunk is None else chunk
+    if n > 1 and log_decay is not None:  # the gate acts before the token's first sub-step
         still = log_decay.new_zeros(*log_decay.shape, n - 1)
         log_decay = torch.cat([log_decay.unsqueeze(-1), still], dim=-1).flatten(-2)
-    return gated_delta_rule(q, k, v, beta, log_decay, chunk)[..., n - 1 :: n, :]
+    return gated_delta_rule(q, k, v, beta, log_decay, chunk)
 
 
 def gated_delta_rule(
@@ -82,23 +91,27 @@ def gated_delta_rule(
     log_decay: torch.Tensor | None = None,
     chunk: int = MAX_CHUNK,
 ) -> torch.Tensor:
-    """Outputs ``[..., T, d_v]`` of the gated delta rule (module docstring) for ``q, k
-    [..., T, d_k]``, ``v [..., T, d_v]``, ``beta [..., T]``, ``log_decay [..., T]`` or None."""
-    *lead, steps, _ = k.shape
-    dtype = v.dtype
+    """Outputs ``[..., T, d_v]`` of the gated delta rule (module docstring) over ``T * n`` rows
+    ``k [..., T*n, d_k]``, ``v [..., T*n, d_v]``, ``beta``, ``log_decay [..., T*n]`` or None,
+    read by ``q [..., T, d_k]`` after every n-th row (query t after row ``t*n + n-1``; n = 1:
+    a query per row). A chunk holds whole tokens, at most ``chunk`` rows when n divides it."""
+    *lead, rows, _ = k.shape
+    steps, dtype = q.shape[-2], v.dtype
     if steps == 0:
         return v.new_zeros(*lead, 0, v.shape[-1])
-    size = chunk_length(steps, chunk)
-    pad = -steps % size
+    n = rows // steps
+    tokens = chunk_length(steps, max(1, chunk // n))
+    pad = -steps % tokens
     # float32 throughout, as autocast would not keep it (the triangular solve has no half
     # precision kernel, and the chunk products accumulate).
     with _float32(k.device.type):
         # Padding rows (k = v = beta = 0) leave the state alone; their outputs are cut off.
-        q, k, v = (_chunked(x.float(), pad, size) for x in (q, k, v))
-        beta = _chunked(beta.float().unsqueeze(-1), pad, size).squeeze(-1)
+        q = _chunked(q.float(), pad, tokens)
+        k, v = (_chunked(x.float(), pad * n, tokens * n) for x in (k, v))
+        beta = _chunked(beta.float().unsqueeze(-1), pad * n, tokens * n).squeeze(-1)
         gate = None
         if log_decay is not None:
-            gate = _chunked(log_decay.float().unsqueeze(-1), pad, size).squeeze(-1)
+            gate = _chunked(log_decay.float().unsqueeze(-1), pad * n, tokens * n).squeeze(-1)
         out = _chunkwise(q, k, v, beta, gate)
     return out.flatten(1, 2)[:, :steps].reshape(*lead, steps, v.shape[-1]).to(dtype)
 
@@ -126,19 +139,24 @@ def _chunkwise(
     beta: torch.Tensor,
     gate: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The chunkwise form (module docstring) on ``[batch, chunks, C, d]`` rows."""
-    scores, w, u, q_in, k_out, chunk_decay = _in_chunk(q, k, v, beta, gate)
-    fresh = u[:, 0]  # the first chunk starts from S = 0
-    outs = [scores[:, 0] @ fresh]
+    """The chunkwise form (module docstring) on ``[batch, chunks, C, d]`` rows, read by
+    ``q [batch, chunks, C / n, d]`` after every n-th row."""
+    # One unbind per operand, not an index per chunk: each index's backward would write a
+    # zero-filled operand-size gradient.
+    terms = _in_chunk(q, k, v, beta, gate)
+    scores, w, u, q_in, k_out = (x.unbind(1) for x in terms[:5])
+    decays = None if terms[5] is None else terms[5].unbind(1)
+    fresh = u[0]  # the first chunk starts from S = 0
+    outs = [scores[0] @ fresh]
     state: torch.Tensor | None = None
-    for index in range(1, k.shape[1]):
-        update = k_out[:, index - 1].transpose(-1, -2) @ fresh
+    for index in range(1, len(u)):
+        update = k_out[index - 1].transpose(-1, -2) @ fresh
         if state is None:
             state = update
         else:
-            state = update + (state if chunk_decay is None else state * chunk_decay[:, index - 1])
-        fresh = u[:, index] - w[:, index] @ state
-        outs.append(q_in[:, index] @ state + scores[:, index] @ fresh)
+            state = update + (state if decays is None else state * decays[index - 1])
+        fresh = u[index] - w[index] @ state
+        outs.append(q_in[index] @ state + scores[index] @ fresh)
     return torch.stack(outs, dim=1)
 
 
@@ -150,9 +168,12 @@ def _in_chunk(
     gate: torch.Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """Every chunk's own terms at once: ``lower(Q K^T * D)``, W, U, ``Q * e^G``,
-    ``K * e^{G_C - G}`` and ``e^{G_C}`` (None without a gate). The temporaries (``A``, ``D``)
-    are freed on return: an evaluation's peak memory holds fewer C x C matrices."""
+    ``K * e^{G_C - G}`` and ``e^{G_C}`` (None without a gate), the query terms at the query
+    rows alone (every n-th, ``n = C / len(q)``: DeltaProduct's sub-steps have no query). The
+    temporaries (``A``, ``D``) are freed on return: an evaluation's peak memory holds fewer
+    C x C matrices."""
     size = k.shape[-2]
+    query_rows = slice(size // q.shape[-2] - 1, None, size // q.shape[-2])
     upper = torch.ones(size, size, dtype=torch.bool, device=k.device).triu(1)
     keys = k * beta.unsqueeze(-1)
     # In place on fresh products, whose backward needs only the mask.
@@ -165,16 +186,16 @@ def _in_chunk(
         decay = relative.masked_fill_(upper, -torch.inf).exp_()
         inner = inner * decay
         growth = prefix.exp().unsqueeze(-1)
-        q_in, keys = q * growth, keys * growth
+        q_in, keys = q * growth[..., query_rows, :], keys * growth
         k_out = k * (prefix[..., -1:] - prefix).exp().unsqueeze(-1)
         chunk_decay = prefix[..., -1].exp()[..., None, None]
     # unitriangular: the solve reads only the strictly lower part (the diagonal is 1).
-    solved = torch.linalg.solve_triangular(
-        inner, torch.cat([keys, v * beta.unsqueeze(-1)], dim=-1), upper=False, unitriangular=True
-    )
+    # Right-hand sides laid out column-major, as LAPACK's solve takes them (no transposing copy).
+    rhs = torch.cat([keys.mT, (v * beta.unsqueeze(-1)).mT], dim=-2).mT
+    solved = torch.linalg.solve_triangular(inner, rhs, upper=False, unitriangular=True)
     del inner
     w, u = solved.split([k.shape[-1], v.shape[-1]], dim=-1)
-    scores = (q @ k.transpose(-1, -2)).masked_fill_(upper, 0.0)
+    scores = (q @ k.transpose(-1, -2)).masked_fill_(upper[query_rows], 0.0)
     if decay is not None:
-        scores = scores * decay
+        scores = scores * decay[..., query_rows, :]
     return scores, w, u, q_in, k_out, chunk_decay

@@ -40,7 +40,7 @@ from torch import nn
 
 from che_bench.members import MemberLinear, init_members_, per_member
 from che_bench.model.base import positive_int, switch
-from che_bench.model.state_tracking.delta_rule import MAX_CHUNK, delta_product
+from che_bench.model.state_tracking.delta_rule import chunk_limit, delta_product
 from che_bench.model.state_tracking.layers import MemberCausalConv1d, MemberRMSNorm
 from che_bench.model.state_tracking.stack import COMMON_DEFAULTS, StateTrackingModel
 
@@ -215,10 +215,11 @@ class DeltaRuleModel(StateTrackingModel):
     def extra_floats(self, tokens: int) -> int:
         # Per sub-step: the in-chunk C x C matrices (4 per head at the solve) and about 12
         # width-vectors of keys, values and the solve's operands (measured at n = 500 with the
-        # profiler's memory events: 5.2 MB a row for deltanet, 6.5 gated, 11.5 deltaproduct;
-        # with the 16 widths a token of the base estimate this gives 9.2, 9.2 and 14.4 MB).
-        sub_steps = tokens * self.mixer_options()["householder"]
-        return sub_steps * (4 * self.heads * MAX_CHUNK + 12 * self.width)
+        # profiler's memory events: 5.2 MB a row for deltanet, 6.5 gated, 11.5 deltaproduct in
+        # chunks of 64 rows; with the 16 widths a token of the base estimate this gives 9.2,
+        # 9.2 and, in DeltaProduct's chunks of 16 rows, 11.3 MB).
+        householder = self.mixer_options()["householder"]
+        return tokens * householder * (4 * self.heads * chunk_limit(householder) + 12 * self.width)
 
 
 class DeltaNet(DeltaRuleModel):
