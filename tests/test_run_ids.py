@@ -28,3 +28,23 @@ PINNED = [
 @pytest.mark.parametrize("run_id, arguments, overrides", PINNED)
 def test_run_ids_are_pinned(run_id, arguments, overrides):
     assert make_config(*arguments, **overrides).run_id() == run_id
+
+
+@pytest.mark.parametrize(
+    "arch, options",
+    [
+        ("deltanet", {"negative_eigenvalues": False}),
+        ("mamba", {"negative_eigenvalues": False, "d_state": 16}),
+        ("deltaproduct", {"householder": 2}),
+        ("tape_rnn", {"n_tapes": 1, "computation_steps_mult": 0}),
+    ],
+)
+def test_an_option_spelt_out_at_its_default_is_the_run_without_it(arch, options):
+    """``--arch-option negative_eigenvalues=false`` is the plain model: the same run id, the same
+    recorded options; another value, or another type (left to the option's check), is not."""
+    plain = make_config("parity_check", arch=arch)
+    spelt = make_config("parity_check", arch=arch, arch_options=options)
+    assert spelt.run_id() == plain.run_id() and spelt.arch_options == {}
+    key, value = next(iter(options.items()))
+    changed = {key: not value if isinstance(value, bool) else value + 1}
+    assert make_config("parity_check", arch=arch, arch_options=changed).run_id() != plain.run_id()

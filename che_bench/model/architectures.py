@@ -122,12 +122,22 @@ def architecture_overrides(
     overrides: dict[str, Any], pe: str | None
 ) -> tuple[dict[str, Any], str | None]:
     """A run's ``overrides`` without None values, ``arch`` canonical (default: the
-    transformer), and (overrides, pe) with ``--pe`` and ``--pe-option`` made the options
-    ``pe`` (canonical, left out at its default) and ``pe_options`` of an architecture other
-    than the transformer that takes them (CHE's autoregressive transformer)."""
+    transformer), its ``arch_options`` without those given at their default (of the same
+    type: the run id of an option spelt out at its default is the run id without it), and
+    (overrides, pe) with ``--pe`` and ``--pe-option`` made the options ``pe`` (canonical,
+    left out at its default) and ``pe_options`` of an architecture other than the
+    transformer that takes them (CHE's autoregressive transformer)."""
     overrides = {key: value for key, value in overrides.items() if value is not None}
     arch = overrides["arch"] = canonical_architecture(overrides.get("arch", TRANSFORMER))
     defaults = get_architecture(arch).defaults
+    if "arch_options" in overrides:
+        overrides["arch_options"] = {
+            key: value
+            for key, value in overrides["arch_options"].items()
+            if not (
+                key in defaults and type(value) is type(defaults[key]) and value == defaults[key]
+            )
+        }
     if arch == TRANSFORMER or "pe" not in defaults:
         return overrides, pe
     options = dict(overrides.get("arch_options", {}))
