@@ -172,8 +172,8 @@ def _in_chunk(
     rows alone (every n-th, ``n = C / len(q)``: DeltaProduct's sub-steps have no query). The
     temporaries (``A``, ``D``) are freed on return: an evaluation's peak memory holds fewer
     C x C matrices."""
-    size = k.shape[-2]
-    query_rows = slice(size // q.shape[-2] - 1, None, size // q.shape[-2])
+    size, n = k.shape[-2], k.shape[-2] // q.shape[-2]
+    query_rows = slice(n - 1, None, n)
     upper = torch.ones(size, size, dtype=torch.bool, device=k.device).triu(1)
     keys = k * beta.unsqueeze(-1)
     # In place on fresh products, whose backward needs only the mask.
@@ -189,9 +189,9 @@ def _in_chunk(
         q_in, keys = q * growth[..., query_rows, :], keys * growth
         k_out = k * (prefix[..., -1:] - prefix).exp().unsqueeze(-1)
         chunk_decay = prefix[..., -1].exp()[..., None, None]
-    # unitriangular: the solve reads only the strictly lower part (the diagonal is 1).
     # Right-hand sides laid out column-major, as LAPACK's solve takes them (no transposing copy).
     rhs = torch.cat([keys.mT, (v * beta.unsqueeze(-1)).mT], dim=-2).mT
+    # unitriangular: the solve reads only the strictly lower part (the diagonal is 1).
     solved = torch.linalg.solve_triangular(inner, rhs, upper=False, unitriangular=True)
     del inner
     w, u = solved.split([k.shape[-1], v.shape[-1]], dim=-1)
