@@ -29,6 +29,15 @@ KEY_VALUES = "key=value"  # repeatable KEY=VALUE items, collected into a dict
 Validator = Callable[[str, Any], Any]
 
 
+def spelt_default(value: Any, default: Any) -> bool:
+    """Whether an option's given ``value`` is its ``default`` spelt out: equal, and of the
+    default's type (an integer for a float default too; never a number for a switch), so
+    that it stays out of the run id. A value of another type goes on to the option's check."""
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return value == default
+    return type(value) is type(default) and value == default
+
+
 def at_least(minimum: int) -> Validator:
     """An integer >= ``minimum`` (numpy integers too; bools are not numbers here)."""
 

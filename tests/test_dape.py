@@ -12,9 +12,10 @@ from che_bench.model.attention import Attention
 from che_bench.model.dape import VARIANTS, DapeProcessor
 
 
-def conv2d_reference(processor: DapeProcessor, scores, bias):
+def conv2d_reference(processor: DapeProcessor, scores, bias, rows=None):
     """DAPE V2 written with nn.functional.conv2d over a materialised [B, C, T, T] map, one
-    member at a time: scores ``[M, B, H, R, T]``, bias ``[M or 1, 1, H, R, T]``."""
+    member at a time: scores ``[M, B, H, R, T]`` of the query ``rows`` (default: from 0),
+    bias ``[M or 1, 1, H, R, T]``."""
     heads, kernel = processor.heads, processor.kernel
     logits = []
     for m in range(scores.shape[0]):
@@ -27,8 +28,10 @@ def conv2d_reference(processor: DapeProcessor, scores, bias):
         else:
             z = member_scores
         if processor.tril:
-            rows, length = member_scores.shape[-2:]
-            z = z.masked_fill(torch.arange(length) > torch.arange(rows)[:, None], 0.0)
+            num_rows, length = member_scores.shape[-2:]
+            first = 0 if rows is None else rows.start
+            query = torch.arange(first, first + num_rows)[:, None]
+            z = z.masked_fill(torch.arange(length) > query, 0.0)
         pad = (0, kernel // 2)
         hidden = F.leaky_relu(F.conv2d(z, processor.weight1[m][:, :, None], processor.bias1[m],
                                        padding=pad), 0.01)

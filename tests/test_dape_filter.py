@@ -1,6 +1,6 @@
-"""DAPE's filter built in place at evaluation (issue 28): the logits of the filter it replaced
-(``ScoreFilter`` into a fresh map, then a fresh softmax) bit for bit, and those of a plain
-conv2d form within float32 rounding, for every encoding, k = 1, 3, 5, 7, causal or not,
+"""DAPE's filter at evaluation, tile by tile in cache (issue 28): the logits of the training
+path's filter (``ScoreFilter`` into a fresh map, then a fresh softmax) bit for bit, and those
+of a plain conv2d form within float32 rounding, for every encoding, k = 1, 3, 5, 7, causal or not,
 packs of several members; the training path's gradients against the conv2d form; the
 benchmark's filter rates."""
 
@@ -34,48 +34,50 @@ def processor_and_maps(kernel, variant, with_bias, tril, members=3, bias_members
     return processor, scores, bias
 
 
+def tiled_logits(processor, scores, bias, rows=None):
+    """The logits of every member's ``TileFilter``, tile by tile (each tile's scores copied
+    out contiguous, as the attention computes them, and written back)."""
+    members, _, _, num_rows, _ = scores.shape
+    rows = rows or slice(0, num_rows)
+    logits = scores.clone()
+    for member in range(members):
+        tile_filter = processor.tile_filter(member, bias, rows, scores.shape[1:])
+        for tile in tile_filter.tiles:
+            view = logits[member, tile.batch, :, tile.rows]
+            view.copy_(tile_filter.add(view.contiguous(), tile))
+    return logits
+
+
 @pytest.mark.parametrize("kernel", [1, 3, 5, 7])
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("tril", [False, True])
 @pytest.mark.parametrize("bias_members", [1, 3])
-def test_the_in_place_filter_gives_the_replaced_filter_s_logits(
+def test_the_tile_filter_gives_the_training_filter_s_logits(
     kernel, variant, with_bias, tril, bias_members
 ):
     processor, scores, bias = processor_and_maps(kernel, variant, with_bias, tril,
                                                  bias_members=bias_members)
+    rows = slice(4, 11)  # a row chunk's rows: where tril's diagonal falls
     with torch.no_grad():
-        replaced = processor(scores, bias)  # ScoreFilter into a fresh map
-        overwritten = scores.clone()
-        ours = processor(overwritten, bias, overwrite=True)
-        reference = conv2d_reference(processor, scores, bias)
-    assert ours.data_ptr() == overwritten.data_ptr()  # built in the scores' place
-    assert torch.equal(ours, replaced)
+        ours = tiled_logits(processor, scores, bias, rows)
+        assert torch.equal(ours, processor(scores, bias, rows))  # ScoreFilter into a fresh map
+        reference = conv2d_reference(processor, scores, bias, rows)
     torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("cache_bytes", [1, 4 * 5 * 9 * 3, 4 * 5 * 9 * 7 * 2])
-def test_the_in_place_filter_is_exact_in_any_cache_chunks(monkeypatch, cache_bytes):
-    """One row at a time, 3 rows, whole sequences: every chunk reads its content before its
-    logits are written, and no chunk reads another's."""
+def test_the_tile_filter_is_exact_in_any_cache_tiles(monkeypatch, cache_bytes):
+    """One row at a time, 3 rows, whole sequences."""
     import che_bench.model.dape.kernel as kernel_module
 
     monkeypatch.setattr(kernel_module, "CACHE_CHUNK_BYTES", cache_bytes)
     for kernel, variant, with_bias in ((3, "concat_residual", True), (7, "add_residual", False)):
         processor, scores, bias = processor_and_maps(kernel, variant, with_bias, False)
         with torch.no_grad():
-            ours = processor(scores.clone(), bias, overwrite=True)
-            torch.testing.assert_close(ours, conv2d_reference(processor, scores, bias),
+            torch.testing.assert_close(tiled_logits(processor, scores, bias),
+                                       conv2d_reference(processor, scores, bias),
                                        atol=1e-5, rtol=1e-5)
-
-
-def test_scores_are_not_overwritten_with_gradients_or_unless_asked():
-    processor, scores, bias = processor_and_maps(3, "concat_residual", True, False)
-    kept = scores.clone()
-    with torch.no_grad():
-        processor(scores, bias)
-    processor(scores, bias, overwrite=True)  # gradients on: the training path
-    assert torch.equal(scores, kept)
 
 
 @pytest.mark.parametrize("kernel", [7])
@@ -88,7 +90,7 @@ def test_training_gradients_at_kernel_seven_match_the_conv2d_form(kernel, tril):
     bias.requires_grad_(True)
     inputs = [scores, bias, *processor.parameters()]
     upstream = torch.randn_like(scores)
-    ours = processor(scores, bias, overwrite=True)
+    ours = processor(scores, bias)
     reference = conv2d_reference(processor, scores, bias)
     torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
     for mine, theirs in zip(torch.autograd.grad(ours, inputs, upstream),
@@ -108,9 +110,9 @@ def evaluate(model, inputs, draws, capture=False):
 @pytest.mark.parametrize("pe", ENCODINGS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_encoding_evaluates_as_before_and_as_the_conv2d_form(pe, causal):
-    """A pack of 2 members in row chunks (a small memory budget): the in-place maps give the
-    logits of the fresh maps (capturing keeps the old path) bit for bit, and those of the
-    grouped convolutions (an independent form of f) within float32 rounding."""
+    """A pack of 2 members in row chunks (a small memory budget): attention in tiles gives the
+    logits of the explicit maps (which capturing takes) bit for bit, and those of the grouped
+    convolutions (an independent form of f) within float32 rounding."""
     task = get_task("reverse_string")
     torch.manual_seed(0)
     model = build_model(task, pe, 3, members=2, causal=causal, memory_budget_bytes=1 << 14,

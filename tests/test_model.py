@@ -101,15 +101,19 @@ def test_fused_attention_equals_the_explicit_path():
 def test_row_chunks_are_used_without_gradients_only():
     task = get_task("duplicate_string")
     model = build_model(task, "none", 3, memory_budget_bytes=1 << 20, **TINY).eval()
-    calls = []
-    model.blocks[0].attention.dape.register_forward_hook(lambda *args: calls.append(1))
+    dape = model.blocks[0].attention.dape
+    chunks, calls = [], []
+    tile_filter = dape.tile_filter
+    dape.tile_filter = lambda member, bias, rows, shape: (
+        chunks.append(rows) or tile_filter(member, bias, rows, shape)
+    )
+    dape.register_forward_hook(lambda *args: calls.append(1))
     x = inputs_for(task, 100, batch=2)
     with torch.no_grad():
         model(x)
-    assert len(calls) > 1
-    calls.clear()
+    assert len(chunks) > 1 and not calls  # row chunks, each through the tiles
     model(x).sum().backward()
-    assert len(calls) == 1
+    assert len(chunks) > 1 and len(calls) == 1
 
 
 @pytest.mark.parametrize("kernel, invariant", [(None, True), (1, True), (3, False)])

@@ -48,3 +48,30 @@ def test_an_option_spelt_out_at_its_default_is_the_run_without_it(arch, options)
     key, value = next(iter(options.items()))
     changed = {key: not value if isinstance(value, bool) else value + 1}
     assert make_config("parity_check", arch=arch, arch_options=changed).run_id() != plain.run_id()
+
+
+@pytest.mark.parametrize(
+    "pe, options, changed",
+    [
+        ("alibi", {"alibi_mode": "symmetric_offset"}, {"alibi_mode": "symmetric"}),
+        ("rope", {"rope_base": 10000}, {"rope_base": 500}),  # an integer for a float default
+        ("t5", {"t5_num_buckets": 32, "share_across_layers": True}, {"t5_num_buckets": 16}),
+    ],
+)
+def test_an_encoding_option_spelt_out_at_its_default_is_the_run_without_it(pe, options, changed):
+    """``--pe-option alibi_mode=symmetric_offset`` is plain ALiBi: the same run id and recorded
+    options, for the transformer and for CHE's autoregressive transformer alike."""
+    plain = make_config("parity_check", pe)
+    spelt = make_config("parity_check", pe, pe_options=options)
+    assert spelt.run_id() == plain.run_id() and spelt.pe_options == {}
+    assert make_config("parity_check", pe, pe_options=changed).run_id() != plain.run_id()
+    arch = "autoregressive_transformer"
+    plain = make_config("reverse_string", pe, arch=arch)
+    spelt = make_config("reverse_string", pe, arch=arch, pe_options=options)
+    assert spelt.run_id() == plain.run_id() and spelt.arch_options == {"pe": pe}
+
+
+def test_a_switch_given_as_a_number_is_not_its_default():
+    """0 for a switch whose default is false reaches the encoding's check, not the run id."""
+    config = make_config("parity_check", "sin_cos", pe_options={"sin_cos_backward": 0})
+    assert config.pe_options == {"sin_cos_backward": 0}

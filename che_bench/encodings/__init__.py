@@ -25,6 +25,7 @@ from che_bench.encodings.base import (
     build_encoding,
     canonical_encoding_name,
     get_encoding_class,
+    given_options,
     list_encodings,
     register,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "build_encoding",
     "canonical_encoding_name",
     "get_encoding_class",
+    "given_options",
     "list_encodings",
     "register",
 ]

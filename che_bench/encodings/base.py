@@ -35,6 +35,7 @@ from torch import nn
 
 from che_bench.errors import CheBenchError
 from che_bench.registry import Registry
+from che_bench.setting_types import spelt_default
 
 KINDS = ("none", "absolute", "relative")
 
@@ -208,6 +209,17 @@ def get_encoding_class(name: str) -> type[PositionalEncoding]:
 def list_encodings() -> list[type[PositionalEncoding]]:
     """Every registered encoding class, by name."""
     return [ENCODINGS.get(name) for name in sorted(ENCODINGS.names())]
+
+
+def given_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Encoding ``name``'s ``options`` less those spelt out at the default its constructor
+    declares (``spelt_default``): an option given at its default is the run without it."""
+    parameters = inspect.signature(get_encoding_class(name).__init__).parameters
+    return {
+        key: value
+        for key, value in options.items()
+        if key not in parameters or not spelt_default(value, parameters[key].default)
+    }
 
 
 def build_encoding(

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from che_bench.encodings import canonical_encoding_name
+from che_bench.encodings import canonical_encoding_name, given_options
 from che_bench.errors import CheBenchError, one_line
 from che_bench.members import load_member_states
 from che_bench.model.autoregressive import AutoregressiveTransformer
@@ -37,6 +37,7 @@ from che_bench.model.recurrent import (
 )
 from che_bench.model.state_tracking import MODELS as STATE_TRACKING_MODELS
 from che_bench.registry import Registry
+from che_bench.setting_types import spelt_default
 from che_bench.tasks.base import Task
 
 #: The default architecture: the only one with a positional encoding and DAPE.
@@ -122,8 +123,8 @@ def architecture_overrides(
     overrides: dict[str, Any], pe: str | None
 ) -> tuple[dict[str, Any], str | None]:
     """A run's ``overrides`` without None values, ``arch`` canonical (default: the
-    transformer), its ``arch_options`` without those given at their default (of the same
-    type: the run id of an option spelt out at its default is the run id without it), and
+    transformer), its ``arch_options`` and the encoding's ``pe_options`` without those spelt
+    out at their default (``spelt_default``: such a run's id is the id without them), and
     (overrides, pe) with ``--pe`` and ``--pe-option`` made the options ``pe`` (canonical,
     left out at its default) and ``pe_options`` of an architecture other than the
     transformer that takes them (CHE's autoregressive transformer)."""
@@ -134,11 +135,11 @@ def architecture_overrides(
         overrides["arch_options"] = {
             key: value
             for key, value in overrides["arch_options"].items()
-            if not (
-                key in defaults and type(value) is type(defaults[key]) and value == defaults[key]
-            )
+            if key not in defaults or not spelt_default(value, defaults[key])
         }
     if arch == TRANSFORMER or "pe" not in defaults:
+        if isinstance(overrides.get("pe_options"), dict) and arch == TRANSFORMER:
+            overrides["pe_options"] = given_options(pe or "none", overrides["pe_options"])
         return overrides, pe
     options = dict(overrides.get("arch_options", {}))
     options.update({} if pe in (None, "none") else {"pe": pe})  # the CLI's --pe is "none"
@@ -148,6 +149,11 @@ def architecture_overrides(
             del options["pe"]
     if overrides.get("pe_options"):
         options["pe_options"] = {**options.get("pe_options", {}), **overrides["pe_options"]}
+    if isinstance(options.get("pe_options"), dict):
+        encoding = options.get("pe", defaults["pe"])
+        options["pe_options"] = given_options(encoding, options["pe_options"])
+        if not options["pe_options"]:
+            del options["pe_options"]
     rest = {key: value for key, value in overrides.items() if key != "pe_options"}
     return {**rest, "arch_options": options}, None
 

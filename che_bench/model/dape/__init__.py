@@ -23,10 +23,10 @@ f has two implementations, equal up to rounding (tested):
   ``[k*H, D]`` and adds the k shifted narrow outputs. The batch-free bias channels go
   through the first convolution once and are broadcast over the batch, never tiled. f's
   output is added in place into the freshly built residual map, with a hand-written
-  backward. Without gradients (evaluation) the caller may let the processor overwrite the
-  scores: residual and f are then added chunk by chunk into the score map itself
-  (``inference.add_filter_in_place``), the same arithmetic in the same order, so the logits
-  are bit for bit the same with one full-size map fewer.
+  backward. Without gradients (evaluation) the attention goes through these chunks as cache
+  tiles: it computes a tile's scores, ``DapeProcessor.tile_filter`` adds the residual and f
+  into them in place (``inference.TileFilter``: the same arithmetic in the same order, so
+  the same logits bit for bit), and the attention finishes the tile while it is in cache.
 * ``convolution`` (the GPU default): one grouped ``conv2d`` per convolution for the whole
   pack (members are the groups), so a layer's filter is two cuDNN calls instead of dozens
   of cache-sized products; autograd does the backward.

@@ -1,7 +1,11 @@
-"""DAPE's ``chunks`` filter without gradients (evaluation): f and the residual are added into
-the score map in place, chunk by chunk, so that no further full-size map is allocated. The
-arithmetic is the training path's (``che_bench.model.dape.kernel``), in the same order, so
-the logits are bit for bit those of ``ScoreFilter``."""
+"""DAPE's ``chunks`` filter without gradients (evaluation on a CPU), one cache tile at a time.
+
+The attention computes a tile's scores (some sequences x query rows, ``tiles``), and
+``TileFilter.add`` adds the residual and f into them in place while they are in cache; the
+attention then masks, normalises and multiplies them by the values, still in cache. No map
+of the whole batch is ever built. The tiles are the training path's chunks
+(``che_bench.model.dape.kernel``) and the arithmetic is its own, in the same order, so the
+logits are bit for bit those of ``ScoreFilter``."""
 
 from __future__ import annotations
 
@@ -10,13 +14,17 @@ import torch
 from che_bench.model.dape.kernel import (
     _add_taps,
     _cache_chunks,
+    _Chunk,
     _ChunkBuffers,
     _first_layer,
     _im2col_matrix,
     _member_bias,
+    _rows_of,
     _taps_matrix,
     batch_free_addend,
 )
+
+Tile = _Chunk
 
 
 def _member_rows(terms: torch.Tensor, member: int, rows: slice) -> torch.Tensor:
@@ -25,39 +33,53 @@ def _member_rows(terms: torch.Tensor, member: int, rows: slice) -> torch.Tensor:
     return member_terms if member_terms.shape[-2] == 1 else member_terms[..., rows, :]
 
 
-def add_filter_in_place(
-    logits: torch.Tensor,
-    content: torch.Tensor,
-    bias: torch.Tensor | None,
-    residual: torch.Tensor,
-    weight1: torch.Tensor,
-    bias1: torch.Tensor,
-    weight2: torch.Tensor,
-) -> torch.Tensor:
-    """``logits += residual + f(content; bias)`` in place, member by member and chunk by chunk
-    of (sequences, rows), and return ``logits`` (``[M, B, H, R, T]``). ``content`` (same shape)
-    may be ``logits`` itself: a chunk's content is copied into its im2col matrix before the
-    chunk's logits are written, and no chunk reads another's rows. ``bias`` is
-    ``[M or 1, 1, C_b, R, T]`` or None, ``residual`` ``[M or 1, 1, H, R or 1, T or 1]``."""
-    heads = content.shape[2]
-    for m in range(weight1.shape[0]):
-        kernel, width = weight1.shape[-1], weight1.shape[1]
-        addend = batch_free_addend(_member_bias(bias, m), weight1[m], bias1[m], heads)
-        conv1, conv2 = _im2col_matrix(weight1[m, :, :heads]), _taps_matrix(weight2[m])
-        chunks = _cache_chunks(content[m], width)
-        buffers = _ChunkBuffers(content[m], chunks)
-        for chunk in chunks:
-            _, hidden = _first_layer(
-                content[m],
-                chunk,
-                kernel,
-                conv1,
-                addend,
-                buffers.scratch("windows", kernel * heads, chunk),
-                buffers.scratch("hidden", width, chunk),
-            )
-            taps = torch.mm(conv2, hidden, out=buffers.scratch("taps", kernel * heads, chunk))
-            out = logits[m, chunk.batch, :, chunk.rows]
-            out += _member_rows(residual, m, chunk.rows)
-            _add_taps(out, taps)
-    return logits
+class TileFilter:
+    """One member's ``logits = scores + residual + f(content; bias)`` for the tiles of a
+    ``[B, H, R, T]`` row chunk (``shape``), in place.
+
+    ``residual`` is ``[M or 1, 1, H, R or 1, T or 1]``, ``bias`` (f's bias channels)
+    ``[M or 1, 1, C_b, R, T]`` or None; f's content is a tile's scores, plus ``added_bias``
+    (``[M or 1, 1, H, R, T]``, DAPE's ``add_residual``) when given, zero where ``hidden``
+    (``[R, T]``, DAPE's ``tril``) when given.
+    """
+
+    def __init__(
+        self,
+        member: int,
+        shape: torch.Size,
+        weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        residual: torch.Tensor,
+        bias: torch.Tensor | None,
+        added_bias: torch.Tensor | None = None,
+        hidden: torch.Tensor | None = None,
+    ) -> None:
+        weight1, bias1, weight2 = (weight[member] for weight in weights)
+        heads = shape[1]
+        self.member, self.kernel, self.heads = member, weight1.shape[-1], heads
+        self.residual, self.added_bias, self.hidden = residual, added_bias, hidden
+        self.addend = batch_free_addend(_member_bias(bias, member), weight1, bias1, heads)
+        self.conv1, self.conv2 = _im2col_matrix(weight1[:, :heads]), _taps_matrix(weight2)
+        self.width = weight1.shape[0]
+        self.tiles = _cache_chunks(shape, self.width)
+        self.buffers = _ChunkBuffers(residual, self.tiles)
+
+    def add(self, scores: torch.Tensor, tile: Tile) -> torch.Tensor:
+        """``scores`` of ``tile`` (contiguous ``[b, H, r, T]``) made its logits, in place."""
+        content = scores
+        if self.added_bias is not None:
+            content = scores + _member_rows(self.added_bias, self.member, tile.rows)
+        if self.hidden is not None:
+            content = content.masked_fill(self.hidden[tile.rows], 0.0)
+        taps_rows = self.kernel * self.heads
+        _, hidden = _first_layer(
+            content,
+            self.kernel,
+            self.conv1,
+            _rows_of(self.addend, tile.rows),
+            self.buffers.scratch("windows", taps_rows, tile),
+            self.buffers.scratch("hidden", self.width, tile),
+        )
+        taps = torch.mm(self.conv2, hidden, out=self.buffers.scratch("taps", taps_rows, tile))
+        scores += _member_rows(self.residual, self.member, tile.rows)
+        _add_taps(scores, taps)
+        return scores

@@ -87,10 +87,10 @@ class _Chunk(NamedTuple):
     columns: int
 
 
-def _cache_chunks(content: torch.Tensor, width: int) -> list[_Chunk]:
-    """Chunks whose hidden map ``[width, b*r*T]`` stays cache-sized: whole sequences when one
-    fits, else groups of query rows of one sequence at a time."""
-    batch, _, rows, length = content.shape
+def _cache_chunks(shape: torch.Size | tuple[int, ...], width: int) -> list[_Chunk]:
+    """Chunks of a ``[B, C, R, T]`` map whose hidden map ``[width, b*r*T]`` stays cache-sized:
+    whole sequences when one fits, else groups of query rows of one sequence at a time."""
+    batch, _, rows, length = shape
     rows_per_chunk = max(1, CACHE_CHUNK_BYTES // (4 * width * length))
     if rows_per_chunk >= rows:
         step = max(1, rows_per_chunk // rows)
@@ -140,17 +140,16 @@ def _rows_of(addend: torch.Tensor, rows: slice) -> torch.Tensor:
 
 def _first_layer(
     content: torch.Tensor,
-    chunk: _Chunk,
     kernel: int,
     conv1: torch.Tensor,
     addend: torch.Tensor,
     windows_out: torch.Tensor,
     hidden_out: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The im2col matrix ``[k*C, n]`` of a chunk and its activated hidden map ``[D, n]``,
-    written into the given buffers; ``conv1`` is ``[D, k*C]``, ``addend`` ``[D, R|1, T|1]``."""
-    windows = _key_windows(content[chunk.batch, :, chunk.rows], kernel, windows_out)
-    addend = _rows_of(addend, chunk.rows)
+    """The im2col matrix ``[k*C, n]`` of a chunk's ``content`` ``[b, C, r, T]`` and its
+    activated hidden map ``[D, n]``, written into the given buffers; ``conv1`` is ``[D, k*C]``,
+    ``addend`` the chunk's rows of the batch-free addend, ``[D, r*T | 1]``."""
+    windows = _key_windows(content, kernel, windows_out)
     if addend.shape[1] in (1, windows.shape[1]):  # one sequence: the product adds it, no pass
         hidden = torch.addmm(addend, conv1, windows, out=hidden_out)
     else:
@@ -188,16 +187,15 @@ def _member_forward(
     kernel, width, heads = weight1.shape[-1], weight1.shape[0], content.shape[1]
     addend = batch_free_addend(bias, weight1, bias1, heads)
     conv1, conv2 = _im2col_matrix(weight1[:, :heads]), _taps_matrix(weight2)
-    chunks = _cache_chunks(content, width)
+    chunks = _cache_chunks(content.shape, width)
     buffers = _ChunkBuffers(content, chunks, **(kept or {}))
     matrix = buffers.kept if kept is not None else buffers.scratch
     for chunk in chunks:
         _, hidden = _first_layer(
-            content,
-            chunk,
+            content[chunk.batch, :, chunk.rows],
             kernel,
             conv1,
-            addend,
+            _rows_of(addend, chunk.rows),
             matrix("windows", kernel * heads, chunk),
             matrix("hidden", width, chunk),
         )
@@ -228,7 +226,7 @@ def _member_backward(
     grad_addend = grad.new_zeros(width, *content.shape[2:])
     grad_conv1 = grad.new_zeros(kernel * heads, width)  # transposed: the faster product
     grad_conv2 = grad.new_zeros(kernel * heads, width)
-    chunks = _cache_chunks(content, width)
+    chunks = _cache_chunks(content.shape, width)
     buffers = _ChunkBuffers(content, chunks, **(kept or {}))
     for chunk in chunks:
         windows, hidden = _hidden_maps(buffers, kept is not None, content, chunk, conv1, addend)
@@ -280,11 +278,10 @@ def _hidden_maps(
         return buffers.kept("windows", taps, chunk), buffers.kept("hidden", width, chunk)
     kernel = taps // content.shape[1]
     return _first_layer(
-        content,
-        chunk,
+        content[chunk.batch, :, chunk.rows],
         kernel,
         conv1,
-        addend,
+        _rows_of(addend, chunk.rows),
         buffers.scratch("windows", taps, chunk),
         buffers.scratch("hidden", width, chunk),
     )

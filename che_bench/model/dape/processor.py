@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from che_bench.errors import CheBenchError
-from che_bench.model.dape.inference import add_filter_in_place
+from che_bench.model.dape.inference import TileFilter
 from che_bench.model.dape.kernel import NEGATIVE_SLOPE, ScoreFilter
+from che_bench.model.fused_attention import future_keys
 
 VARIANTS = ("concat_residual", "concat", "add_residual")
 IMPLEMENTATIONS = ("auto", "chunks", "convolution")
@@ -143,46 +144,55 @@ class DapeProcessor(nn.Module):
             return 8 * self.heads + 2 * self.width
         return 6 * self.heads
 
-    def forward(
-        self,
-        scores: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        rows: slice | None = None,
-        overwrite: bool = False,
-    ) -> torch.Tensor:
-        """Logits ``[M, B, H, R, T]`` from scores ``[M, B, H, R, T]`` and bias
-        ``[M or 1, 1, H, R, T]``.
-
-        ``rows`` locates the chunk's query rows (needed only by ``tril``). ``overwrite``: the
-        caller no longer needs ``scores``, so without gradients the ``chunks`` filter may
-        build the logits in their place (the same values, one full-size map fewer).
-        """
+    def _residual_terms(self, bias: torch.Tensor | None) -> torch.Tensor:
+        """The residual's batch-free terms (summed first, so that one full-size map is built)."""
         if (bias is not None) != self.with_bias:
             raise CheBenchError(
                 f"DAPE processor built with with_bias={self.with_bias} got bias={bias is not None}"
             )
-        num_rows, length = scores.shape[-2:]
-        # The residual's batch-free terms are summed first, so one full-size map is built.
         residual_terms = self.bias2[:, None, :, None, None]
         if bias is not None and self.variant != "concat":
             residual_terms = residual_terms + bias
+        return residual_terms
+
+    def _hidden_keys(self, rows: slice | None, num_rows: int, length: int, device) -> torch.Tensor:
+        """``[R, T]``: True at the keys j > i that ``tril`` zeroes in f's input."""
+        start = 0 if rows is None or rows.start is None else rows.start
+        return future_keys(slice(start, start + num_rows), length, device)
+
+    def tile_filter(
+        self, member: int, bias: torch.Tensor | None, rows: slice, shape: torch.Size
+    ) -> TileFilter:
+        """Member ``member``'s logits of the query ``rows`` of a ``[B, H, R, T]`` (``shape``)
+        score map, tile by tile in place (evaluation on a CPU: ``TileFilter``)."""
+        residual_terms = self._residual_terms(bias)
+        hidden = None
+        if self.tril:
+            hidden = self._hidden_keys(rows, shape[2], shape[3], self.bias2.device)
+        bias_channels = bias if self.concat_bias else None
+        if hidden is not None and bias_channels is not None:
+            bias_channels = bias_channels.masked_fill(hidden, 0.0)
+        added_bias = bias if self.variant == "add_residual" else None
+        return TileFilter(
+            member, shape, self.filter_weights, residual_terms, bias_channels, added_bias, hidden
+        )
+
+    def forward(
+        self, scores: torch.Tensor, bias: torch.Tensor | None = None, rows: slice | None = None
+    ) -> torch.Tensor:
+        """Logits ``[M, B, H, R, T]`` from scores ``[M, B, H, R, T]`` and bias
+        ``[M or 1, 1, H, R, T]``; ``rows`` locates the chunk's query rows (needed only by
+        ``tril``)."""
+        residual_terms = self._residual_terms(bias)
         content = scores + bias if self.variant == "add_residual" and bias is not None else scores
         if self.tril:
-            start = 0 if rows is None or rows.start is None else rows.start
-            query = torch.arange(start, start + num_rows, device=scores.device)[:, None]
-            future = torch.arange(length, device=scores.device) > query
-            content = content.masked_fill(future, 0.0)
+            num_rows, length = scores.shape[-2:]
+            hidden = self._hidden_keys(rows, num_rows, length, scores.device)
+            content = content.masked_fill(hidden, 0.0)
             if self.concat_bias and bias is not None:
-                bias = bias.masked_fill(future, 0.0)
-
+                bias = bias.masked_fill(hidden, 0.0)
         bias_channels = bias if self.concat_bias else None
-        convolution = self.uses_convolution(scores.device)
-        # (an expanded, non-contiguous map is never overwritten)
-        if overwrite and not convolution and not torch.is_grad_enabled() and scores.is_contiguous():
-            return add_filter_in_place(
-                scores, content, bias_channels, residual_terms, *self.filter_weights
-            )
-        if convolution:
+        if self.uses_convolution(scores.device):
             filtered = _filter_by_convolution(
                 content, bias_channels, self.weight1, self.bias1, self.weight2
             )
