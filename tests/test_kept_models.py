@@ -40,16 +40,20 @@ def test_evaluate_under_the_original_protocol_reproduces_the_stored_curve(traine
     store, run_ids = trained
     before = ResultStore(store).evaluations()
     assert main(["evaluate", *run_ids, "--store", str(store), "--no-progress"]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # (wrapped lines)
     assert out.count("reproduces the stored curve exactly") == 2
     assert len(ResultStore(store).evaluations()) == len(before)  # nothing recorded
 
 
-def test_longer_lengths_are_recorded_as_another_evaluation_and_selected_by_id(trained, capsys):
+def test_longer_lengths_are_recorded_as_another_evaluation_and_selected_by_id(
+    trained, capsys, monkeypatch
+):
     store, run_ids = trained
+    monkeypatch.setenv("COLUMNS", "100")
     assert main(["evaluate", *run_ids, "--store", str(store), "--no-progress",
                  "--test-lengths", "41,100,300", "--dropout-at-eval"]) == 0
     out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 100  # a 100-column terminal
     evaluation = out.split("evaluation ")[1].split()[0]
     results = ResultStore(store)
     curves = results.per_length(evaluation=evaluation)

@@ -18,6 +18,7 @@ from che_bench.commands.common import (
     use_threads,
 )
 from che_bench.errors import CheBenchError
+from che_bench.reports.text_tables import print_wrapped
 
 #: Above this many times the run's own evaluation, the estimated cost is stated first ...
 STATE_COST_ABOVE = 2.0
@@ -148,7 +149,7 @@ def _record_evaluation(store, run_id: str, config, result, device) -> None:
         versions=software_versions(config),
         timings={"eval_s": result.seconds},
     )
-    print(
+    print_wrapped(
         f"run {run_id}: evaluation {evaluation_id} ({describe_protocol(protocol)}) on "
         f"{described}: score {result.score:.2%}, in-distribution "
         f"{result.train_accuracy:.2%}, exact match {result.exact_score:.2%}; "
@@ -188,7 +189,7 @@ def _state_cost(originals, configs, runs, confirmed: bool) -> None:
     )
     if too_long and not confirmed:
         raise CheBenchError(f"{message}; pass --yes to start it")
-    print(f"che-bench: {message}", file=sys.stderr)
+    print_wrapped(f"che-bench: {message}", sys.stderr)
 
 
 def _duration(seconds: float) -> str:
@@ -209,7 +210,7 @@ def _compare_with_stored(store, run_id: str, result) -> None:
         verdict = "reproduces the stored curve exactly"
     else:
         verdict = f"differs from the stored curve by up to {max(differences):.2%}"
-    print(
+    print_wrapped(
         f"run {run_id}: the original protocol again: score {result.score:.2%}; {verdict} "
         "(nothing recorded)"
     )

@@ -24,6 +24,7 @@ from che_bench.commands.common import (
 from che_bench.config import RunConfig, make_config
 from che_bench.errors import CheBenchError
 from che_bench.protocol import PRESETS, format_lengths
+from che_bench.reports.text_tables import print_wrapped
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -197,7 +198,7 @@ class RunView:
 
     def start(self, already_complete: Sequence[str], todo: Sequence[RunConfig]) -> None:
         if already_complete:
-            _print_wrapped(
+            print_wrapped(
                 f"already complete in {self.store_path}: {', '.join(already_complete)} "
                 f"({self.label})"
             )
@@ -205,7 +206,7 @@ class RunView:
             return
         first = todo[0]
         several = f"{len(todo)} runs (seeds x learning rates), " if len(todo) > 1 else ""
-        _print_wrapped(
+        print_wrapped(
             f"run {', '.join(c.run_id() for c in todo)}: {self.label}, preset {first.preset}, "
             f"{several}{first.steps} steps, lr {', '.join(sorted({f'{c.lr:g}' for c in todo}))}, "
             f"seed {', '.join(sorted({str(c.seed) for c in todo}, key=int))}, "
@@ -224,24 +225,17 @@ class RunView:
 
     def finished(self, result, *, running: int, left: int) -> None:
         if result.status != "complete":
-            _print_wrapped(f"che-bench: run {result.run_id} failed: {result.error}", sys.stderr)
+            print_wrapped(f"che-bench: run {result.run_id} failed: {result.error}", sys.stderr)
             return
         timings = result.timings
         members = int(timings.get("pack_members", 1))
         packed = f" (in a pack of {members})" if members > 1 else ""
-        _print_wrapped(
+        print_wrapped(
             f"run {result.run_id} complete on {result.device}: score {result.score:.2%} "
             f"(test lengths {format_lengths(result.config.score_lengths)}), in-distribution "
             f"{result.train_accuracy:.2%}; train {timings['train_s']:.0f} s{packed}, "
             f"eval {timings['eval_s']:.0f} s"
         )
-
-
-def _print_wrapped(text: str, file=None) -> None:
-    """``text`` wrapped at spaces to the terminal's width (ids and scores stay whole)."""
-    from che_bench.reports.text_tables import wrap
-
-    print("\n".join(wrap(text, indent="  ")), file=file or sys.stdout)
 
 
 def _write_run_samples(args: argparse.Namespace, store, run_ids: list[str]) -> None:

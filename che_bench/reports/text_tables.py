@@ -16,6 +16,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TextIO
 
 #: The width when neither $COLUMNS nor a terminal says otherwise (output into a pipe or file).
 DEFAULT_WIDTH = 100
@@ -54,6 +55,12 @@ def wrap(text: str, width: int | None = None, indent: str = "") -> list[str]:
         break_on_hyphens=False,
     )
     return lines or [""]
+
+
+def print_wrapped(text: str, file: TextIO | None = None) -> None:
+    """``text`` printed wrapped at spaces to the terminal's width (ids and scores stay whole),
+    continuation lines indented."""
+    print("\n".join(wrap(text, indent="  ")), file=file or sys.stdout)
 
 
 @dataclass(frozen=True)
