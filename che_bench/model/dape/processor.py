@@ -144,8 +144,13 @@ class DapeProcessor(nn.Module):
             return 8 * self.heads + 2 * self.width
         return 6 * self.heads
 
-    def _residual_terms(self, bias: torch.Tensor | None) -> torch.Tensor:
-        """The residual's batch-free terms (summed first, so that one full-size map is built)."""
+    def _prepared(
+        self, bias: torch.Tensor | None, rows: slice | None, num_rows: int, length: int, device
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """What f and the residual take besides the scores, for ``num_rows`` query ``rows``:
+        the residual's batch-free terms (summed first, so that one full-size map is built),
+        f's bias channels (or None) and, with ``tril``, the keys j > i zeroed in f's input
+        (``[R, T]``, else None)."""
         if (bias is not None) != self.with_bias:
             raise CheBenchError(
                 f"DAPE processor built with with_bias={self.with_bias} got bias={bias is not None}"
@@ -153,25 +158,22 @@ class DapeProcessor(nn.Module):
         residual_terms = self.bias2[:, None, :, None, None]
         if bias is not None and self.variant != "concat":
             residual_terms = residual_terms + bias
-        return residual_terms
-
-    def _hidden_keys(self, rows: slice | None, num_rows: int, length: int, device) -> torch.Tensor:
-        """``[R, T]``: True at the keys j > i that ``tril`` zeroes in f's input."""
-        start = 0 if rows is None or rows.start is None else rows.start
-        return future_keys(slice(start, start + num_rows), length, device)
+        hidden = None
+        if self.tril:
+            start = 0 if rows is None or rows.start is None else rows.start
+            hidden = future_keys(slice(start, start + num_rows), length, device)
+        bias_channels = bias if self.concat_bias else None
+        if hidden is not None and bias_channels is not None:
+            bias_channels = bias_channels.masked_fill(hidden, 0.0)
+        return residual_terms, bias_channels, hidden
 
     def tile_filter(
         self, member: int, bias: torch.Tensor | None, rows: slice, shape: torch.Size
     ) -> TileFilter:
         """Member ``member``'s logits of the query ``rows`` of a ``[B, H, R, T]`` (``shape``)
         score map, tile by tile in place (evaluation on a CPU: ``TileFilter``)."""
-        residual_terms = self._residual_terms(bias)
-        hidden = None
-        if self.tril:
-            hidden = self._hidden_keys(rows, shape[2], shape[3], self.bias2.device)
-        bias_channels = bias if self.concat_bias else None
-        if hidden is not None and bias_channels is not None:
-            bias_channels = bias_channels.masked_fill(hidden, 0.0)
+        prepared = self._prepared(bias, rows, shape[2], shape[3], self.bias2.device)
+        residual_terms, bias_channels, hidden = prepared
         added_bias = bias if self.variant == "add_residual" else None
         return TileFilter(
             member, shape, self.filter_weights, residual_terms, bias_channels, added_bias, hidden
@@ -183,15 +185,12 @@ class DapeProcessor(nn.Module):
         """Logits ``[M, B, H, R, T]`` from scores ``[M, B, H, R, T]`` and bias
         ``[M or 1, 1, H, R, T]``; ``rows`` locates the chunk's query rows (needed only by
         ``tril``)."""
-        residual_terms = self._residual_terms(bias)
+        num_rows, length = scores.shape[-2:]
+        prepared = self._prepared(bias, rows, num_rows, length, scores.device)
+        residual_terms, bias_channels, hidden = prepared
         content = scores + bias if self.variant == "add_residual" and bias is not None else scores
-        if self.tril:
-            num_rows, length = scores.shape[-2:]
-            hidden = self._hidden_keys(rows, num_rows, length, scores.device)
+        if hidden is not None:
             content = content.masked_fill(hidden, 0.0)
-            if self.concat_bias and bias is not None:
-                bias = bias.masked_fill(hidden, 0.0)
-        bias_channels = bias if self.concat_bias else None
         if self.uses_convolution(scores.device):
             filtered = _filter_by_convolution(
                 content, bias_channels, self.weight1, self.bias1, self.weight2
