@@ -57,6 +57,7 @@ import numpy as np
 import torch
 from cpu_peak import dape_filter_flops, measured_peak, nominal_peak
 
+from che_bench.allocator import keep_freed_memory
 from che_bench.checks.speed import median_seconds
 from che_bench.config import RunConfig, make_config
 from che_bench.model.architectures import (
@@ -72,6 +73,10 @@ from che_bench.protocol import preset_settings
 from che_bench.tasks import get_task
 from che_bench.train.optimizer import PackOptimizer, pack_optimizer
 from che_bench.train.step import projected_modules, training_step
+
+# glibc's allocator as the che-bench command sets it (che_bench.allocator), here and in the
+# fresh processes that import this module.
+keep_freed_memory()
 
 T = TypeVar("T")
 

@@ -12,6 +12,7 @@ import importlib
 import sys
 from typing import NoReturn
 
+from che_bench.allocator import keep_freed_memory
 from che_bench.cpu import set_portable_environment
 from che_bench.errors import CheBenchError
 from che_bench.settings import BY_NAME
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if PORTABLE_CPU_FLAG in argv:
         # Before anything imports torch: the libraries read these settings when they start.
         set_portable_environment()
+    keep_freed_memory()
     from che_bench import plugins
 
     modules, no_plugins, argv = split_plugin_arguments(argv)

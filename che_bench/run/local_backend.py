@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from che_bench.allocator import keep_freed_memory
 from che_bench.config import RunConfig
 from che_bench.cpu import set_portable_environment
 from che_bench.device_memory import allow_cpus, available_cpus, share_gpu_among
@@ -132,9 +133,10 @@ _worker_device: str | None = None
 
 def _init_worker(threads: int, sweep_pid: int, devices: list[str], counter: Any) -> None:
     """Worker set-up: torch threads, its device and its part of that GPU's memory and of the
-    CPUs, Ctrl-C handling, and an orphan watchdog."""
+    CPUs, glibc's thresholds (``keep_freed_memory``), Ctrl-C handling, and an orphan watchdog."""
     import torch
 
+    keep_freed_memory()
     torch.set_num_threads(threads)
     take_place(claim_index(counter), devices)
     # Own process group: a Ctrl-C in the terminal reaches the sweep only, which then asks each

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from che_bench import plugins
+from che_bench.allocator import keep_freed_memory
 from che_bench.config import RunConfig
 from che_bench.cpu import PORTABLE_ENVIRONMENT
 from che_bench.device_memory import allow_cpus, share_gpu
@@ -163,9 +164,10 @@ def _run_in_ray_task(
 ) -> list[RunResult]:
     """Body of one Ray task: size torch's thread pool (and a wide pack's batch workers) to the
     CPUs Ray granted and memory budgets to the GPU fraction it granted (four 0.25-GPU tasks
-    share one GPU), then run."""
+    share one GPU), and glibc's thresholds (``keep_freed_memory``), then run."""
     import torch
 
+    keep_freed_memory()
     torch.set_num_threads(threads)
     allow_cpus(threads)
     if gpus > 0:

@@ -1,0 +1,57 @@
+"""glibc's allocator kept from handing large freed blocks back to the kernel, in the processes
+that train and evaluate (``che-bench``, sweep workers, Ray tasks).
+
+By default glibc serves each allocation above its mmap threshold (at most 32 MiB, adjusted as
+blocks are freed) with fresh pages from the kernel and returns them on free, and trims freed
+memory at the heap's top: torch's CPU tensors of a few MB, allocated and freed at every step,
+then fault in zeroed pages again each time. A state-tracking model's training step at batch
+256 took 66,000-76,000 page faults and 110-141 ms of system time (of 1.3-1.8 s) that way, and
+about 3,000 faults and 5 ms with both thresholds at 1 GiB (docs/benchmarks.md, "Memory
+allocation"). Which memory a tensor gets changes no arithmetic, so no result changes; the
+process keeps up to its peak resident memory until it exits.
+
+Nothing is changed where the user chose an allocator or its settings: ``MALLOC_*`` variables,
+a ``glibc.malloc`` tunable, or an allocator in ``LD_PRELOAD`` (jemalloc, tcmalloc, mimalloc).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+#: ``mallopt``'s parameters (glibc's ``malloc.h``).
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+#: Freed memory up to this much is kept for reuse; a larger block still comes from mmap.
+KEEP_BYTES = 1 << 30
+#: glibc's documented upper limit of the mmap threshold on 64-bit systems (some versions
+#: refuse more).
+MMAP_THRESHOLD_MAX = 32 << 20
+
+
+def allocator_chosen_by_user(environment: dict[str, str] | None = None) -> bool:
+    """Whether the environment sets glibc's malloc or preloads another allocator."""
+    environment = dict(os.environ) if environment is None else environment
+    if any(name.startswith("MALLOC_") for name in environment):
+        return True
+    return "glibc.malloc" in environment.get("GLIBC_TUNABLES", "") or bool(
+        environment.get("LD_PRELOAD", "").strip()
+    )
+
+
+def keep_freed_memory() -> bool:
+    """Raise glibc's mmap and trim thresholds in this process (module docstring); False where
+    nothing was changed (not glibc, or an allocator chosen by the user)."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    if allocator_chosen_by_user():
+        return False
+    mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # The mmap threshold first: the trim threshold alone would turn off glibc's adjustment of
+    # the mmap threshold and leave it at 128 KiB, which faults far more.
+    if not (mallopt(M_MMAP_THRESHOLD, KEEP_BYTES) or mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)):
+        return False
+    return bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
