@@ -4,9 +4,9 @@ that train and evaluate (``che-bench``, sweep workers, Ray tasks).
 By default glibc serves each allocation above its mmap threshold (at most 32 MiB, adjusted as
 blocks are freed) with fresh pages from the kernel and returns them on free, and trims freed
 memory at the heap's top: torch's CPU tensors of a few MB, allocated and freed at every step,
-then fault in zeroed pages again each time. The state-tracking models' training steps at
-batch 256 took 49,000-89,000 page faults and 86-180 ms of system time (of 1.1-1.6 s) that way,
-and 1,000-3,500 faults and 2-7 ms with both thresholds at 1 GiB (docs/benchmarks.md, "Memory
+then fault in zeroed pages again each time. Mamba's and the delta-rule models' training steps
+at batch 256 took 49,000-89,000 page faults and 86-180 ms of system time (of 1.1-1.6 s) that
+way, and 1,000-3,500 faults and 2-7 ms with both thresholds at 1 GiB (docs/benchmarks.md, "Memory
 allocation"). Which memory a tensor gets changes no arithmetic, so no result changes; the
 process keeps up to its peak resident memory until it exits.
 
