@@ -20,6 +20,7 @@ import ctypes
 import ctypes.util
 import os
 import platform
+from collections.abc import Mapping
 
 #: ``mallopt``'s parameters (glibc's ``malloc.h``).
 M_TRIM_THRESHOLD = -1
@@ -31,9 +32,8 @@ KEEP_BYTES = 1 << 30
 MMAP_THRESHOLD_MAX = 32 << 20
 
 
-def allocator_chosen_by_user(environment: dict[str, str] | None = None) -> bool:
+def allocator_chosen_by_user(environment: Mapping[str, str] = os.environ) -> bool:
     """Whether the environment sets glibc's malloc or preloads another allocator."""
-    environment = dict(os.environ) if environment is None else environment
     if any(name.startswith("MALLOC_") for name in environment):
         return True
     return "glibc.malloc" in environment.get("GLIBC_TUNABLES", "") or bool(
