@@ -1,7 +1,9 @@
-"""Fixtures shared by the tests of plugins and conformance checks."""
+"""Fixtures shared by the tests of plugins and conformance checks, and DAPE's filter at
+evaluation in either implementation."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from che_bench import plugins
 from che_bench.encodings.base import ENCODINGS
 from che_bench.model.architectures import ARCHITECTURES
+from che_bench.model.dape import native
 from che_bench.tasks import TASKS
 
 
@@ -35,3 +38,40 @@ def scratch_registries(monkeypatch):
     for name in set(sys.modules) - modules:
         if name.startswith(("che_bench_loglength", "plugin_", "my_plugin")):
             del sys.modules[name]
+
+
+#: CI sets it: there DAPE's native filter must build, and its tests must run.
+REQUIRED_NATIVE_FILTER = os.environ.get("CHE_BENCH_REQUIRE_NATIVE_FILTER") == "1"
+
+
+def require_native_filter(monkeypatch) -> native.NativeFilter:
+    """The kernel, switched on and built afresh for the test; a skip without a compiler (a
+    failure where CI requires it)."""
+    monkeypatch.setenv(native.SWITCH, "1")
+    native.native_filter.cache_clear()
+    kernel = native.native_filter()
+    if kernel is None:
+        message = "no C compiler built DAPE's native filter"
+        if REQUIRED_NATIVE_FILTER:
+            pytest.fail(message)
+        pytest.skip(message)
+    return kernel
+
+
+@pytest.fixture
+def native_kernel(monkeypatch):
+    """DAPE's native filter, for its own tests."""
+    yield require_native_filter(monkeypatch)
+    native.native_filter.cache_clear()
+
+
+@pytest.fixture(params=["chunks", "native"])
+def filter_implementation(request, monkeypatch):
+    """The test's DAPE filter at evaluation: ``chunks`` or the native kernel."""
+    if request.param == "native":
+        require_native_filter(monkeypatch)
+    else:
+        monkeypatch.setenv(native.SWITCH, "0")
+        native.native_filter.cache_clear()
+    yield request.param
+    native.native_filter.cache_clear()

@@ -226,7 +226,8 @@ def test_only_models_built_alike_stack():
 
 
 @pytest.mark.parametrize("pe, kernel", [("none", None), ("alibi", None), ("kerple", 3), ("cope", 1)])
-def test_captured_attention_maps_are_the_ones_the_forward_pass_uses(pe, kernel):
+def test_captured_attention_maps_are_the_ones_the_forward_pass_uses(pe, kernel,
+                                                                   filter_implementation):
     task = get_task("reverse_string")
     torch.manual_seed(0)
     model = build_model(task, pe, kernel, layers=2, dim=16, heads=2, ffn=32).eval()
@@ -245,7 +246,10 @@ def test_captured_attention_maps_are_the_ones_the_forward_pass_uses(pe, kernel):
         probabilities = captured[0][0]["probabilities"]
         first_layer = attention.output(torch.matmul(probabilities, v).transpose(2, 3).reshape(1, 2, 18, 16))
         torch.testing.assert_close(first_layer, attention(h), atol=1e-5, rtol=1e-5)
-    assert torch.equal(plain, with_capture)
+    if kernel is None or filter_implementation == "chunks":
+        assert torch.equal(plain, with_capture)
+    else:  # captured maps take the chunks filter, which rounds unlike the native tiles
+        torch.testing.assert_close(plain, with_capture, atol=1e-5, rtol=1e-5)
     assert len(captured) == 2 and all(len(layer) == 1 for layer in captured)
     for layer in captured:
         maps = layer[0]

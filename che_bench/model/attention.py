@@ -159,10 +159,7 @@ class Attention(nn.Module):
                     scaled_scores(q[member, tile.batch], k[member, tile.batch], tile_rows, logits)
                 else:
                     logits.copy_(scores[member, tile.batch, :, tile.rows])
-                tile_filter.add(logits, tile)
-                if future is not None:
-                    logits.masked_fill_(future[tile.rows], -math.inf)
-                torch.ops.aten._softmax.out(logits, -1, False, out=logits)
+                tile_filter.probabilities(logits, tile, future, rows.start)
                 out[member, tile.batch, :, tile.rows] = times_values(logits, values_t[tile.batch])
         return out
 

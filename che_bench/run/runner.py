@@ -29,6 +29,7 @@ from che_bench.errors import CheBenchError
 from che_bench.eval.evaluation import Evaluation, evaluate
 from che_bench.model.architectures import build_members
 from che_bench.model.base import BenchModel
+from che_bench.model.dape.native import describe
 from che_bench.model.packs import member_state_dict
 from che_bench.outcomes import RunResult
 from che_bench.run.device import (
@@ -51,8 +52,9 @@ from che_bench.train.readings import Diverged
 
 def software_versions(config: RunConfig | None = None) -> dict[str, str]:
     """The software a run used: che-bench, torch, numpy, Python, the platform and the plugins
-    that registered ``config``'s task, encoding or model (``plugin NAME``: version); and the
-    CPU it ran on (``cpu``, ``cpu_capability``: ``che_bench.cpu.cpu_facts``)."""
+    that registered ``config``'s task, encoding or model (``plugin NAME``: version); the
+    CPU it ran on (``cpu``, ``cpu_capability``: ``che_bench.cpu.cpu_facts``); and, for DAPE,
+    how its filter evaluates on a CPU (``dape_filter``: ``native.describe``)."""
     from che_bench.encodings.base import ENCODINGS
     from che_bench.model.architectures import ARCHITECTURES
     from che_bench.tasks import TASKS
@@ -73,6 +75,7 @@ def software_versions(config: RunConfig | None = None) -> dict[str, str]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         **cpu_facts(),
+        **({} if config is None or config.kernel is None else {"dape_filter": describe()}),
         **used,
     }
 

@@ -24,9 +24,12 @@ f has two implementations, equal up to rounding (tested):
   through the first convolution once and are broadcast over the batch, never tiled. f's
   output is added in place into the freshly built residual map, with a hand-written
   backward. Without gradients (evaluation) the attention goes through these chunks as cache
-  tiles: it computes a tile's scores, ``DapeProcessor.tile_filter`` adds the residual and f
-  into them in place (``inference.TileFilter``: the same arithmetic in the same order, so
-  the same logits bit for bit), and the attention finishes the tile while it is in cache.
+  tiles: it computes a tile's scores, ``DapeProcessor.tile_filter`` turns them into its
+  probabilities in place (``inference.TileFilter``), and the attention finishes the tile
+  while it is in cache. A tile's filter is the native kernel (``native``: both convolutions,
+  the activation and the softmax of a query row at a time in compiled C, equal within float32
+  rounding) where a C compiler built it, else the chunks' own arithmetic in the same order
+  (the training path's logits bit for bit).
 * ``convolution`` (the GPU default): one grouped ``conv2d`` per convolution for the whole
   pack (members are the groups), so a layer's filter is two cuDNN calls instead of dozens
   of cache-sized products; autograd does the backward.

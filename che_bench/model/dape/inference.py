@@ -1,13 +1,17 @@
 """DAPE's ``chunks`` filter without gradients (evaluation on a CPU), one cache tile at a time.
 
 The attention computes a tile's scores (some sequences x query rows, ``tiles``), and
-``TileFilter.add`` adds the residual and f into them in place while they are in cache; the
-attention then masks, normalises and multiplies them by the values, still in cache. No map
-of the whole batch is ever built. The tiles are the training path's chunks
-(``che_bench.model.dape.kernel``) and the arithmetic is its own, in the same order, so the
-logits are bit for bit those of ``ScoreFilter``."""
+``TileFilter.probabilities`` turns them into the tile's attention probabilities in place
+while they are in cache (the residual and f added, the future keys hidden when causal, the
+softmax); the attention then multiplies them by the values, still in cache. No map of the
+whole batch is ever built. The tiles are the training path's chunks
+(``che_bench.model.dape.kernel``). With the native kernel (``che_bench.model.dape.native``)
+the logits equal ``ScoreFilter``'s within float32 rounding; without it the arithmetic is the
+chunks' own, in the same order, and the logits are bit for bit ``ScoreFilter``'s."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -23,6 +27,7 @@ from che_bench.model.dape.kernel import (
     _taps_matrix,
     batch_free_addend,
 )
+from che_bench.model.dape.native import native_filter, usable
 
 Tile = _Chunk
 
@@ -60,16 +65,49 @@ class TileFilter:
         self.addend = batch_free_addend(_member_bias(bias, member), weight1, bias1, heads)
         self.conv1, self.conv2 = _im2col_matrix(weight1[:, :heads]), _taps_matrix(weight2)
         self.width = weight1.shape[0]
-        self.tiles = _cache_chunks(shape, self.width)
+        # Rows outer: a row chunk's addend and residual (maps over the rows, shared by the
+        # batch) stay in cache while every sequence's tile of those rows uses them.
+        tiles = _cache_chunks(shape, self.width)
+        self.tiles = sorted(tiles, key=lambda tile: (tile.rows.start, tile.batch.start))
         self.buffers = _ChunkBuffers(residual, self.tiles)
+        self.native = native_filter() if weight1.dtype == torch.float32 else None
+        if self.native is not None:
+            self.native_weights = weight1[:, :heads].contiguous(), weight2.contiguous()
 
     def add(self, scores: torch.Tensor, tile: Tile) -> torch.Tensor:
         """``scores`` of ``tile`` (contiguous ``[b, H, r, T]``) made its logits, in place."""
+        self._logits(scores, tile, softmax=False, first_row=None)
+        return scores
+
+    def probabilities(
+        self, scores: torch.Tensor, tile: Tile, future: torch.Tensor | None, first_row: int
+    ) -> torch.Tensor:
+        """``scores`` of ``tile`` made the attention's probabilities, in place: its logits,
+        the keys where ``future`` (``[R, T]`` of the row chunk, whose first query row is
+        ``first_row``) is True hidden, then the softmax over the keys."""
+        causal_row = None if future is None else first_row + tile.rows.start
+        if self._logits(scores, tile, softmax=True, first_row=causal_row):
+            return scores
+        if future is not None:
+            scores.masked_fill_(future[tile.rows], -math.inf)
+        return torch.ops.aten._softmax.out(scores, -1, False, out=scores)
+
+    def _logits(
+        self, scores: torch.Tensor, tile: Tile, softmax: bool, first_row: int | None
+    ) -> bool:
+        """The logits in place; True when the native kernel also took the ``softmax`` (causal
+        from ``first_row`` when given)."""
         content = scores
         if self.added_bias is not None:
             content = scores + _member_rows(self.added_bias, self.member, tile.rows)
         if self.hidden is not None:
             content = content.masked_fill(self.hidden[tile.rows], 0.0)
+        residual = _member_rows(self.residual, self.member, tile.rows)[0]
+        if self.native is not None and usable(scores, content, residual):
+            addend = self.addend if self.addend.shape[1] == 1 else self.addend[:, tile.rows]
+            weights = self.native_weights
+            self.native.add(scores, content, residual, addend, weights, softmax, first_row)
+            return softmax
         taps_rows = self.kernel * self.heads
         _, hidden = _first_layer(
             content,
@@ -80,6 +118,6 @@ class TileFilter:
             self.buffers.scratch("hidden", self.width, tile),
         )
         taps = torch.mm(self.conv2, hidden, out=self.buffers.scratch("taps", taps_rows, tile))
-        scores += _member_rows(self.residual, self.member, tile.rows)
+        scores += residual
         _add_taps(scores, taps)
-        return scores
+        return False

@@ -1,0 +1,239 @@
+"""DAPE's filter at evaluation on a CPU as one compiled kernel (``fused_filter.c``): both
+convolutions and the activation of a query row while the row is in cache, with no im2col
+matrix and no hidden map of a tile, then (for the attention) the row's softmax. It sums in
+its own order, so its logits equal the ``chunks`` filter's within float32 rounding, not bit
+for bit (tested); training never uses it.
+
+The C file is compiled on first use with the system's C compiler (``$CC``, else ``cc``) for
+this CPU (``-march=native``; without it where the compiler refuses the flag) and loaded with
+``ctypes``, which releases the GIL during the call. The library is cached under
+``$XDG_CACHE_HOME/che-bench`` (``~/.cache/che-bench``), keyed by the source, the compiler,
+its flags and the CPU. Without a compiler, or with ``CHE_BENCH_NATIVE_FILTER=0`` (which the
+portable CPU mode sets), evaluation keeps the ``chunks`` filter.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import itertools
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from che_bench.cpu import NATIVE_FILTER_SWITCH as SWITCH
+
+SOURCE = Path(__file__).with_name("fused_filter.c")
+#: Flag sets tried in order: this CPU's instruction sets, then the compiler's default target.
+FLAG_SETS = (("-march=native",), ())
+COMMON_FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC", "-Wno-psabi")
+_POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
+#: dape_fused_filter's parameters, as fused_filter.c declares them.
+_ARGUMENTS: list[Any] = [_POINTER, _POINTER, *[_LONG] * 3, *[_POINTER, *[_LONG] * 3] * 2, _POINTER]
+_ARGUMENTS += [_POINTER, *[_LONG] * 6, ctypes.c_int, _LONG]
+
+
+@dataclass(frozen=True)
+class NativeFilter:
+    """The loaded kernel and what built it (``description``, recorded with every DAPE run)."""
+
+    library: ctypes.CDLL
+    description: str
+
+    def add(
+        self,
+        scores: torch.Tensor,
+        content: torch.Tensor,
+        residual: torch.Tensor,
+        addend: torch.Tensor,
+        weights: tuple[torch.Tensor, torch.Tensor],
+        softmax: bool = False,
+        first_row: int | None = None,
+    ) -> None:
+        """``scores += residual + f(content)`` in place for float32 ``[b, H, r, T]`` scores
+        and content of the same strides (unit stride along T), ``residual`` ``[H or 1, r or
+        1, T or 1]``, the first convolution's batch-free ``addend`` ``[D, r or 1, T or 1]``
+        and contiguous ``weights``, ``[D, H, k]`` and ``[H, D, k]``. With ``softmax`` the
+        logits then become the attention's probabilities, causal when ``first_row`` (the
+        query index of the tile's first row) is given. With several torch threads, parts of
+        the tile run on as many threads (the same numbers: rows are independent)."""
+        threads = torch.get_num_threads()
+        parts = _parts(scores.shape[0], scores.shape[2], threads)
+        if len(parts) == 1:
+            self._add(scores, content, residual, addend, weights, softmax, first_row)
+            return
+        jobs = []
+        for sequences, rows in parts:
+            part_first_row = None if first_row is None else first_row + rows.start
+            part = scores[sequences, :, rows], content[sequences, :, rows]
+            part_terms = _rows(residual, rows), _rows(addend, rows)
+            arguments = (*part, *part_terms, weights, softmax, part_first_row)
+            jobs.append(_executor(threads).submit(self._add, *arguments))
+        for job in jobs:
+            job.result()
+
+    def _add(
+        self,
+        scores: torch.Tensor,
+        content: torch.Tensor,
+        residual: torch.Tensor,
+        addend: torch.Tensor,
+        weights: tuple[torch.Tensor, torch.Tensor],
+        softmax: bool,
+        first_row: int | None,
+    ) -> None:
+        batch, heads, rows, length = scores.shape
+        width, _, kernel = weights[0].shape
+        failed = self.library.dape_fused_filter(
+            scores.data_ptr(), content.data_ptr(), *scores.stride()[:3],
+            residual.data_ptr(), *_broadcast_strides(residual),
+            addend.data_ptr(), *_broadcast_strides(addend),
+            weights[0].data_ptr(), weights[1].data_ptr(),
+            batch, heads, rows, length, width, kernel,
+            softmax, -1 if first_row is None else first_row,
+        )  # fmt: skip
+        if failed:
+            raise MemoryError("DAPE's native filter could not allocate its row buffers")
+
+
+def _parts(batch: int, rows: int, threads: int) -> list[tuple[slice, slice]]:
+    """A tile's (sequences, rows) split into at most ``threads`` parts: by sequence when
+    there are enough, else by row."""
+    if batch >= threads:
+        return [(part, slice(0, rows)) for part in _split(batch, threads)]
+    return [(slice(0, batch), part) for part in _split(rows, threads)]
+
+
+def _split(size: int, parts: int) -> list[slice]:
+    bounds = [size * part // parts for part in range(parts + 1)]
+    return [slice(start, stop) for start, stop in itertools.pairwise(bounds) if stop > start]
+
+
+def _rows(terms: torch.Tensor, rows: slice) -> torch.Tensor:
+    """The query ``rows`` of ``[C, r or 1, T or 1]`` terms."""
+    return terms if terms.shape[1] == 1 else terms[:, rows]
+
+
+@functools.cache
+def _executor(threads: int) -> ThreadPoolExecutor:
+    """Threads for a tile's parts (ctypes releases the GIL during each call)."""
+    return ThreadPoolExecutor(threads, thread_name_prefix="dape-native")
+
+
+def _broadcast_strides(tensor: torch.Tensor) -> list[int]:
+    """Strides with 0 along the size-1 (broadcast) dimensions."""
+    pairs = zip(tensor.shape, tensor.stride(), strict=True)
+    return [0 if size == 1 else stride for size, stride in pairs]
+
+
+def usable(scores: torch.Tensor, content: torch.Tensor, residual: torch.Tensor) -> bool:
+    """Whether the kernel can take these tensors: float32 on a CPU, the same strides for
+    scores and content, unit stride along the keys (or one residual per row)."""
+    return (
+        scores.dtype == content.dtype == residual.dtype == torch.float32
+        and scores.device.type == "cpu"
+        and scores.stride() == content.stride()
+        and scores.stride(-1) == 1
+        and _broadcast_strides(residual)[-1] in (0, 1)
+    )
+
+
+@functools.cache
+def native_filter() -> NativeFilter | None:
+    """The kernel, compiled and loaded once per process; None when switched off or when no
+    compiler builds it (a warning says why if a compiler was found)."""
+    if os.environ.get(SWITCH, "1") == "0" or not SOURCE.exists():
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        return None
+    version = _compiler_version(compiler)
+    errors = []
+    for flags in FLAG_SETS:
+        path = _cached_library(compiler, version, flags)
+        error = None if path.exists() else _compile(compiler, flags, path)
+        library = _load(path) if error is None else None
+        if library is None and error is None:  # a cached library that does not load
+            error = _compile(compiler, flags, path)
+            library = _load(path) if error is None else None
+        if library is not None:
+            lanes = library.dape_fused_filter_lanes()
+            built = f"{version} {' '.join(flags) or 'default target'}, {lanes} lanes"
+            return NativeFilter(library, built)
+        errors.append(error or f"{path} does not load")
+    warnings.warn(
+        f"DAPE's native filter did not compile ({errors[-1]}); evaluating with the chunks "
+        f"filter (set {SWITCH}=0 to skip the attempt)",
+        stacklevel=2,
+    )
+    return None
+
+
+def _load(path: Path) -> ctypes.CDLL | None:
+    try:
+        library = ctypes.CDLL(str(path))
+    except OSError:
+        return None
+    library.dape_fused_filter.argtypes = _ARGUMENTS
+    library.dape_fused_filter.restype = ctypes.c_int
+    return library
+
+
+def describe() -> str:
+    """How DAPE's filter evaluates on a CPU in this process, for a run's record."""
+    kernel = native_filter()
+    return "chunks" if kernel is None else f"native ({kernel.description})"
+
+
+def _compiler_version(compiler: str) -> str:
+    result = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False)
+    lines = result.stdout.splitlines()
+    return lines[0].strip() if lines else Path(compiler).name
+
+
+def _cpu_identity() -> str:
+    """What ``-march=native`` compiles for: the CPU's flags on Linux, else its name."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}"
+
+
+def _cached_library(compiler: str, version: str, flags: tuple[str, ...]) -> Path:
+    key = "\n".join([SOURCE.read_text(), compiler, version, *COMMON_FLAGS, *flags])
+    if flags:
+        key += "\n" + _cpu_identity()
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "che-bench"
+    return cache / f"fused_filter-{digest}.so"
+
+
+def _compile(compiler: str, flags: tuple[str, ...], path: Path) -> str | None:
+    """Build the library at ``path`` (atomically: workers may race); the compiler's first
+    error line if it fails."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
+            built = Path(scratch) / path.name
+            command = [compiler, *COMMON_FLAGS, *flags, str(SOURCE), "-o", str(built)]
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                lines = [line for line in result.stderr.splitlines() if "error" in line]
+                return (lines or result.stderr.splitlines() or ["no output"])[0].strip()
+            os.replace(built, path)
+    except OSError as error:
+        return str(error)
+    return None
