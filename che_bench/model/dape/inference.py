@@ -73,6 +73,9 @@ class TileFilter:
         self.native = native_filter() if weight1.dtype == torch.float32 else None
         if self.native is not None:
             self.native_weights = weight1[:, :heads].contiguous(), weight2.contiguous()
+            # The kernel reads the residual along the keys with unit stride (FIRE's bias,
+            # for one, comes permuted).
+            self.residual = residual.contiguous()
 
     def add(self, scores: torch.Tensor, tile: Tile) -> torch.Tensor:
         """``scores`` of ``tile`` (contiguous ``[b, H, r, T]``) made its logits, in place."""
@@ -103,7 +106,7 @@ class TileFilter:
         if self.hidden is not None:
             content = content.masked_fill(self.hidden[tile.rows], 0.0)
         residual = _member_rows(self.residual, self.member, tile.rows)[0]
-        if self.native is not None and usable(scores, content, residual):
+        if self.native is not None and usable(scores, content):
             addend = self.addend if self.addend.shape[1] == 1 else self.addend[:, tile.rows]
             weights = self.native_weights
             self.native.add(scores, content, residual, addend, weights, softmax, first_row)

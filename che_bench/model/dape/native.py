@@ -136,15 +136,14 @@ def _broadcast_strides(tensor: torch.Tensor) -> list[int]:
     return [0 if size == 1 else stride for size, stride in pairs]
 
 
-def usable(scores: torch.Tensor, content: torch.Tensor, residual: torch.Tensor) -> bool:
-    """Whether the kernel can take these tensors: float32 on a CPU, the same strides for
-    scores and content, unit stride along the keys (or one residual per row)."""
+def usable(scores: torch.Tensor, content: torch.Tensor) -> bool:
+    """Whether the kernel can take these scores and content: float32 on a CPU, the same
+    strides, unit stride along the keys."""
     return (
-        scores.dtype == content.dtype == residual.dtype == torch.float32
+        scores.dtype == content.dtype == torch.float32
         and scores.device.type == "cpu"
         and scores.stride() == content.stride()
         and scores.stride(-1) == 1
-        and _broadcast_strides(residual)[-1] in (0, 1)
     )
 
 
