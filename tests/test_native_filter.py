@@ -5,6 +5,9 @@ in a run's software (fixtures ``native_kernel`` and ``filter_implementation``: t
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -152,7 +155,7 @@ def test_several_threads_give_one_thread_s_numbers(batch, causal, native_kernel)
 def test_a_cached_library_that_does_not_load_is_built_again(monkeypatch, tmp_path,
                                                            native_kernel):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    compiler = native.shutil.which(native.os.environ.get("CC", "cc"))
+    compiler = shutil.which(os.environ.get("CC", "cc"))
     version = native._compiler_version(compiler)
     cached = native._cached_library(compiler, version, native.FLAG_SETS[0])
     cached.parent.mkdir(parents=True)

@@ -74,8 +74,9 @@ class TileFilter:
         if self.native is not None:
             self.native_weights = weight1[:, :heads].contiguous(), weight2.contiguous()
             # The kernel reads the residual along the keys with unit stride (FIRE's bias,
-            # for one, comes permuted).
-            self.residual = residual.contiguous()
+            # for one, comes permuted): this member's, copied once.
+            own = residual[member : member + 1] if residual.shape[0] > 1 else residual
+            self.residual = own.contiguous()
 
     def add(self, scores: torch.Tensor, tile: Tile) -> torch.Tensor:
         """``scores`` of ``tile`` (contiguous ``[b, H, r, T]``) made its logits, in place."""
