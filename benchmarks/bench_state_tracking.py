@@ -247,7 +247,7 @@ def model_rows(name: str, args) -> list[str]:
     for label in labels:
         difference = f"{logit_difference(name, label, args):.1e}" if label != labels[0] else "-"
         rows.append(f"{name:<15} {label:<40} {medians[label] * 1e3:9.0f} "
-                    f"{medians[label] / ours:8.2f} {kernels[label] * 1e3:9.0f} "
+                    f"{medians[label] / ours:8.2f} {kernels[label] * 1e3:9.2f} "
                     f"{kernels[label] / ours_kernel:8.2f} {difference:>8} "
                     f"{evaluation_cells(name, label, args)}")
     for ref in REFERENCES[name]:

@@ -25,17 +25,21 @@ from che_bench.errors import CheBenchError
 #: The switch of DAPE's native filter (``che_bench.model.dape.native``), compiled for this
 #: CPU's instruction sets; "0" keeps the ``chunks`` filter.
 NATIVE_FILTER_SWITCH = "CHE_BENCH_NATIVE_FILTER"
+#: The switch of the delta rule's native kernel (``che_bench.model.state_tracking.
+#: delta_rule_native``), compiled likewise; "0" keeps the chunkwise form.
+NATIVE_DELTA_RULE_SWITCH = "CHE_BENCH_NATIVE_DELTA_RULE"
 #: The environment of the portable mode. torch's own kernels: the AVX2 build on every CPU (not
 #: AVX-512 where there is one). MKL: its COMPATIBLE branch, the only conditional-reproducibility
 #: branch MKL runs on both Intel and AMD CPUs (it ignores its AVX2 branch on AMD CPUs and falls
 #: back to AUTO without a warning). oneDNN: capped at AVX2 (the mode also turns oneDNN off in
 #: torch, ``che_bench.run.device.configure_numerics``: its kernels block by cache size). DAPE's
-#: native filter: off (it is compiled with ``-march=native``).
+#: native filter and the delta rule's native kernel: off (compiled with ``-march=native``).
 PORTABLE_ENVIRONMENT = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "MKL_CBWR": "COMPATIBLE",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     NATIVE_FILTER_SWITCH: "0",
+    NATIVE_DELTA_RULE_SWITCH: "0",
 }
 #: torch's CPU capability under the mode.
 PORTABLE_CAPABILITY = "AVX2"

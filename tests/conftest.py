@@ -1,5 +1,5 @@
-"""Fixtures shared by the tests of plugins and conformance checks, and DAPE's filter at
-evaluation in either implementation."""
+"""Fixtures shared by the tests of plugins and conformance checks, DAPE's filter at
+evaluation and the delta rule of Gated DeltaNet and DeltaProduct in either implementation."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from che_bench import plugins
 from che_bench.encodings.base import ENCODINGS
 from che_bench.model.architectures import ARCHITECTURES
 from che_bench.model.dape import native
+from che_bench.model.state_tracking import delta_rule_native
 from che_bench.tasks import TASKS
 
 
@@ -40,22 +41,26 @@ def scratch_registries(monkeypatch):
             del sys.modules[name]
 
 
-#: CI sets it: there DAPE's native filter must build, and its tests must run.
-REQUIRED_NATIVE_FILTER = os.environ.get("CHE_BENCH_REQUIRE_NATIVE_FILTER") == "1"
+#: CI sets it: there the native kernels must build, and their tests must run.
+REQUIRED_NATIVE_KERNELS = os.environ.get("CHE_BENCH_REQUIRE_NATIVE_KERNELS") == "1"
 
 
-def require_native_filter(monkeypatch) -> native.NativeFilter:
-    """The kernel, switched on and built afresh for the test; a skip without a compiler (a
-    failure where CI requires it)."""
-    monkeypatch.setenv(native.SWITCH, "1")
-    native.native_filter.cache_clear()
-    kernel = native.native_filter()
+def require_native(monkeypatch, module, loader, what):
+    """``loader()``'s kernel, switched on and built afresh for the test; a skip without a
+    compiler (a failure where CI requires it)."""
+    monkeypatch.setenv(module.SWITCH, "1")
+    loader.cache_clear()
+    kernel = loader()
     if kernel is None:
-        message = "no C compiler built DAPE's native filter"
-        if REQUIRED_NATIVE_FILTER:
+        message = f"no C compiler built {what}"
+        if REQUIRED_NATIVE_KERNELS:
             pytest.fail(message)
         pytest.skip(message)
     return kernel
+
+
+def require_native_filter(monkeypatch) -> native.NativeFilter:
+    return require_native(monkeypatch, native, native.native_filter, "DAPE's native filter")
 
 
 @pytest.fixture
@@ -75,3 +80,24 @@ def filter_implementation(request, monkeypatch):
         native.native_filter.cache_clear()
     yield request.param
     native.native_filter.cache_clear()
+
+
+@pytest.fixture
+def native_delta_rule(monkeypatch):
+    """The delta rule's native kernel, for its own tests."""
+    loader = delta_rule_native.native_delta_rule
+    yield require_native(monkeypatch, delta_rule_native, loader, "the delta rule's native kernel")
+    loader.cache_clear()
+
+
+@pytest.fixture(params=["chunkwise", "native"])
+def delta_rule_implementation(request, monkeypatch):
+    """How ``delta_product`` runs a gated rule or a product: ``chunkwise`` or ``native``."""
+    loader = delta_rule_native.native_delta_rule
+    if request.param == "native":
+        require_native(monkeypatch, delta_rule_native, loader, "the delta rule's native kernel")
+    else:
+        monkeypatch.setenv(delta_rule_native.SWITCH, "0")
+        loader.cache_clear()
+    yield request.param
+    loader.cache_clear()

@@ -1,4 +1,5 @@
-"""The chunkwise (WY) gated delta rule and delta product (``delta_rule``) against the plain
+"""The gated delta rule and delta product (``delta_rule``: the chunkwise (WY) form, and for a
+gate or a product the native recurrence too, ``delta_rule_implementation``) against the plain
 recurrence (``delta_rule_recurrent``) and against fla-core's naive implementations (the
 ``references`` extra), at both eigenvalue ranges: beta in (0, 1) and Grazzi et al.'s (0, 2)."""
 
@@ -36,7 +37,7 @@ def rule_inputs(steps, n=1, gated=False, beta_scale=1.0, heads=2, d=4, seed=0, g
 @pytest.mark.parametrize(
     "steps, n", [(1, 1), (41, 1), (64, 1), (65, 1), (500, 1), (7, 2), (130, 2), (33, 3), (500, 3)]
 )
-def test_the_chunkwise_form_is_the_recurrence(steps, n, gated, beta_scale):
+def test_the_fast_form_is_the_recurrence(steps, n, gated, beta_scale, delta_rule_implementation):
     args = rule_inputs(steps, n, gated, beta_scale, gate_scale=0.1)
     expected = recurrent_delta_product(*args)
     torch.testing.assert_close(delta_product(*args), expected, atol=2e-5, rtol=1e-4)
@@ -70,7 +71,7 @@ def test_a_delta_product_s_chunks_hold_whole_tokens_of_any_size(n, chunk):
     torch.testing.assert_close(delta_product(*args, chunk=chunk), expected, atol=2e-5, rtol=1e-4)
 
 
-def test_a_strong_gate_stays_finite_in_value_and_gradient():
+def test_a_strong_gate_stays_finite_in_value_and_gradient(delta_rule_implementation):
     """Decays of e^-60 per token: the in-chunk differences above the diagonal would overflow
     if exponentiated before masking."""
     q, k, v, beta, _ = rule_inputs(40, 1, seed=3)
@@ -114,7 +115,9 @@ def test_delta_rule_equals_fla_delta_rule_recurrence_and_chunkwise(beta_scale):
 
 
 @pytest.mark.parametrize("beta_scale", BETA_SCALES)
-def test_gated_delta_rule_equals_fla_naive_recurrent_and_chunk(beta_scale):
+def test_gated_delta_rule_equals_fla_naive_recurrent_and_chunk(
+    beta_scale, delta_rule_implementation
+):
     naive = reference("fla.ops.gated_delta_rule.naive")
     q, k, v, beta, log_decay = rule_inputs(150, gated=True, beta_scale=beta_scale, d=8)
     ours = delta_product(q, k, v, beta, log_decay)
@@ -132,7 +135,9 @@ def test_gated_delta_rule_equals_fla_naive_recurrent_and_chunk(beta_scale):
 @pytest.mark.parametrize("beta_scale", BETA_SCALES)
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("n", [2, 3])
-def test_delta_product_equals_fla_naive_recurrent_gated_delta_product(n, gated, beta_scale):
+def test_delta_product_equals_fla_naive_recurrent_gated_delta_product(
+    n, gated, beta_scale, delta_rule_implementation
+):
     naive = reference("fla.ops.gated_delta_product.naive")
     q, k, v, beta, log_decay = rule_inputs(70, n, gated, beta_scale, d=8)
     ours = delta_product(q, k, v, beta, log_decay)

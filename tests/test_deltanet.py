@@ -1,6 +1,7 @@
-"""DeltaNet, Gated DeltaNet and DeltaProduct as models: the chunkwise model equals the same
-model run token by token, the eigenvalue switch, packs, gradients, training, option errors,
-the evaluation's memory split and the checks of ``che-bench check-model``."""
+"""DeltaNet, Gated DeltaNet and DeltaProduct as models: the fast model (chunkwise, or native
+for the gated two) equals the same model run token by token, the eigenvalue switch, packs,
+gradients, training, option errors, the evaluation's memory split and the checks of
+``che-bench check-model``."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ MODELS = ("deltanet", "gated_deltanet", "deltaproduct")
 
 @pytest.mark.parametrize("negative", [False, True])
 @pytest.mark.parametrize("name", MODELS)
-def test_the_chunkwise_model_is_the_model_run_token_by_token(name, negative, monkeypatch):
+def test_the_fast_model_is_the_model_run_token_by_token(
+    name, negative, monkeypatch, delta_rule_implementation
+):
     model = tiny(name, negative_eigenvalues=negative).eval()
     inputs = inputs_for("parity_check", 500)
     with torch.no_grad():

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "che_bench"
 LAYERS = (
     ("che_bench", "che_bench.errors", "che_bench.registry", "che_bench.settings",
      "che_bench.setting_types", "che_bench.atomic", "che_bench.device_memory", "che_bench.cpu",
-     "che_bench.allocator",
+     "che_bench.allocator", "che_bench.native_build",
      "che_bench.plugins", "che_bench.protocol", "che_bench.members", "che_bench.curricula"),
     ("che_bench.tasks", "che_bench.encodings"),
     ("che_bench.model",),

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from che_bench import cpu
+from che_bench import cpu, native_build
 from che_bench.config import make_config
 from che_bench.model.dape import native
 from che_bench.run.runner import software_versions
@@ -84,7 +84,7 @@ def test_the_kernel_gives_the_attention_s_probabilities(first_row, length, scale
 
 def test_the_switch_turns_it_off_without_compiling(monkeypatch):
     monkeypatch.setenv(native.SWITCH, "0")
-    monkeypatch.setattr(native, "_compile", lambda *arguments: pytest.fail("compiled"))
+    monkeypatch.setattr(native_build, "compile_library", lambda *arguments: pytest.fail("compiled"))
     native.native_filter.cache_clear()
     try:
         assert native.native_filter() is None
@@ -121,7 +121,9 @@ def test_the_library_is_built_once_per_cpu_and_compiler(monkeypatch, tmp_path, n
     assert built is not None and "-march=native" in built.description
     assert len(list((tmp_path / "che-bench").glob("fused_filter-*.so"))) == 1
     native.native_filter.cache_clear()
-    monkeypatch.setattr(native, "_compile", lambda *arguments: pytest.fail("compiled again"))
+    monkeypatch.setattr(
+        native_build, "compile_library", lambda *arguments: pytest.fail("compiled again")
+    )
     assert native.native_filter().description == built.description
 
 
@@ -156,8 +158,8 @@ def test_a_cached_library_that_does_not_load_is_built_again(monkeypatch, tmp_pat
                                                            native_kernel):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     compiler = shutil.which(os.environ.get("CC", "cc"))
-    version = native._compiler_version(compiler)
-    cached = native._cached_library(compiler, version, native.FLAG_SETS[0])
+    version = native_build.compiler_version(compiler)
+    cached = native_build.cached_library(native.SOURCE, compiler, version, native_build.FLAG_SETS[0])
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"an interrupted build")
     native.native_filter.cache_clear()

@@ -4,39 +4,27 @@ matrix and no hidden map of a tile, then (for the attention) the row's softmax. 
 its own order, so its logits equal the ``chunks`` filter's within float32 rounding, not bit
 for bit (tested); training never uses it.
 
-The C file is compiled on first use with the system's C compiler (``$CC``, else ``cc``) for
-this CPU (``-march=native``; without it where the compiler refuses the flag) and loaded with
-``ctypes``, which releases the GIL during the call. The library is cached under
-``$XDG_CACHE_HOME/che-bench`` (``~/.cache/che-bench``), keyed by the source, the compiler,
-its flags and the CPU. Without a compiler, or with ``CHE_BENCH_NATIVE_FILTER=0`` (which the
-portable CPU mode sets), evaluation keeps the ``chunks`` filter.
+The C file is compiled on first use and cached (``che_bench.native_build``). Without a
+compiler, or with ``CHE_BENCH_NATIVE_FILTER=0`` (which the portable CPU mode sets),
+evaluation keeps the ``chunks`` filter.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import itertools
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from che_bench import native_build
 from che_bench.cpu import NATIVE_FILTER_SWITCH as SWITCH
 
 SOURCE = Path(__file__).with_name("fused_filter.c")
-#: Flag sets tried in order: this CPU's instruction sets, then the compiler's default target.
-FLAG_SETS = (("-march=native",), ())
-COMMON_FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC", "-Wno-psabi")
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
 #: dape_fused_filter's parameters, as fused_filter.c declares them.
 _ARGUMENTS: list[Any] = [_POINTER, _POINTER, *[_LONG] * 3, *[_POINTER, *[_LONG] * 3] * 2, _POINTER]
@@ -78,7 +66,7 @@ class NativeFilter:
             part = scores[sequences, :, rows], content[sequences, :, rows]
             part_terms = _rows(residual, rows), _rows(addend, rows)
             arguments = (*part, *part_terms, weights, softmax, part_first_row)
-            jobs.append(_executor(threads).submit(self._add, *arguments))
+            jobs.append(native_build.executor(threads).submit(self._add, *arguments))
         for job in jobs:
             job.result()
 
@@ -110,24 +98,13 @@ def _parts(batch: int, rows: int, threads: int) -> list[tuple[slice, slice]]:
     """A tile's (sequences, rows) split into at most ``threads`` parts: by sequence when
     there are enough, else by row."""
     if batch >= threads:
-        return [(part, slice(0, rows)) for part in _split(batch, threads)]
-    return [(slice(0, batch), part) for part in _split(rows, threads)]
-
-
-def _split(size: int, parts: int) -> list[slice]:
-    bounds = [size * part // parts for part in range(parts + 1)]
-    return [slice(start, stop) for start, stop in itertools.pairwise(bounds) if stop > start]
+        return [(part, slice(0, rows)) for part in native_build.split(batch, threads)]
+    return [(slice(0, batch), part) for part in native_build.split(rows, threads)]
 
 
 def _rows(terms: torch.Tensor, rows: slice) -> torch.Tensor:
     """The query ``rows`` of ``[C, r or 1, T or 1]`` terms."""
     return terms if terms.shape[1] == 1 else terms[:, rows]
-
-
-@functools.cache
-def _executor(threads: int) -> ThreadPoolExecutor:
-    """Threads for a tile's parts (ctypes releases the GIL during each call)."""
-    return ThreadPoolExecutor(threads, thread_name_prefix="dape-native")
 
 
 def _broadcast_strides(tensor: torch.Tensor) -> list[int]:
@@ -153,86 +130,27 @@ def native_filter() -> NativeFilter | None:
     compiler builds it (a warning says why if a compiler was found)."""
     if os.environ.get(SWITCH, "1") == "0" or not SOURCE.exists():
         return None
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        return None
-    version = _compiler_version(compiler)
-    errors = []
-    for flags in FLAG_SETS:
-        path = _cached_library(compiler, version, flags)
-        error = None if path.exists() else _compile(compiler, flags, path)
-        library = _load(path) if error is None else None
-        if library is None and error is None:  # a cached library that does not load
-            error = _compile(compiler, flags, path)
-            library = _load(path) if error is None else None
-        if library is not None:
-            lanes = library.dape_fused_filter_lanes()
-            built = f"{version} {' '.join(flags) or 'default target'}, {lanes} lanes"
-            return NativeFilter(library, built)
-        errors.append(error or f"{path} does not load")
-    warnings.warn(
-        f"DAPE's native filter did not compile ({errors[-1]}); evaluating with the chunks "
-        f"filter (set {SWITCH}=0 to skip the attempt)",
-        stacklevel=2,
-    )
-    return None
-
-
-def _load(path: Path) -> ctypes.CDLL | None:
     try:
-        library = ctypes.CDLL(str(path))
-    except OSError:
+        built = native_build.build(SOURCE, _declare)
+    except native_build.NativeBuildError as error:
+        warnings.warn(
+            f"DAPE's native filter did not compile ({error}); evaluating with the chunks "
+            f"filter (set {SWITCH}=0 to skip the attempt)",
+            stacklevel=2,
+        )
         return None
+    if built is None:
+        return None
+    lanes = built.library.dape_fused_filter_lanes()
+    return NativeFilter(built.library, f"{built.description}, {lanes} lanes")
+
+
+def _declare(library: ctypes.CDLL) -> None:
     library.dape_fused_filter.argtypes = _ARGUMENTS
     library.dape_fused_filter.restype = ctypes.c_int
-    return library
 
 
 def describe() -> str:
     """How DAPE's filter evaluates on a CPU in this process, for a run's record."""
     kernel = native_filter()
     return "chunks" if kernel is None else f"native ({kernel.description})"
-
-
-def _compiler_version(compiler: str) -> str:
-    result = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False)
-    lines = result.stdout.splitlines()
-    return lines[0].strip() if lines else Path(compiler).name
-
-
-def _cpu_identity() -> str:
-    """What ``-march=native`` compiles for: the CPU's flags on Linux, else its name."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return f"{platform.machine()} {platform.processor()}"
-
-
-def _cached_library(compiler: str, version: str, flags: tuple[str, ...]) -> Path:
-    key = "\n".join([SOURCE.read_text(), compiler, version, *COMMON_FLAGS, *flags])
-    if flags:
-        key += "\n" + _cpu_identity()
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "che-bench"
-    return cache / f"fused_filter-{digest}.so"
-
-
-def _compile(compiler: str, flags: tuple[str, ...], path: Path) -> str | None:
-    """Build the library at ``path`` (atomically: workers may race); the compiler's first
-    error line if it fails."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
-            built = Path(scratch) / path.name
-            command = [compiler, *COMMON_FLAGS, *flags, str(SOURCE), "-o", str(built)]
-            result = subprocess.run(command, capture_output=True, text=True, check=False)
-            if result.returncode != 0:
-                lines = [line for line in result.stderr.splitlines() if "error" in line]
-                return (lines or result.stderr.splitlines() or ["no output"])[0].strip()
-            os.replace(built, path)
-    except OSError as error:
-        return str(error)
-    return None

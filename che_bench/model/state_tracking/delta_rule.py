@@ -37,6 +37,8 @@ import contextlib
 import torch
 from torch import Tensor
 
+from che_bench.model.state_tracking.delta_rule_native import native_delta_rule
+
 #: Longest chunk, in rows: the in-chunk matrices grow as C^2 per chunk, the loop over chunks
 #: as T / C. At training lengths (41 tokens) DeltaNet's and Gated DeltaNet's chunk is the
 #: whole sequence; their committed results were computed with this chunking.
@@ -73,9 +75,17 @@ def delta_product(
     ``q [..., T, d_k]`` (any scale already applied), ``k [..., T*n, d_k]`` (unit rows),
     ``v [..., T*n, d_v]``, ``beta [..., T*n]``, ``log_decay [..., T]`` (<= 0; None: no gate);
     the sub-steps of token t are rows ``t*n .. t*n+n-1``. ``n = 1`` is the gated delta rule.
-    ``chunk``: the longest chunk in rows (default ``chunk_limit(n)``)."""
+    ``chunk``: the longest chunk in rows (default ``chunk_limit(n)``).
+
+    On a CPU, a gated rule or a product (``n > 1``) runs the native recurrence
+    (``delta_rule_native``) unless ``chunk`` is given; the plain rule (DeltaNet's) keeps the
+    chunkwise form, whose roundings its committed results have."""
     steps = q.shape[-2]
     n = k.shape[-2] // steps if steps else 1
+    if chunk is None and (n > 1 or log_decay is not None):
+        native = native_delta_rule()
+        if native is not None and native.usable(q, k, v):
+            return native.apply(q, k, v, beta, log_decay)
     chunk = chunk_limit(n) if chunk is None else chunk
     if n > 1 and log_decay is not None:  # the gate acts before the token's first sub-step
         still = log_decay.new_zeros(*log_decay.shape, n - 1)

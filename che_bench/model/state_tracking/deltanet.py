@@ -41,6 +41,7 @@ from torch import nn
 from che_bench.members import MemberLinear, init_members_, per_member
 from che_bench.model.base import positive_int, switch
 from che_bench.model.state_tracking.delta_rule import chunk_limit, delta_product
+from che_bench.model.state_tracking.delta_rule_native import native_delta_rule
 from che_bench.model.state_tracking.layers import MemberCausalConv1d, MemberRMSNorm
 from che_bench.model.state_tracking.stack import COMMON_DEFAULTS, StateTrackingModel
 
@@ -66,7 +67,8 @@ def mlp_width(width: int) -> int:
 class DeltaMixer(nn.Module):
     """The delta-rule token mixer ``[M, B, T, width] -> [M, B, T, width]`` (module docstring).
     ``householder``: sub-steps per token; ``forget_gate``, ``output_gate``: whether it has
-    them; ``negative_eigenvalues``: beta in (0, 2) instead of (0, 1)."""
+    them; ``negative_eigenvalues``: beta in (0, 2) instead of (0, 1); ``channels_last_conv``:
+    the short convolution's layout (``MemberCausalConv1d``)."""
 
     def __init__(
         self,
@@ -78,6 +80,7 @@ class DeltaMixer(nn.Module):
         forget_gate: bool = False,
         output_gate: bool = False,
         negative_eigenvalues: bool = False,
+        channels_last_conv: bool = False,
     ) -> None:
         super().__init__()
         self.heads, self.head_dim, self.householder = heads, width // heads, householder
@@ -89,7 +92,9 @@ class DeltaMixer(nn.Module):
         self.sizes += [heads if forget_gate else 0, width if output_gate else 0]
         self.project = MemberLinear(members, width, sum(self.sizes), bias=False, init="torch")
         init_members_(self.project.weight, self._init_projection)
-        self.conv = MemberCausalConv1d(members, sum(self.sizes[:3]), CONV_SIZE, bias=False)
+        self.conv = MemberCausalConv1d(
+            members, sum(self.sizes[:3]), CONV_SIZE, bias=False, channels_last=channels_last_conv
+        )
         self.norm = MemberRMSNorm(members, self.head_dim, eps=NORM_EPS)
         self.out = MemberLinear(members, width, width, bias=False, init="torch")
         init_members_(self.out.weight, lambda w: nn.init.xavier_uniform_(w, gain=MIXER_GAIN))
@@ -183,8 +188,14 @@ class DeltaRuleModel(StateTrackingModel):
         return super().check_options(settings)
 
     def mixer_options(self) -> dict[str, Any]:
-        """The ``DeltaMixer`` keywords that tell the models apart."""
-        return {"householder": 1, "forget_gate": False, "output_gate": False}
+        """The ``DeltaMixer`` keywords that tell the models apart. DeltaNet's short convolution
+        stays channels-first, the layout its committed results were trained with."""
+        return {
+            "householder": 1,
+            "forget_gate": False,
+            "output_gate": False,
+            "channels_last_conv": False,
+        }
 
     def make_block(self, layer: int) -> nn.Module:
         mixer = DeltaMixer(
@@ -213,13 +224,25 @@ class DeltaRuleModel(StateTrackingModel):
         return {name for name, _ in self.named_parameters() if name.rsplit(".", 1)[-1] in exempt}
 
     def extra_floats(self, tokens: int) -> int:
+        householder = self.mixer_options()["householder"]
+        if self.runs_natively():
+            # The native kernel's contiguous float32 copies of q, k, v and its output, per
+            # sub-step (its saved states, d^2 / 16 a token and head, are smaller).
+            return tokens * householder * 4 * self.width
         # Per sub-step: the in-chunk C x C matrices (4 per head at the solve) and about 12
         # width-vectors of keys, values and the solve's operands (measured at n = 500 with the
         # profiler's memory events: 5.2 MB a row for deltanet, 6.5 gated, 11.5 deltaproduct in
         # chunks of 64 rows; with the 16 widths a token of the base estimate this gives 9.2,
         # 9.2 and, in DeltaProduct's chunks of 16 rows, 11.3 MB).
-        householder = self.mixer_options()["householder"]
         return tokens * householder * (4 * self.heads * chunk_limit(householder) + 12 * self.width)
+
+    def runs_natively(self) -> bool:
+        """Whether this model's delta rule runs the native kernel here (``delta_product``'s
+        rule: a gate or a product, on a CPU, with the kernel built)."""
+        options = self.mixer_options()
+        gated_or_product = options["forget_gate"] or options["householder"] > 1
+        on_cpu = next(self.parameters()).device.type == "cpu"
+        return gated_or_product and on_cpu and native_delta_rule() is not None
 
 
 class DeltaNet(DeltaRuleModel):
@@ -242,7 +265,12 @@ class GatedDeltaNet(DeltaRuleModel):
     label = "Gated DeltaNet"
 
     def mixer_options(self) -> dict[str, Any]:
-        return {"householder": 1, "forget_gate": True, "output_gate": True}
+        return {
+            "householder": 1,
+            "forget_gate": True,
+            "output_gate": True,
+            "channels_last_conv": True,
+        }
 
 
 class DeltaProduct(DeltaRuleModel):
@@ -270,4 +298,10 @@ class DeltaProduct(DeltaRuleModel):
             "householder": self.settings["householder"],
             "forget_gate": self.settings["forget_gate"],
             "output_gate": True,
+            "channels_last_conv": True,
         }
+
+
+#: The models whose delta rule runs natively on a CPU: a forget gate or Householder products
+#: (``delta_rule.delta_product``); their runs record how (``delta_rule_native.describe``).
+NATIVE_RULE_MODELS = frozenset({GatedDeltaNet.name, DeltaProduct.name})
