@@ -17,6 +17,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,6 +38,23 @@ class Built:
 
     library: ctypes.CDLL
     description: str
+
+
+def switched_build(
+    source: Path, declare: Callable[[ctypes.CDLL], None], switch: str, what: str, instead: str
+) -> Built | None:
+    """``build``, unless the environment variable ``switch`` is "0"; a compiler that builds
+    nothing gives a warning that ``what`` did not compile and ``instead`` runs, and None."""
+    if os.environ.get(switch, "1") == "0" or not source.exists():
+        return None
+    try:
+        return build(source, declare)
+    except NativeBuildError as error:
+        warnings.warn(
+            f"{what} did not compile ({error}); {instead} (set {switch}=0 to skip the attempt)",
+            stacklevel=3,
+        )
+        return None
 
 
 def build(source: Path, declare: Callable[[ctypes.CDLL], None]) -> Built | None:

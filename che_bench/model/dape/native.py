@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,17 +126,9 @@ def usable(scores: torch.Tensor, content: torch.Tensor) -> bool:
 def native_filter() -> NativeFilter | None:
     """The kernel, compiled and loaded once per process; None when switched off or when no
     compiler builds it (a warning says why if a compiler was found)."""
-    if os.environ.get(SWITCH, "1") == "0" or not SOURCE.exists():
-        return None
-    try:
-        built = native_build.build(SOURCE, _declare)
-    except native_build.NativeBuildError as error:
-        warnings.warn(
-            f"DAPE's native filter did not compile ({error}); evaluating with the chunks "
-            f"filter (set {SWITCH}=0 to skip the attempt)",
-            stacklevel=2,
-        )
-        return None
+    built = native_build.switched_build(
+        SOURCE, _declare, SWITCH, "DAPE's native filter", "evaluating with the chunks filter"
+    )
     if built is None:
         return None
     lanes = built.library.dape_fused_filter_lanes()

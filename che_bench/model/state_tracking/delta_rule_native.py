@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +28,7 @@ from che_bench import native_build
 from che_bench.cpu import NATIVE_DELTA_RULE_SWITCH as SWITCH
 
 SOURCE = Path(__file__).with_name("delta_rule_native.c")
-#: Tokens between saved states: the backward keeps (n + 1) * BLOCK states of a block at once.
+#: Tokens between saved states: the backward keeps n * BLOCK + 1 states of a block at once.
 BLOCK = 16
 #: The longest state row the kernel takes, in vectors (MAXV in the C file).
 MAX_VECTORS = 8
@@ -63,7 +61,7 @@ class NativeDeltaRule:
         log_decay: torch.Tensor | None,
     ) -> torch.Tensor:
         """``delta_rule.delta_product``'s outputs (same arguments and shapes), differentiable."""
-        out = _DeltaProduct.apply(self.library, q, k, v, beta, log_decay)
+        out = _DeltaProduct.apply(self, q, k, v, beta, log_decay)
         return out.to(v.dtype)
 
 
@@ -71,20 +69,20 @@ class _DeltaProduct(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx: Any,
-        library: ctypes.CDLL,
+        kernel: NativeDeltaRule,
         *inputs: Any,  # q, k, v, beta, log_decay (or None), as delta_product takes them
     ) -> Tensor:
         q, k, v, beta, gate = _flat(*inputs)
         sequences, steps, d = q.shape
         n = k.shape[1] // steps if steps else 1
         blocks = -(-steps // BLOCK)
-        width = -(-d // library.delta_product_lanes()) * library.delta_product_lanes()
+        width = -(-d // kernel.lanes) * kernel.lanes  # a state row, padded to whole vectors
         out = torch.empty_like(q)
         checkpoints = q.new_empty(sequences, blocks, d, width)
         if steps:
-            _run(library.delta_product_forward, sequences,
+            _run(kernel.library.delta_product_forward, sequences,
                  [q, k, v, beta, gate, out, checkpoints], [steps, n, d, BLOCK])  # fmt: skip
-        ctx.library = library
+        ctx.library = kernel.library
         ctx.originals = [None if x is None else (x.shape, x.dtype) for x in inputs]
         ctx.save_for_backward(q, k, v, beta, gate, checkpoints)
         return out.view(ctx.originals[0][0])
@@ -158,17 +156,13 @@ def _declare(library: ctypes.CDLL) -> None:
 def native_delta_rule() -> NativeDeltaRule | None:
     """The kernel, compiled and loaded once per process; None when switched off or when no
     compiler builds it (a warning says why if a compiler was found)."""
-    if os.environ.get(SWITCH, "1") == "0":
-        return None
-    try:
-        built = native_build.build(SOURCE, _declare)
-    except native_build.NativeBuildError as error:
-        warnings.warn(
-            f"the delta rule's native kernel did not compile ({error}); Gated DeltaNet and "
-            f"DeltaProduct run the chunkwise form (set {SWITCH}=0 to skip the attempt)",
-            stacklevel=2,
-        )
-        return None
+    built = native_build.switched_build(
+        SOURCE,
+        _declare,
+        SWITCH,
+        "the delta rule's native kernel",
+        "Gated DeltaNet and DeltaProduct run the chunkwise form",
+    )
     if built is None:
         return None
     lanes = built.library.delta_product_lanes()
