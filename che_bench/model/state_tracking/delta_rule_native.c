@@ -193,19 +193,50 @@ INLINE void replay(vec *first, vec *after, vec *mid, vec *us, vec *S, const vec 
     }
 }
 
+/* rows[i][:] = keep * rows[i][:] + a[i] * b - c[i] * e: add_outer with a second term */
+INLINE void add_two_outer(vec *rows, float keep, const float *a, const vec *b, const float *c,
+                          const vec *e, long d, int nv)
+{
+    for (long i = 0; i < d; i++) {
+        const float first = a[i], second = c[i];
+        for (int m = 0; m < nv; m++)
+            rows[i * nv + m] = keep * rows[i * nv + m] + first * b[m] - second * e[m];
+    }
+}
+
+/* The query's term of a token's backward, dS += q dO^T (and dS^T += dO q^T), after the
+ * gate of the token after it (keep), left for the token's last row to fold in. */
+struct query_term {
+    float keep;
+    const float *q, *dO;   /* as floats */
+    const vec *query, *dOv; /* as vectors */
+};
+
 /* The gradients of one row's update (row_update), dS (and its transpose dST) carried back
- * through it; the state before the row is decay * prev (prev: S^T). Returns dS as the
- * gradient of decay * prev. */
-INLINE void row_backward(vec *dS, vec *dST, const vec *prev, float decay, const vec *u,
-                         const float *k, float b, long d, int nv, float *dk, float *dv,
-                         float *dbeta)
+ * through it; the state before the row is decay * prev (prev: S^T). With `late`, dS and dS^T
+ * first take the query's term (in the same passes). */
+INLINE void row_backward(vec *dS, vec *dST, const struct query_term *late, const vec *prev,
+                         float decay, const vec *u, const float *k, float b, long d, int nv,
+                         float *dk, float *dv, float *dbeta)
 {
     vec x[MAXV], y[MAXV], z[MAXV], du[MAXV], key[MAXV];
     load_row(key, k, d, nv);
     weighted_rows(x, dS, k, d, nv);
+    weighted_rows(y, dST, (const float *)u, d, nv);
+    if (late) { /* x, y of dS after the query's term, without forming it first */
+        vec qk = (vec){0}, ou = (vec){0};
+        for (int m = 0; m < nv; m++) {
+            qk += late->query[m] * key[m];
+            ou += late->dOv[m] * u[m];
+        }
+        const float q_dot_k = hsum(qk), dO_dot_u = hsum(ou);
+        for (int m = 0; m < nv; m++) {
+            x[m] = late->keep * x[m] + q_dot_k * late->dOv[m];
+            y[m] = late->keep * y[m] + dO_dot_u * late->query[m];
+        }
+    }
     for (int m = 0; m < nv; m++) du[m] = b * x[m];
     store_row(dv, du, d);
-    weighted_rows(y, dST, (const float *)u, d, nv);
     weighted_rows(z, prev, (const float *)du, d, nv);
     vec db = (vec){0};
     for (int m = 0; m < nv; m++) {
@@ -214,8 +245,24 @@ INLINE void row_backward(vec *dS, vec *dST, const vec *prev, float decay, const 
     }
     store_row(dk, z, d);
     *dbeta = hsum(db);
-    add_outer(dS, dS, 1.0f, k, du, -1.0f, d, nv);
-    add_outer(dST, dST, 1.0f, (const float *)du, key, -1.0f, d, nv);
+    if (late) {
+        add_two_outer(dS, late->keep, late->q, late->dOv, k, du, d, nv);
+        add_two_outer(dST, late->keep, late->dO, late->query, (const float *)du, key, d, nv);
+    } else {
+        add_outer(dS, dS, 1.0f, k, du, -1.0f, d, nv);
+        add_outer(dST, dST, 1.0f, (const float *)du, key, -1.0f, d, nv);
+    }
+}
+
+/* <a, b> over `size` vectors, in SPLIT partial sums */
+INLINE float inner(const vec *a, const vec *b, long size)
+{
+    vec acc[SPLIT] = {{0}};
+    long x = 0;
+    for (; x + SPLIT <= size; x += SPLIT)
+        for (int p = 0; p < SPLIT; p++) acc[p] += a[x + p] * b[x + p];
+    for (; x < size; x++) acc[0] += a[x] * b[x];
+    return hsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
 }
 
 INLINE void backward_sequence(
@@ -240,20 +287,18 @@ INLINE void backward_sequence(
             load_row(query, q + token * d, d, nv);
             weighted_rows(out, after + (t - t0) * size, dO + token * d, d, nv);
             store_row(dq + token * d, out, d);
-            add_outer(dS, dS, pending, q + token * d, row, 1.0f, d, nv);
-            add_outer(dST, dST, pending, dO + token * d, query, 1.0f, d, nv);
+            const struct query_term late = {pending, q + token * d, dO + token * d, query, row};
             const float decay = g ? expf(g[token]) : 1.0f;
             for (long j = n - 1; j >= 0; j--) {
                 const long r = token * n + j;
                 const vec *prev = state_before(first, after, mid, t, t0, j, n, size);
-                row_backward(dS, dST, prev, j ? 1.0f : decay, us + ((t - t0) * n + j) * nv,
-                             k + r * d, beta[r], d, nv, dk + r * d, dv + r * d, dbeta + r);
+                row_backward(dS, dST, j == n - 1 ? &late : NULL, prev, j ? 1.0f : decay,
+                             us + ((t - t0) * n + j) * nv, k + r * d, beta[r], d, nv,
+                             dk + r * d, dv + r * d, dbeta + r);
             }
             if (g) {
                 const vec *prev = state_before(first, after, mid, t, t0, 0, n, size);
-                vec acc = (vec){0};
-                for (long x = 0; x < size; x++) acc += dST[x] * prev[x];
-                dg[token] = decay * hsum(acc);
+                dg[token] = decay * inner(dST, prev, size);
             }
             pending = decay;
         }
