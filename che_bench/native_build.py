@@ -18,14 +18,16 @@ import shutil
 import subprocess
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 #: Flag sets tried in order: this CPU's instruction sets, then the compiler's default target.
 FLAG_SETS = (("-march=native",), ())
 COMMON_FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC", "-Wno-psabi")
+Part = TypeVar("Part")
 
 
 class NativeBuildError(Exception):
@@ -138,6 +140,16 @@ def split(size: int, parts: int) -> list[slice]:
 
 
 @functools.cache
-def executor(threads: int) -> ThreadPoolExecutor:
+def _executor(threads: int) -> ThreadPoolExecutor:
     """Threads for a kernel's parts (ctypes releases the GIL during each call)."""
     return ThreadPoolExecutor(threads, thread_name_prefix="che-bench-native")
+
+
+def run_parts(call: Callable[[Part], None], parts: Sequence[Part]) -> None:
+    """``call(part)`` for every part: in this thread when there is one, else each on a thread
+    of its own (ctypes releases the GIL during each kernel call), waiting for all."""
+    if len(parts) == 1:
+        call(parts[0])
+        return
+    for job in [_executor(len(parts)).submit(call, part) for part in parts]:
+        job.result()

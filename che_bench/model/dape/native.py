@@ -53,20 +53,16 @@ class NativeFilter:
         logits then become the attention's probabilities, causal when ``first_row`` (the
         query index of the tile's first row) is given. With several torch threads, parts of
         the tile run on as many threads (the same numbers: rows are independent)."""
-        threads = torch.get_num_threads()
-        parts = _parts(scores.shape[0], scores.shape[2], threads)
-        if len(parts) == 1:
-            self._add(scores, content, residual, addend, weights, softmax, first_row)
-            return
-        jobs = []
-        for sequences, rows in parts:
+
+        def call(part: tuple[slice, slice]) -> None:
+            sequences, rows = part
             part_first_row = None if first_row is None else first_row + rows.start
-            part = scores[sequences, :, rows], content[sequences, :, rows]
-            part_terms = _rows(residual, rows), _rows(addend, rows)
-            arguments = (*part, *part_terms, weights, softmax, part_first_row)
-            jobs.append(native_build.executor(threads).submit(self._add, *arguments))
-        for job in jobs:
-            job.result()
+            tile = scores[sequences, :, rows], content[sequences, :, rows]
+            terms = _rows(residual, rows), _rows(addend, rows)
+            self._add(*tile, *terms, weights, softmax, part_first_row)
+
+        parts = _parts(scores.shape[0], scores.shape[2], torch.get_num_threads())
+        native_build.run_parts(call, parts)
 
     def _add(
         self,

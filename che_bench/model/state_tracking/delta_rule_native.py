@@ -138,11 +138,7 @@ def _run(
         if function(*pointers, part.stop - part.start, *sizes):
             raise MemoryError("the delta rule's native kernel could not allocate its state")
 
-    if len(parts) == 1:
-        call(parts[0])
-        return
-    for job in [native_build.executor(len(parts)).submit(call, part) for part in parts]:
-        job.result()
+    native_build.run_parts(call, parts)
 
 
 def _declare(library: ctypes.CDLL) -> None:
