@@ -102,3 +102,8 @@ def test_a_run_records_how_its_delta_rule_ran(delta_rule_implementation):
         assert recorded["delta_rule"].startswith(delta_rule_implementation)
     deltanet = software_versions(make_config("parity_check", None, None, "smoke", arch="deltanet"))
     assert "delta_rule" not in deltanet
+    plain = {"householder": 1, "forget_gate": False}  # DeltaNet's plain rule: chunkwise
+    plain_product = make_config("parity_check", None, None, "smoke", arch="deltaproduct",
+                                arch_options=plain)  # fmt: skip
+    assert "delta_rule" not in software_versions(plain_product)
+    assert "delta_rule" not in software_versions(make_config("parity_check", "kerple", 3, "smoke"))

@@ -36,6 +36,8 @@ from che_bench.model.recurrent import (
     recurrent_defaults,
 )
 from che_bench.model.state_tracking import MODELS as STATE_TRACKING_MODELS
+from che_bench.model.state_tracking import delta_rule_native
+from che_bench.model.state_tracking.deltanet import DeltaRuleModel
 from che_bench.registry import Registry
 from che_bench.setting_types import spelt_default
 from che_bench.tasks.base import Task
@@ -102,6 +104,18 @@ def canonical_architecture(name: str) -> str:
 
 def get_architecture(name: str) -> Architecture:
     return ARCHITECTURES.get(name)
+
+
+def native_kernels(arch: str, options: dict[str, Any]) -> dict[str, str]:
+    """How the compiled kernels that ``arch`` with ``options`` uses on a CPU run in this
+    process, for the run's record: ``delta_rule`` for a delta-rule model with a forget gate or
+    Householder products (Gated DeltaNet, DeltaProduct); nothing for the others."""
+    model = get_architecture(arch).build
+    if not (isinstance(model, type) and issubclass(model, DeltaRuleModel)):
+        return {}
+    if not model.has_native_rule(architecture_options(arch, options)):
+        return {}
+    return {"delta_rule": delta_rule_native.describe()}
 
 
 def architecture_options(arch: str, options: dict[str, Any]) -> dict[str, Any]:

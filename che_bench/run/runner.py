@@ -27,12 +27,10 @@ from che_bench.cpu import cpu_facts
 from che_bench.device_memory import release_memory
 from che_bench.errors import CheBenchError
 from che_bench.eval.evaluation import Evaluation, evaluate
-from che_bench.model.architectures import build_members
+from che_bench.model.architectures import build_members, native_kernels
 from che_bench.model.base import BenchModel
 from che_bench.model.dape.native import describe
 from che_bench.model.packs import member_state_dict
-from che_bench.model.state_tracking import delta_rule_native
-from che_bench.model.state_tracking.deltanet import NATIVE_RULE_MODELS
 from che_bench.outcomes import RunResult
 from che_bench.run.device import (
     check_portable_device,
@@ -56,8 +54,8 @@ def software_versions(config: RunConfig | None = None) -> dict[str, str]:
     """The software a run used: che-bench, torch, numpy, Python, the platform and the plugins
     that registered ``config``'s task, encoding or model (``plugin NAME``: version); the
     CPU it ran on (``cpu``, ``cpu_capability``: ``che_bench.cpu.cpu_facts``); and, for DAPE,
-    how its filter evaluates on a CPU (``dape_filter``: ``native.describe``); for Gated DeltaNet
-    and DeltaProduct, how their delta rule runs on a CPU (``delta_rule``)."""
+    how its filter evaluates on a CPU (``dape_filter``: ``native.describe``); and how the
+    compiled kernels its model uses run (``architectures.native_kernels``)."""
     from che_bench.encodings.base import ENCODINGS
     from che_bench.model.architectures import ARCHITECTURES
     from che_bench.tasks import TASKS
@@ -79,11 +77,7 @@ def software_versions(config: RunConfig | None = None) -> dict[str, str]:
         "platform": platform.platform(),
         **cpu_facts(),
         **({} if config is None or config.kernel is None else {"dape_filter": describe()}),
-        **(
-            {"delta_rule": delta_rule_native.describe()}
-            if config is not None and config.arch in NATIVE_RULE_MODELS
-            else {}
-        ),
+        **({} if config is None else native_kernels(config.arch, config.arch_options)),
         **used,
     }
 

@@ -187,9 +187,11 @@ class DeltaRuleModel(StateTrackingModel):
         switch("negative_eigenvalues", settings["negative_eigenvalues"])
         return super().check_options(settings)
 
-    def mixer_options(self) -> dict[str, Any]:
-        """The ``DeltaMixer`` keywords that tell the models apart. DeltaNet's short convolution
-        stays channels-first, the layout its committed results were trained with."""
+    @classmethod
+    def mixer_options(cls, settings: dict[str, Any]) -> dict[str, Any]:
+        """The ``DeltaMixer`` keywords that tell the models apart, for a model's ``settings``.
+        DeltaNet's short convolution stays channels-first, the layout its committed results
+        were trained with."""
         return {
             "householder": 1,
             "forget_gate": False,
@@ -203,7 +205,7 @@ class DeltaRuleModel(StateTrackingModel):
             self.width,
             self.heads,
             negative_eigenvalues=self.settings["negative_eigenvalues"],
-            **self.mixer_options(),
+            **self.mixer_options(self.settings),
         )
         return DeltaBlock(self.members, self.width, self.layers, mixer)
 
@@ -224,7 +226,7 @@ class DeltaRuleModel(StateTrackingModel):
         return {name for name, _ in self.named_parameters() if name.rsplit(".", 1)[-1] in exempt}
 
     def extra_floats(self, tokens: int) -> int:
-        householder = self.mixer_options()["householder"]
+        householder = self.mixer_options(self.settings)["householder"]
         if self.runs_natively():
             # The native kernel's contiguous float32 copies of q, k, v and its output, per
             # sub-step (its saved states, d^2 / 16 a token and head, are smaller).
@@ -236,13 +238,17 @@ class DeltaRuleModel(StateTrackingModel):
         # 9.2 and, in DeltaProduct's chunks of 16 rows, 11.3 MB).
         return tokens * householder * (4 * self.heads * chunk_limit(householder) + 12 * self.width)
 
+    @classmethod
+    def has_native_rule(cls, settings: dict[str, Any]) -> bool:
+        """Whether the model with ``settings`` has a forget gate or Householder products: the
+        rule ``delta_product`` runs natively on a CPU where the kernel is built."""
+        options = cls.mixer_options(settings)
+        return bool(options["forget_gate"] or options["householder"] > 1)
+
     def runs_natively(self) -> bool:
-        """Whether this model's delta rule runs the native kernel here (``delta_product``'s
-        rule: a gate or a product, on a CPU, with the kernel built)."""
-        options = self.mixer_options()
-        gated_or_product = options["forget_gate"] or options["householder"] > 1
+        """Whether this model's delta rule runs the native kernel here."""
         on_cpu = next(self.parameters()).device.type == "cpu"
-        return gated_or_product and on_cpu and native_delta_rule() is not None
+        return self.has_native_rule(self.settings) and on_cpu and native_delta_rule() is not None
 
 
 class DeltaNet(DeltaRuleModel):
@@ -264,7 +270,8 @@ class GatedDeltaNet(DeltaRuleModel):
     name = "gated_deltanet"
     label = "Gated DeltaNet"
 
-    def mixer_options(self) -> dict[str, Any]:
+    @classmethod
+    def mixer_options(cls, settings: dict[str, Any]) -> dict[str, Any]:
         return {
             "householder": 1,
             "forget_gate": True,
@@ -292,16 +299,12 @@ class DeltaProduct(DeltaRuleModel):
         switch("forget_gate", settings["forget_gate"])
         return super().check_options(settings)
 
-    def mixer_options(self) -> dict[str, Any]:
+    @classmethod
+    def mixer_options(cls, settings: dict[str, Any]) -> dict[str, Any]:
         # fla's ``use_forget_gate`` (default true) is an option here.
         return {
-            "householder": self.settings["householder"],
-            "forget_gate": self.settings["forget_gate"],
+            "householder": settings["householder"],
+            "forget_gate": settings["forget_gate"],
             "output_gate": True,
             "channels_last_conv": True,
         }
-
-
-#: The models whose delta rule runs natively on a CPU: a forget gate or Householder products
-#: (``delta_rule.delta_product``); their runs record how (``delta_rule_native.describe``).
-NATIVE_RULE_MODELS = frozenset({GatedDeltaNet.name, DeltaProduct.name})
