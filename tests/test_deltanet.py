@@ -72,6 +72,34 @@ def test_every_parameter_of_every_member_gets_a_gradient(name):
         assert (parameter.grad.flatten(1).norm(dim=1) > 0).all(), parameter_name
 
 
+def _logits_and_gradients(model, task, n):
+    model.zero_grad()
+    logits = model(inputs_for(task, n, batch=4))
+    logits.square().sum().backward()
+    return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("task", ["parity_check", "duplicate_string"])
+@pytest.mark.parametrize("name", ["gated_deltanet", "deltaproduct"])
+def test_the_last_block_at_the_read_out_positions_only_computes_the_same_model(
+    name, task, monkeypatch
+):
+    model = tiny(name, task=task, members=2)
+    assert type(model).read_positions_only
+    cut, cut_gradients = _logits_and_gradients(model, task, 9)
+    monkeypatch.setattr(type(model), "read_positions_only", False)
+    whole, whole_gradients = _logits_and_gradients(model, task, 9)
+    torch.testing.assert_close(cut, whole, rtol=1e-6, atol=1e-7)
+    for parameter_name, gradient in whole_gradients.items():
+        # Rounding, relative to the gradient's scale (the sums run in another order).
+        difference = (cut_gradients[parameter_name] - gradient).abs().max()
+        assert difference <= 1e-5 * gradient.abs().max(), parameter_name
+
+
+def test_deltanet_runs_its_last_block_at_every_position_as_its_results_were_trained():
+    assert not deltanet.DeltaNet.read_positions_only
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_a_few_steps_on_parity_reduce_the_loss(name):
     assert_training_on_parity_reduces_the_loss(tiny(name, negative_eigenvalues=True, width=16))

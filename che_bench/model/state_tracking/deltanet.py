@@ -110,7 +110,9 @@ class DeltaMixer(nn.Module):
             if part.shape[0]:
                 nn.init.xavier_uniform_(part, gain=MIXER_GAIN)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, read: int | None = None) -> torch.Tensor:
+        """The mixer's output; with ``read``, at the last ``read`` positions only (the
+        recurrence runs over all of them, the output stage over those)."""
         members, batch, steps, width = x.shape
         heads, d = self.heads, self.head_dim
         qkv, beta, gate_in, out_gate = self.project(x).split(
@@ -127,6 +129,8 @@ class DeltaMixer(nn.Module):
             rate = F.softplus(gate_in + per_member(self.dt_bias, 4))
             log_decay = (-per_member(self.a_log, 4).exp() * rate).transpose(2, 3)
         o = delta_product(q, k, v, beta, log_decay).transpose(2, 3)  # [M, B, T, H, d]
+        if read is not None:
+            o, out_gate, steps = o[:, :, steps - read :], out_gate[:, :, steps - read :], read
         o = self.norm(o)
         if self.output_gate:
             o = o * F.silu(out_gate).view(members, batch, steps, heads, d)
@@ -164,7 +168,8 @@ class SwiGLU(nn.Module):
 
 
 class DeltaBlock(nn.Module):
-    """``x += mixer(RMSNorm(x)); x += SwiGLU(RMSNorm(x))``."""
+    """``x += mixer(RMSNorm(x)); x += SwiGLU(RMSNorm(x))``; with ``read``, the output at the
+    last ``read`` positions only."""
 
     def __init__(self, members: int, width: int, layers: int, mixer: DeltaMixer) -> None:
         super().__init__()
@@ -173,8 +178,9 @@ class DeltaBlock(nn.Module):
         self.mlp_norm = MemberRMSNorm(members, width, eps=NORM_EPS)
         self.mlp = SwiGLU(members, width, layers)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.mixer(self.mixer_norm(x))
+    def forward(self, x: torch.Tensor, read: int | None = None) -> torch.Tensor:
+        residual = x if read is None else x[:, :, x.shape[2] - read :]
+        x = residual + self.mixer(self.mixer_norm(x), read)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -182,6 +188,13 @@ class DeltaRuleModel(StateTrackingModel):
     """What the three delta-rule models share; a subclass says which gates it has."""
 
     defaults: ClassVar[dict[str, Any]] = {**COMMON_DEFAULTS, "negative_eigenvalues": False}
+    #: Whether the last block runs its position-wise parts (the mixer's output stage and the
+    #: MLP) at the read-out positions only, as nothing reads the others. The same model: the
+    #: logits agree within float32 rounding (the products over fewer rows may round
+    #: otherwise), the weight gradients sum without the other positions' zero rows, in
+    #: another order. DeltaNet, whose committed results were trained at every position,
+    #: keeps False.
+    read_positions_only: ClassVar[bool] = False
 
     def check_options(self, settings: dict[str, Any]) -> dict[str, Any]:
         switch("negative_eigenvalues", settings["negative_eigenvalues"])
@@ -211,6 +224,11 @@ class DeltaRuleModel(StateTrackingModel):
 
     def make_final_norm(self) -> nn.Module:
         return MemberRMSNorm(self.members, self.width, eps=NORM_EPS)
+
+    def last_block(self, block: nn.Module, x: torch.Tensor, read: int) -> torch.Tensor:
+        if self.read_positions_only:
+            return block(x, read)
+        return super().last_block(block, x, read)
 
     def init_embedding(self, weight: torch.Tensor) -> None:
         nn.init.normal_(weight, std=INIT_STD)
@@ -269,6 +287,7 @@ class GatedDeltaNet(DeltaRuleModel):
 
     name = "gated_deltanet"
     label = "Gated DeltaNet"
+    read_positions_only = True
 
     @classmethod
     def mixer_options(cls, settings: dict[str, Any]) -> dict[str, Any]:
@@ -288,6 +307,7 @@ class DeltaProduct(DeltaRuleModel):
 
     name = "deltaproduct"
     label = "DeltaProduct"
+    read_positions_only = True
     defaults: ClassVar[dict[str, Any]] = {
         **DeltaRuleModel.defaults,
         "householder": 2,

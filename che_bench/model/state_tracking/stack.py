@@ -102,6 +102,13 @@ class StateTrackingModel(BenchModel):
         """Floats per sequence beyond ``activation_widths * width`` per token."""
         return 0
 
+    def last_block(self, block: nn.Module, x: torch.Tensor, read: int) -> torch.Tensor:
+        """The last block's output at the last ``read`` positions, the read-out's: here the
+        block runs at every position and is cut after (a model whose block can leave out the
+        positions nothing reads overrides this)."""
+        x = block(x)
+        return x[:, :, x.shape[2] - read :]
+
     # -- shared ---------------------------------------------------------------------------
 
     @property
@@ -139,9 +146,10 @@ class StateTrackingModel(BenchModel):
 
     def _logits(self, tokens: torch.Tensor, read: int) -> torch.Tensor:
         x = self.embedding(tokens)
-        for block in self.blocks:
+        *earlier, last = self.blocks
+        for block in earlier:
             x = block(x)
-        x = x[:, :, x.shape[2] - read :]
+        x = self.last_block(last, x, read)
         if self.norm is not None:
             x = self.norm(x)
         return self.head(x)
