@@ -7,8 +7,13 @@ found by their configuration).
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import pytest
 
+from che_bench.cli import build_parser
+from che_bench.commands.run import cell_configs
 from che_bench.config import make_config
 
 PINNED = [
@@ -75,3 +80,19 @@ def test_a_switch_given_as_a_number_is_not_its_default():
     """0 for a switch whose default is false reaches the encoding's check, not the run id."""
     config = make_config("parity_check", "sin_cos", pe_options={"sin_cos_backward": 0})
     assert config.pe_options == {"sin_cos_backward": 0}
+
+
+def test_the_long_runs_documented_in_results_resume_under_their_ids():
+    """docs/results.md's commands for the long modular-arithmetic runs name the runs whose
+    checkpoints are committed beside their store (while they last): another id would start
+    them again from step 0."""
+    results = Path(__file__).parents[1] / "docs" / "results.md"
+    lines = [
+        shlex.split(line)[1:]
+        for line in results.read_text().splitlines()
+        if line.startswith("che-bench run") and "long.sqlite" in line
+    ]
+    ids = {cell_configs(build_parser().parse_args(line))[0].run_id() for line in lines}
+    assert ids == {"ee9229c8f2f4", "9965b4bf8060"}
+    checkpoints = results.parents[1] / "results/laptop/state_tracking_budget/checkpoints"
+    assert {path.stem for path in checkpoints.glob("*.pt")} <= ids
