@@ -43,7 +43,11 @@ from che_bench.model.base import positive_int, switch
 from che_bench.model.state_tracking.delta_rule import chunk_limit, delta_product
 from che_bench.model.state_tracking.delta_rule_native import native_delta_rule
 from che_bench.model.state_tracking.layers import MemberCausalConv1d, MemberRMSNorm
-from che_bench.model.state_tracking.stack import COMMON_DEFAULTS, StateTrackingModel
+from che_bench.model.state_tracking.stack import (
+    COMMON_DEFAULTS,
+    StateTrackingModel,
+    read_out_positions,
+)
 
 #: fla's model ``norm_eps`` (block norms, final norm and the mixer's output norm).
 NORM_EPS = 1e-6
@@ -130,7 +134,8 @@ class DeltaMixer(nn.Module):
             log_decay = (-per_member(self.a_log, 4).exp() * rate).transpose(2, 3)
         o = delta_product(q, k, v, beta, log_decay).transpose(2, 3)  # [M, B, T, H, d]
         if read is not None:
-            o, out_gate, steps = o[:, :, steps - read :], out_gate[:, :, steps - read :], read
+            o, out_gate = read_out_positions(o, read), read_out_positions(out_gate, read)
+            steps = read
         o = self.norm(o)
         if self.output_gate:
             o = o * F.silu(out_gate).view(members, batch, steps, heads, d)
@@ -179,7 +184,7 @@ class DeltaBlock(nn.Module):
         self.mlp = SwiGLU(members, width, layers)
 
     def forward(self, x: torch.Tensor, read: int | None = None) -> torch.Tensor:
-        residual = x if read is None else x[:, :, x.shape[2] - read :]
+        residual = x if read is None else read_out_positions(x, read)
         x = residual + self.mixer(self.mixer_norm(x), read)
         return x + self.mlp(self.mlp_norm(x))
 

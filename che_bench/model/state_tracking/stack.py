@@ -38,6 +38,11 @@ COMMON_DEFAULTS: dict[str, Any] = {
 }
 
 
+def read_out_positions(x: torch.Tensor, read: int) -> torch.Tensor:
+    """``x [M, B, T, ...]`` at its last ``read`` positions, those the read-out reads."""
+    return x[:, :, x.shape[2] - read :]
+
+
 class StateTrackingModel(BenchModel):
     """Embedding -> ``layers`` blocks -> final norm -> read-out; a subclass sets ``name``,
     ``label``, ``defaults`` (``COMMON_DEFAULTS`` plus its own), and builds its parts in
@@ -106,8 +111,7 @@ class StateTrackingModel(BenchModel):
         """The last block's output at the last ``read`` positions, the read-out's: here the
         block runs at every position and is cut after (a model whose block can leave out the
         positions nothing reads overrides this)."""
-        x = block(x)
-        return x[:, :, x.shape[2] - read :]
+        return read_out_positions(block(x), read)
 
     # -- shared ---------------------------------------------------------------------------
 
