@@ -13,6 +13,7 @@ from che_bench.errors import CheBenchError
 from che_bench.model.architectures import build_architecture
 from che_bench.model.state_tracking import deltanet
 from che_bench.model.state_tracking.delta_rule_recurrent import recurrent_delta_product
+from che_bench.model.state_tracking.stack import StateTrackingModel
 from che_bench.tasks import get_task
 from tests.model_helpers import (
     TINY,
@@ -79,15 +80,19 @@ def _logits_and_gradients(model, task, n):
     return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
+def _every_position(self, block, x, read):
+    return StateTrackingModel.last_block(self, block, x, read)
+
+
 @pytest.mark.parametrize("task", ["parity_check", "duplicate_string"])
 @pytest.mark.parametrize("name", ["gated_deltanet", "deltaproduct"])
 def test_the_last_block_at_the_read_out_positions_only_computes_the_same_model(
     name, task, monkeypatch
 ):
     model = tiny(name, task=task, members=2)
-    assert type(model).read_positions_only
+    assert not type(model).every_position_weight_gradients
     cut, cut_gradients = _logits_and_gradients(model, task, 9)
-    monkeypatch.setattr(type(model), "read_positions_only", False)
+    monkeypatch.setattr(type(model), "last_block", _every_position)
     whole, whole_gradients = _logits_and_gradients(model, task, 9)
     torch.testing.assert_close(cut, whole, rtol=1e-6, atol=1e-7)
     for parameter_name, gradient in whole_gradients.items():
@@ -96,8 +101,40 @@ def test_the_last_block_at_the_read_out_positions_only_computes_the_same_model(
         assert difference <= 1e-5 * gradient.abs().max(), parameter_name
 
 
-def test_deltanet_runs_its_last_block_at_every_position_as_its_results_were_trained():
-    assert not deltanet.DeltaNet.read_positions_only
+@pytest.mark.parametrize("members", [1, 2])
+@pytest.mark.parametrize("task", ["parity_check", "duplicate_string"])
+def test_deltanet_last_block_at_the_read_out_positions_gives_every_position_gradients(
+    task, members, monkeypatch
+):
+    """DeltaNet's committed results were trained with the last block at every position: at
+    its default width its logits and every gradient are those bit for bit, wherever a row's
+    products do not depend on how many rows there are (``position_wise``)."""
+    torch.manual_seed(0)
+    model = build_architecture("deltanet", get_task(task), members=members)
+    assert type(model).every_position_weight_gradients
+    at_read, at_read_gradients = _logits_and_gradients(model, task, 9)
+    monkeypatch.setattr(type(model), "last_block", _every_position)
+    whole, whole_gradients = _logits_and_gradients(model, task, 9)
+    torch.testing.assert_close(at_read, whole, rtol=1e-6, atol=1e-7)
+    for parameter_name, gradient in whole_gradients.items():
+        torch.testing.assert_close(at_read_gradients[parameter_name], gradient)
+    if not rows_round_alike(model.width, deltanet.mlp_width(model.width)):
+        pytest.skip("this CPU's matrix products round a row otherwise among fewer rows")
+    assert torch.equal(at_read, whole)
+    for parameter_name, gradient in whole_gradients.items():
+        assert torch.equal(at_read_gradients[parameter_name], gradient), parameter_name
+
+
+def rows_round_alike(width: int, hidden: int) -> bool:
+    """Whether this CPU's batched products give a row the same bits among 4 rows as among 40,
+    for the shapes of DeltaNet's position-wise stage."""
+    generator = torch.Generator().manual_seed(0)
+    for fan_in, fan_out in ((width, width), (width, 2 * hidden), (hidden, width)):
+        x = torch.randn(1, 40, fan_in, generator=generator)
+        weight = torch.randn(1, fan_in, fan_out, generator=generator)
+        if not torch.equal(torch.bmm(x, weight)[:, ::10], torch.bmm(x[:, ::10], weight)):
+            return False
+    return True
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -175,7 +212,9 @@ def test_the_blocks_run_on_the_meta_device_so_without_host_synchronisation(arch)
         negative_eigenvalues=True,
     )
     block = model.blocks[0].to("meta")
-    x = torch.randn(2, 3, 150, 8, device="meta", requires_grad=True)
-    block(x).sum().backward()
-    assert x.grad is not None and x.grad.shape == x.shape
-    assert all(parameter.grad is not None for parameter in block.parameters())
+    for read in (None, 2):  # as a block before the last, and as the last
+        x = torch.randn(2, 3, 150, 8, device="meta", requires_grad=True)
+        block.zero_grad()
+        block(x, read).sum().backward()
+        assert x.grad is not None and x.grad.shape == x.shape
+        assert all(parameter.grad is not None for parameter in block.parameters())

@@ -43,11 +43,13 @@ from che_bench.model.base import positive_int, switch
 from che_bench.model.state_tracking.delta_rule import chunk_limit, delta_product
 from che_bench.model.state_tracking.delta_rule_native import native_delta_rule
 from che_bench.model.state_tracking.layers import MemberCausalConv1d, MemberRMSNorm
-from che_bench.model.state_tracking.stack import (
-    COMMON_DEFAULTS,
-    StateTrackingModel,
+from che_bench.model.state_tracking.position_wise import (
+    EVERY_POSITION,
+    PositionWise,
+    at_read_positions,
     read_out_positions,
 )
+from che_bench.model.state_tracking.stack import COMMON_DEFAULTS, StateTrackingModel
 
 #: fla's model ``norm_eps`` (block norms, final norm and the mixer's output norm).
 NORM_EPS = 1e-6
@@ -114,10 +116,14 @@ class DeltaMixer(nn.Module):
             if part.shape[0]:
                 nn.init.xavier_uniform_(part, gain=MIXER_GAIN)
 
-    def forward(self, x: torch.Tensor, read: int | None = None) -> torch.Tensor:
-        """The mixer's output; with ``read``, at the last ``read`` positions only (the
-        recurrence runs over all of them, the output stage over those)."""
-        members, batch, steps, width = x.shape
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The mixer's output at every position."""
+        return self.output(*self.recurrence(x), EVERY_POSITION)
+
+    def recurrence(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The delta product's outputs ``[M, B, T, H, d]`` and the output gate's input (steps
+        1-3 and the rule of step 4)."""
+        members, batch, steps, _ = x.shape
         heads, d = self.heads, self.head_dim
         qkv, beta, gate_in, out_gate = self.project(x).split(
             [sum(self.sizes[:3]), *self.sizes[3:]], dim=-1
@@ -132,14 +138,15 @@ class DeltaMixer(nn.Module):
         if self.forget_gate:
             rate = F.softplus(gate_in + per_member(self.dt_bias, 4))
             log_decay = (-per_member(self.a_log, 4).exp() * rate).transpose(2, 3)
-        o = delta_product(q, k, v, beta, log_decay).transpose(2, 3)  # [M, B, T, H, d]
-        if read is not None:
-            o, out_gate = read_out_positions(o, read), read_out_positions(out_gate, read)
-            steps = read
-        o = self.norm(o)
+        return delta_product(q, k, v, beta, log_decay).transpose(2, 3), out_gate
+
+    def output(self, o: torch.Tensor, out_gate: torch.Tensor, ops: PositionWise) -> torch.Tensor:
+        """The position-wise output stage (step 4): the per-head norm, the output gate, W_o."""
+        members, batch, steps, heads, d = o.shape
+        o = ops.norm(self.norm, o)
         if self.output_gate:
             o = o * F.silu(out_gate).view(members, batch, steps, heads, d)
-        return self.out(o.reshape(members, batch, steps, width))
+        return ops.linear(self.out, o.reshape(members, batch, steps, heads * d))
 
     def _sub_steps(self, x: torch.Tensor, d: int) -> torch.Tensor:
         """``[M, B, T, n * H * d]`` as ``[M, B, H, T * n, d]``."""
@@ -167,39 +174,65 @@ class SwiGLU(nn.Module):
         down_std = INIT_STD / math.sqrt(2 * layers)
         init_members_(self.down.weight, lambda w: nn.init.normal_(w, std=down_std))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: PositionWise = EVERY_POSITION) -> torch.Tensor:
+        gate, up = ops.linear(self.up, x).chunk(2, dim=-1)
+        return ops.last_linear(self.down, F.silu(gate) * up)
 
 
 class DeltaBlock(nn.Module):
-    """``x += mixer(RMSNorm(x)); x += SwiGLU(RMSNorm(x))``; with ``read``, the output at the
-    last ``read`` positions only."""
+    """``x += mixer(RMSNorm(x)); x += SwiGLU(RMSNorm(x))``. With ``read``, the output at the
+    last ``read`` positions only: the recurrence runs over every position, the position-wise
+    stage after it (the mixer's output stage, the residuals and the MLP) at those alone, its
+    weight gradients summed over those rows (``every_position_weight_gradients`` false) or,
+    bit for bit, as the stage at every position sums them (``position_wise``)."""
 
-    def __init__(self, members: int, width: int, layers: int, mixer: DeltaMixer) -> None:
+    def __init__(
+        self,
+        members: int,
+        width: int,
+        layers: int,
+        mixer: DeltaMixer,
+        every_position_weight_gradients: bool = False,
+    ) -> None:
         super().__init__()
         self.mixer_norm = MemberRMSNorm(members, width, eps=NORM_EPS)
         self.mixer = mixer
         self.mlp_norm = MemberRMSNorm(members, width, eps=NORM_EPS)
         self.mlp = SwiGLU(members, width, layers)
+        self.every_position_weight_gradients = every_position_weight_gradients
 
     def forward(self, x: torch.Tensor, read: int | None = None) -> torch.Tensor:
-        residual = x if read is None else read_out_positions(x, read)
-        x = residual + self.mixer(self.mixer_norm(x), read)
-        return x + self.mlp(self.mlp_norm(x))
+        if read is None:  # the mixer's temporaries are freed before the MLP's
+            return self.mlp_residual(x + self.mixer(self.mixer_norm(x)), EVERY_POSITION)
+        inputs = (x, *self.mixer.recurrence(self.mixer_norm(x)))
+        if self.every_position_weight_gradients:
+            return at_read_positions(self.position_wise, inputs, read)
+        x, o, out_gate = (read_out_positions(y, read) for y in inputs)
+        return self.position_wise(x, o, out_gate, EVERY_POSITION)
+
+    def position_wise(
+        self, x: torch.Tensor, o: torch.Tensor, out_gate: torch.Tensor, ops: PositionWise
+    ) -> torch.Tensor:
+        """The block after its recurrence, for the residual stream ``x`` and the rule's
+        outputs ``o`` and output gate's input."""
+        return self.mlp_residual(x + self.mixer.output(o, out_gate, ops), ops)
+
+    def mlp_residual(self, x: torch.Tensor, ops: PositionWise) -> torch.Tensor:
+        """``x + SwiGLU(RMSNorm(x))``."""
+        return x + self.mlp(ops.norm(self.mlp_norm, x), ops)
 
 
 class DeltaRuleModel(StateTrackingModel):
     """What the three delta-rule models share; a subclass says which gates it has."""
 
     defaults: ClassVar[dict[str, Any]] = {**COMMON_DEFAULTS, "negative_eigenvalues": False}
-    #: Whether the last block runs its position-wise parts (the mixer's output stage and the
-    #: MLP) at the read-out positions only, as nothing reads the others. The same model: the
-    #: logits agree within float32 rounding (the products over fewer rows may round
-    #: otherwise), the weight gradients sum without the other positions' zero rows, in
-    #: another order. DeltaNet, whose committed results were trained at every position,
-    #: keeps False.
-    read_positions_only: ClassVar[bool] = False
+    #: Whether the last block's weight gradients are summed over every position, as the
+    #: block run at every position sums them, bit for bit (``DeltaBlock``), or over the
+    #: read-out positions alone, which skips the position-wise stage's forward at the other
+    #: positions too but rounds the weight gradients otherwise. The last block's stage runs
+    #: at the read-out positions either way. DeltaNet, whose committed results were trained
+    #: at every position, keeps their roundings.
+    every_position_weight_gradients: ClassVar[bool] = False
 
     def check_options(self, settings: dict[str, Any]) -> dict[str, Any]:
         switch("negative_eigenvalues", settings["negative_eigenvalues"])
@@ -225,15 +258,15 @@ class DeltaRuleModel(StateTrackingModel):
             negative_eigenvalues=self.settings["negative_eigenvalues"],
             **self.mixer_options(self.settings),
         )
-        return DeltaBlock(self.members, self.width, self.layers, mixer)
+        return DeltaBlock(
+            self.members, self.width, self.layers, mixer, self.every_position_weight_gradients
+        )
 
     def make_final_norm(self) -> nn.Module:
         return MemberRMSNorm(self.members, self.width, eps=NORM_EPS)
 
     def last_block(self, block: nn.Module, x: torch.Tensor, read: int) -> torch.Tensor:
-        if self.read_positions_only:
-            return block(x, read)
-        return super().last_block(block, x, read)
+        return block(x, read)
 
     def init_embedding(self, weight: torch.Tensor) -> None:
         nn.init.normal_(weight, std=INIT_STD)
@@ -282,6 +315,7 @@ class DeltaNet(DeltaRuleModel):
 
     name = "deltanet"
     label = "DeltaNet"
+    every_position_weight_gradients = True
 
 
 class GatedDeltaNet(DeltaRuleModel):
@@ -292,7 +326,6 @@ class GatedDeltaNet(DeltaRuleModel):
 
     name = "gated_deltanet"
     label = "Gated DeltaNet"
-    read_positions_only = True
 
     @classmethod
     def mixer_options(cls, settings: dict[str, Any]) -> dict[str, Any]:
@@ -312,7 +345,6 @@ class DeltaProduct(DeltaRuleModel):
 
     name = "deltaproduct"
     label = "DeltaProduct"
-    read_positions_only = True
     defaults: ClassVar[dict[str, Any]] = {
         **DeltaRuleModel.defaults,
         "householder": 2,

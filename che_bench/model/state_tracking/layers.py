@@ -28,7 +28,15 @@ class MemberRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(members, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (self.dim,), eps=self.eps) * per_member(self.weight, x.dim())
+        return self.scale(self.normalise(x))
+
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """``x / sqrt(mean(x^2) + eps)``, before the learned scale."""
+        return F.rms_norm(x, (self.dim,), eps=self.eps)
+
+    def scale(self, normalised: torch.Tensor) -> torch.Tensor:
+        """``normalised * weight``, each member's scale on its own activations."""
+        return normalised * per_member(self.weight, normalised.dim())
 
 
 class MemberCausalConv1d(nn.Module):

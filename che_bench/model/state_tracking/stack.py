@@ -24,6 +24,7 @@ from che_bench.errors import CheBenchError
 from che_bench.members import MemberEmbedding, MemberLinear, init_members_
 from che_bench.model.base import BenchModel, output_positions, positive_int
 from che_bench.model.state_tracking.layers import head_size
+from che_bench.model.state_tracking.position_wise import read_out_positions
 from che_bench.tasks.base import Task
 
 FLOAT_BYTES = 4
@@ -36,11 +37,6 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "heads": 4,
     "memory_budget_bytes": 1 << 30,
 }
-
-
-def read_out_positions(x: torch.Tensor, read: int) -> torch.Tensor:
-    """``x [M, B, T, ...]`` at its last ``read`` positions, those the read-out reads."""
-    return x[:, :, x.shape[2] - read :]
 
 
 class StateTrackingModel(BenchModel):

@@ -1,0 +1,161 @@
+"""A block's position-wise stage (what follows its recurrence: norms, projections, the MLP,
+the residuals) run at the read-out positions, with gradients that are those of the stage run
+at every position, bit for bit.
+
+The loss reads the last block's output at the read-out positions only, so at every other
+position the stage's output gradients are zero: its input gradients there are zero too, and
+computing them is wasted work (a third of the stage's products and most of its element-wise
+backward). Its weight gradients, however, are sums over all positions, and a matrix product
+over B x T rows with zero rows between the nonzero ones blocks its sums otherwise than one over
+the nonzero rows alone: it rounds otherwise. ``at_read_positions`` keeps both: the stage runs
+once at every position without gradients, recording each parametrised layer's input, and
+once at the read-out positions with gradients, where each layer's input gradient is the
+product over those rows alone and its weight gradient the very product of the stage at every
+position (its output gradients laid into zeros at the other positions). Both rely on a row's
+product, norm and element-wise results not depending on how many rows there are; the tests
+check the whole step bit for bit.
+
+A stage is written against ``PositionWise``: ``ops.linear(layer, x)`` and
+``ops.norm(layer, x)`` in place of ``layer(x)``, so one definition serves every mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from che_bench.members import MemberLinear, per_member
+from che_bench.model.state_tracking.layers import MemberRMSNorm
+
+
+def read_out_positions(x: torch.Tensor, read: int) -> torch.Tensor:
+    """``x [M, B, T, ...]`` at its last ``read`` positions, those the read-out reads."""
+    return x[:, :, x.shape[2] - read :]
+
+
+class PositionWise:
+    """A stage's layers as they run at the positions given (the plain forward)."""
+
+    def linear(self, layer: MemberLinear, x: torch.Tensor) -> torch.Tensor:
+        return layer(x)
+
+    def norm(self, layer: MemberRMSNorm, x: torch.Tensor) -> torch.Tensor:
+        return layer(x)
+
+    def last_linear(self, layer: MemberLinear, x: torch.Tensor) -> torch.Tensor:
+        """The stage's last linear map, whose output is the stage's last term."""
+        return self.linear(layer, x)
+
+
+EVERY_POSITION = PositionWise()
+
+
+class _RecordedInputs(PositionWise):
+    """The plain forward, keeping what each layer's weight gradient reads: a linear map's
+    input, a norm's normalised input."""
+
+    def __init__(self) -> None:
+        self.inputs: list[torch.Tensor] = []
+
+    def linear(self, layer: MemberLinear, x: torch.Tensor) -> torch.Tensor:
+        self.inputs.append(x)
+        return layer(x)
+
+    def norm(self, layer: MemberRMSNorm, x: torch.Tensor) -> torch.Tensor:
+        normalised = layer.normalise(x)
+        self.inputs.append(normalised)
+        return layer.scale(normalised)
+
+    def last_linear(self, layer: MemberLinear, x: torch.Tensor) -> torch.Tensor:
+        # Nothing reads the stage's output at every position: its input is all that counts.
+        self.inputs.append(x)
+        return x.new_zeros(())
+
+
+class _AtReadRows(PositionWise):
+    """The forward at the read-out positions, each layer's weight gradient taken over the
+    recorded inputs at every position."""
+
+    def __init__(self, inputs: list[torch.Tensor]) -> None:
+        self.inputs = iter(inputs)
+
+    def linear(self, layer: MemberLinear, x: torch.Tensor) -> torch.Tensor:
+        if layer.bias is not None:
+            raise ValueError("a linear map with a bias has no read-row form here")
+        out: torch.Tensor = _ReadRowsLinear.apply(x, layer.weight, next(self.inputs))
+        return out
+
+    def norm(self, layer: MemberRMSNorm, x: torch.Tensor) -> torch.Tensor:
+        normalised = layer.normalise(x)
+        out: torch.Tensor = _ReadRowsScale.apply(normalised, layer.weight, next(self.inputs))
+        return out
+
+
+def _every_position(gradient: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``gradient`` at the last positions of axis 2, zeros before: the output gradient of the
+    stage at every position."""
+    padded = gradient.new_zeros(shape)
+    read_out_positions(padded, gradient.shape[2]).copy_(gradient)
+    return padded
+
+
+class _ReadRowsLinear(torch.autograd.Function):
+    """``MemberLinear`` (no bias) at the read rows; its weight gradient is autograd's
+    ``bmm`` backward over every position's input ``full``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, full: torch.Tensor
+    ) -> torch.Tensor:
+        ctx.save_for_backward(weight, full)
+        flat = x.reshape(x.shape[0], -1, x.shape[-1])
+        return torch.bmm(flat, weight.transpose(1, 2)).view(*x.shape[:-1], weight.shape[1])
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        weight, full = ctx.saved_tensors
+        members, fan_out = weight.shape[:2]
+        grad_x = gradient.reshape(members, -1, fan_out).bmm(weight)
+        padded = _every_position(gradient, (*full.shape[:-1], fan_out))
+        flat = full.reshape(members, -1, full.shape[-1])
+        grad_weight = flat.transpose(1, 2).bmm(padded.view(members, -1, fan_out))
+        return grad_x.view(*gradient.shape[:-1], -1), grad_weight.transpose(1, 2), None
+
+
+class _ReadRowsScale(torch.autograd.Function):
+    """A norm's learned scale at the read rows; its gradient is autograd's broadcast product
+    backward over every position's normalised input ``full``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, normalised: torch.Tensor, weight: torch.Tensor, full: torch.Tensor
+    ) -> torch.Tensor:
+        scale = per_member(weight, normalised.dim())
+        ctx.save_for_backward(scale, full)
+        ctx.weight_shape = weight.shape
+        return normalised * scale
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        scale, full = ctx.saved_tensors
+        padded = _every_position(gradient, tuple(full.shape))
+        grad_weight = (padded * full).sum_to_size(scale.shape)
+        return gradient * scale, grad_weight.view(ctx.weight_shape), None
+
+
+Stage = Callable[..., torch.Tensor]
+
+
+def at_read_positions(stage: Stage, inputs: tuple[torch.Tensor, ...], read: int) -> torch.Tensor:
+    """``stage(*inputs, ops)`` at the last ``read`` positions of its ``[M, B, T, ...]``
+    inputs, with the gradients of the stage at every position (module docstring). Without
+    gradients, the stage at those positions alone."""
+    at_read = tuple(read_out_positions(x, read) for x in inputs)
+    if not torch.is_grad_enabled():
+        return stage(*at_read, EVERY_POSITION)
+    recorded = _RecordedInputs()
+    with torch.no_grad():
+        stage(*inputs, recorded)
+    return stage(*at_read, _AtReadRows(recorded.inputs))
