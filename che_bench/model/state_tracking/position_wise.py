@@ -12,11 +12,13 @@ once at every position without gradients, recording each parametrised layer's in
 once at the read-out positions with gradients, where each layer's input gradient is the
 product over those rows alone and its weight gradient the very product of the stage at every
 position (its output gradients laid into zeros at the other positions). Both rely on a row's
-product, norm and element-wise results not depending on how many rows there are; the tests
-check the whole step bit for bit.
+product, norm and element-wise results not depending on how many rows there are, which
+torch's CPU kernels and MKL gave at DeltaNet's shapes (tests/test_deltanet.py checks the
+model's logits and gradients bit for bit where a probe finds it so).
 
-A stage is written against ``PositionWise``: ``ops.linear(layer, x)`` and
-``ops.norm(layer, x)`` in place of ``layer(x)``, so one definition serves every mode.
+A stage is written against ``PositionWise``: ``ops.linear(layer, x)``, ``ops.norm(layer, x)``
+and, for the map whose output is the stage's last term, ``ops.last_linear(layer, x)`` in place
+of ``layer(x)``, so one definition serves every mode.
 """
 
 from __future__ import annotations
