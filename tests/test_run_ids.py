@@ -93,6 +93,6 @@ def test_the_long_runs_documented_in_results_resume_under_their_ids():
         if line.startswith("che-bench run") and "long.sqlite" in line
     ]
     ids = {cell_configs(build_parser().parse_args(line))[0].run_id() for line in lines}
-    assert ids == {"ee9229c8f2f4", "9965b4bf8060"}
+    assert ids == {"ee9229c8f2f4", "9965b4bf8060", "9e8c47c26c2e"}
     checkpoints = results.parents[1] / "results/laptop/state_tracking_budget/checkpoints"
     assert {path.stem for path in checkpoints.glob("*.pt")} <= ids
