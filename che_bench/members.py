@@ -64,6 +64,20 @@ def per_member(parameter: torch.Tensor, ndim: int) -> torch.Tensor:
     return parameter.view(members, *([1] * (ndim - 1 - len(rest))), *rest)
 
 
+def member_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x [M, ..., fan_in]`` through each member's map ``weight [M, fan_out, fan_in]`` (and
+    ``bias [M, fan_out]``): one batched product."""
+    flat = x.reshape(x.shape[0], -1, weight.shape[2])
+    transposed = weight.transpose(1, 2)
+    if bias is None:
+        out = torch.bmm(flat, transposed)
+    else:
+        out = torch.baddbmm(bias[:, None], flat, transposed)
+    return out.view(*x.shape[:-1], weight.shape[1])
+
+
 class MemberLinear(nn.Module):
     """``M`` independent linear maps, ``x [M, ..., fan_in] -> [M, ..., fan_out]``: member m's
     inputs through member m's map (one batched product).
@@ -105,13 +119,7 @@ class MemberLinear(nn.Module):
         return self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(x.shape[0], -1, self.fan_in)
-        weight = self.weight.transpose(1, 2)
-        if self.bias is None:
-            out = torch.bmm(flat, weight)
-        else:
-            out = torch.baddbmm(self.bias[:, None], flat, weight)
-        return out.view(*x.shape[:-1], self.fan_out)
+        return member_linear(x, self.weight, self.bias)
 
 
 class MemberLayerNorm(nn.Module):

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from che_bench.members import MemberLinear, per_member
+from che_bench.members import MemberLinear, member_linear, per_member
 from che_bench.model.state_tracking.layers import MemberRMSNorm
 
 
@@ -112,8 +112,7 @@ class _ReadRowsLinear(torch.autograd.Function):
         ctx: Any, x: torch.Tensor, weight: torch.Tensor, full: torch.Tensor
     ) -> torch.Tensor:
         ctx.save_for_backward(weight, full)
-        flat = x.reshape(x.shape[0], -1, x.shape[-1])
-        return torch.bmm(flat, weight.transpose(1, 2)).view(*x.shape[:-1], weight.shape[1])
+        return member_linear(x, weight)
 
     @staticmethod
     def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
