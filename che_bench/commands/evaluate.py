@@ -66,6 +66,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "mask, per-token correctness), one JSON line each",
     )
     parser.add_argument(
+        "--checkpoint",
+        action="store_true",
+        help="evaluate each run's checkpoint instead (a run stopped or still training: its "
+        "model at the step it reached); printed per length, nothing recorded",
+    )
+    parser.add_argument(
         "--yes",
         action="store_true",
         help="start even an evaluation estimated at over an hour per run",
@@ -77,14 +83,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def evaluate_command(args: argparse.Namespace) -> int:
-    from che_bench.eval.reevaluation import reevaluate, reevaluation_config
     from che_bench.run.device import (
         check_portable_device,
         configure_numerics,
         prepare_deterministic_cublas,
         resolve_device,
     )
-    from che_bench.run.kept_models import load_model, models_dir_for
     from che_bench.store import resolve_run_ids
 
     options = runtime_options_from_args(args)
@@ -94,24 +98,12 @@ def evaluate_command(args: argparse.Namespace) -> int:
     check_portable_device(device, options.portable_cpu)
     check_samples_arguments(args)
     use_threads(options)
-    store = existing_store(args.store, for_writing=True)
+    store = existing_store(args.store, for_writing=not args.checkpoint)
     run_ids = resolve_run_ids(store, args.run_ids)
-    runs, originals = _complete_runs(store, run_ids)
-    changes = {name: getattr(args, name) for name in CHANGEABLE_SETTINGS}
-    configs = [reevaluation_config(config, **changes) for config in originals]
-    _state_cost(originals, configs, runs, args.yes)
-    models = [load_model(models_dir_for(store.path), run_id)[1] for run_id in run_ids]
-
     recorded_tf32 = _recorded_tf32(store.run_details(run_ids))
     configure_numerics(recorded_tf32, options.deterministic, options.portable_cpu)
-    evaluations = reevaluate(models, configs, device, progress=options.progress)
-    for run_id, original, config, result in zip(
-        run_ids, originals, configs, evaluations, strict=False
-    ):
-        if config.evaluation_protocol() == original.evaluation_protocol():
-            _compare_with_stored(store, run_id, result)
-        else:
-            _record_evaluation(store, run_id, config, result, device)
+    evaluate_models = _evaluate_checkpoints if args.checkpoint else _evaluate_kept_models
+    models, configs = evaluate_models(store, run_ids, args, device, options.progress)
     if args.samples is not None:
         from che_bench.eval.predictions import write_samples
 
@@ -120,6 +112,76 @@ def evaluate_command(args: argparse.Namespace) -> int:
         )
         print(f"wrote {written} sample predictions to {args.samples}")
     return 0
+
+
+def _evaluate_kept_models(store, run_ids: list[str], args, device, progress: bool):
+    """Evaluate the kept models of complete runs: record a new protocol's results, or compare
+    the original protocol's with the stored curve. Returns the models and their configs."""
+    from che_bench.eval.reevaluation import reevaluate, reevaluation_config
+    from che_bench.run.kept_models import load_model, models_dir_for
+
+    runs, originals = _complete_runs(store, run_ids)
+    changes = {name: getattr(args, name) for name in CHANGEABLE_SETTINGS}
+    configs = [reevaluation_config(config, **changes) for config in originals]
+    _state_cost(originals, configs, runs, args.yes)
+    models = [load_model(models_dir_for(store.path), run_id)[1] for run_id in run_ids]
+    evaluations = reevaluate(models, configs, device, progress=progress)
+    for run_id, original, config, result in zip(
+        run_ids, originals, configs, evaluations, strict=False
+    ):
+        if config.evaluation_protocol() == original.evaluation_protocol():
+            _compare_with_stored(store, run_id, result)
+        else:
+            _record_evaluation(store, run_id, config, result, device)
+    return models, configs
+
+
+def _evaluate_checkpoints(store, run_ids: list[str], args, device, progress: bool):
+    """Evaluate each run's latest checkpoint under its protocol (or the one given) and print
+    its per-length accuracies; the store is only read. Returns the models and their
+    configs."""
+    from che_bench.config import RunConfig
+    from che_bench.eval.evaluation import evaluate
+    from che_bench.eval.reevaluation import reevaluation_config
+    from che_bench.run.runner import checkpoint_path
+    from che_bench.run.sweep import checkpoint_dir_for
+    from che_bench.train.checkpoints import checkpoint_model
+
+    runs = store.runs(run_ids).set_index("run_id")
+    originals = [RunConfig.from_dict(json.loads(runs.at[run_id, "config"])) for run_id in run_ids]
+    changes = {name: getattr(args, name) for name in CHANGEABLE_SETTINGS}
+    configs = [reevaluation_config(config, **changes) for config in originals]
+    _state_cost(originals, configs, runs, args.yes)
+    models = []
+    for run_id, original, config in zip(run_ids, originals, configs, strict=True):
+        step, model = checkpoint_model(checkpoint_path(checkpoint_dir_for(store), run_id), original)
+        (result,) = evaluate(
+            model.to(device), config.build_task(), config, device, progress=progress
+        )
+        print_wrapped(
+            f"run {run_id} at step {step:,} of {config.steps:,} (its checkpoint; nothing "
+            f"recorded): score {result.score:.2%}, in-distribution {result.train_accuracy:.2%}, "
+            f"exact match {result.exact_score:.2%}"
+        )
+        print("\n".join(_per_length_table(result)))
+        models.append(model)
+    return models, configs
+
+
+def _per_length_table(result) -> list[str]:
+    """The per-length accuracies of ``result``, lengths across, in percent."""
+    from che_bench.reports.text_tables import Column, fit_table
+
+    lengths = list(result.per_length)
+    columns = [Column("length", key=True), *(Column(str(n), right=True) for n in lengths)]
+    rows = [
+        [name, *(f"{100 * values[n]:.1f}" for n in lengths)]
+        for name, values in (
+            ("accuracy %", result.per_length),
+            ("exact match %", result.exact_per_length),
+        )
+    ]
+    return fit_table(columns, rows)
 
 
 def _complete_runs(store, run_ids: list[str]):

@@ -19,10 +19,12 @@ import torch
 from che_bench.atomic import save_atomically
 from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
+from che_bench.model.architectures import build_architecture
+from che_bench.model.base import BenchModel
 from che_bench.train.batches import BatchStream
 from che_bench.train.history import TrainingHistory
 from che_bench.train.layout import WIDTH_BOUND_FORMAT
-from che_bench.train.optimizer import PackOptimizer
+from che_bench.train.optimizer import PackOptimizer, pack_optimizer
 
 #: Checkpoint layout version. 3: the layout fingerprint (``che_bench.train.layout``) leaves
 #: out the member axis; version 2 (``WIDTH_BOUND_FORMAT``) is still read.
@@ -50,6 +52,20 @@ def read_checkpoint(path: Path, config: RunConfig) -> dict[str, Any]:
     if state.get("run_id") != config.run_id():
         raise CheBenchError(f"checkpoint {path} belongs to another run; delete it to start over")
     return state
+
+
+def checkpoint_model(path: Path, config: RunConfig) -> tuple[int, BenchModel]:
+    """The step a run's checkpoint was written at, and the model with the weights it holds
+    (one member, on the CPU, eval mode): the run as it stood then, for evaluation."""
+    if not path.exists():
+        raise CheBenchError(
+            f"run {config.run_id()} has no checkpoint ({path} is missing: the run completed, "
+            "ran without checkpoints, or the file was removed)"
+        )
+    state = read_checkpoint(path, config)
+    model = build_architecture(config.arch, config.build_task(), **config.model_arguments())
+    pack_optimizer(model, [config]).load_member_state(0, state)
+    return int(state["step"]), model.eval()
 
 
 def save_checkpoints(

@@ -1,0 +1,73 @@
+"""`che-bench evaluate --checkpoint`: a run stopped part-way is evaluated as it stood at its
+checkpoint, with the numbers a complete run of that many steps gets, and nothing is recorded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import che_bench.run.runner as runner
+from che_bench.cli import main
+from che_bench.store import ResultStore
+
+TINY = ["--task", "reverse_string", "--pe", "kerple", "--preset", "smoke", "--test-lengths",
+        "41,50", "--eval-samples", "4", "--eval-batch-size", "4", "--no-progress", "--device",
+        "cpu"]
+
+
+def stop_at(step, monkeypatch):
+    """`che-bench run` stopped by Ctrl-C after training step ``step``."""
+    real_execute_pack = runner.execute_pack
+
+    def stop(at, losses):
+        if at == step:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "execute_pack",
+                        lambda *a, **k: real_execute_pack(*a, **k, on_step=stop))
+
+
+def test_a_stopped_runs_checkpoint_scores_as_the_complete_run_of_that_many_steps(
+        tmp_path, monkeypatch, capsys):
+    store = tmp_path / "store.sqlite"
+    assert main(["run", *TINY, "--steps", "5", "--store", str(store)]) == 0
+    short = ResultStore(store).runs().iloc[0]
+    stop_at(5, monkeypatch)
+    assert main(["run", *TINY, "--steps", "8", "--store", str(store)]) == 130
+    stopped = ResultStore(store).runs().query("status == 'started'")["run_id"].item()
+    capsys.readouterr()
+
+    assert main(["evaluate", stopped[:6], "--checkpoint", "--store", str(store)]) == 0
+    printed = capsys.readouterr().out
+    curves = ResultStore(store).per_length([short["run_id"]])
+    test = curves[curves["split"] == "test"]
+    assert f"run {stopped} at step 5 of 8 (its checkpoint; nothing recorded)" in printed
+    assert f"score {short['score']:.2%}" in " ".join(printed.split())
+    assert table_row(printed, "length") == ["41", "50"]
+    assert table_row(printed, "accuracy %") == [f"{100 * a:.1f}" for a in test["accuracy"]]
+    assert len(ResultStore(store).per_length([stopped])) == 0  # nothing recorded
+
+    samples = tmp_path / "samples.jsonl"
+    assert main(["evaluate", stopped, "--checkpoint", "--test-lengths", "60", "--samples",
+                 str(samples), "--samples-per-length", "2", "--store", str(store)]) == 0
+    assert table_row(capsys.readouterr().out, "length") == ["60"]
+    assert [json.loads(line)["length"] for line in samples.read_text().splitlines()] == [60, 60]
+
+
+def table_row(printed, name):
+    """The values of the printed per-length table's row ``name``."""
+    (line,) = [line for line in printed.splitlines() if line.startswith(name)]
+    return line[len(name):].split()
+
+
+@pytest.mark.parametrize("flags", [[], ["--test-lengths", "0"]])
+def test_a_run_without_a_checkpoint_is_a_one_line_error(tmp_path, capsys, flags):
+    store = tmp_path / "store.sqlite"
+    assert main(["run", *TINY, "--steps", "2", "--store", str(store)]) == 0
+    run_id = ResultStore(store).runs()["run_id"].item()
+    capsys.readouterr()
+    assert main(["evaluate", run_id, "--checkpoint", *flags, "--store", str(store)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1
+    assert ("has no checkpoint" in error) if not flags else ("length" in error)
