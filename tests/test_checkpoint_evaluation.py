@@ -62,7 +62,7 @@ def table_row(printed, name):
 
 
 @pytest.mark.parametrize("flags", [[], ["--test-lengths", "0"]])
-def test_a_run_without_a_checkpoint_is_a_one_line_error(tmp_path, capsys, flags):
+def test_a_missing_checkpoint_or_a_bad_length_is_a_one_line_error(tmp_path, capsys, flags):
     store = tmp_path / "store.sqlite"
     assert main(["run", *TINY, "--steps", "2", "--store", str(store)]) == 0
     run_id = ResultStore(store).runs()["run_id"].item()
