@@ -37,6 +37,8 @@ def test_a_stopped_runs_checkpoint_scores_as_the_complete_run_of_that_many_steps
     assert main(["run", *TINY, "--steps", "8", "--store", str(store)]) == 130
     stopped = ResultStore(store).runs().query("status == 'started'")["run_id"].item()
     capsys.readouterr()
+    assert main(["runs", "--store", str(store)]) == 0
+    assert "started (checkpoint at step 5)" in capsys.readouterr().out
 
     assert main(["evaluate", stopped[:6], "--checkpoint", "--store", str(store)]) == 0
     printed = capsys.readouterr().out
@@ -71,3 +73,18 @@ def test_a_missing_checkpoint_or_a_bad_length_is_a_one_line_error(tmp_path, caps
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1
     assert ("has no checkpoint" in error) if not flags else ("length" in error)
+
+
+def test_runs_lists_a_started_runs_checkpoint_or_its_absence(tmp_path, monkeypatch, capsys):
+    store = tmp_path / "store.sqlite"
+    stop_at(3, monkeypatch)
+    assert main(["run", *TINY, "--steps", "8", "--store", str(store)]) == 130
+    (checkpoint,) = (tmp_path / "checkpoints").iterdir()
+    for damage, status in ((b"not a checkpoint", "checkpoint unreadable"), (None, "incomplete")):
+        if damage is None:
+            checkpoint.unlink()
+        else:
+            checkpoint.write_bytes(damage)
+        capsys.readouterr()
+        assert main(["runs", "--store", str(store)]) == 0
+        assert f"started ({status})" in " ".join(capsys.readouterr().out.split())

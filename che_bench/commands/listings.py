@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from che_bench.commands.common import (
     add_arch_filter_argument,
@@ -74,12 +75,14 @@ def runs_command(args: argparse.Namespace) -> int:
     from che_bench.reports.labels import run_encoding_label
     from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
     from che_bench.run.kept_models import model_path, models_dir_for
+    from che_bench.run.sweep import checkpoint_dir_for
 
     store = existing_store(args.store)
     runs = store.runs(runs_of_arch_filter(store, args.archs))
     learning = stuck_runs(store).set_index("run_id")["stuck"]
     stuck = set(learning[learning].index)
     models_dir = models_dir_for(store.path)
+    checkpoint_dir = checkpoint_dir_for(store)
     rows = [
         (
             run.run_id,
@@ -89,7 +92,7 @@ def runs_command(args: argparse.Namespace) -> int:
             f"{run.lr:g}",
             run.steps,
             run.preset,
-            "started (incomplete)" if run.status == "started" else run.status,
+            _started(run, checkpoint_dir) if run.status == "started" else run.status,
             _percent(run.score),
             _percent(run.train_accuracy),
             _learned(learning.get(run.run_id)),
@@ -107,6 +110,22 @@ def runs_command(args: argparse.Namespace) -> int:
         + ([f"{len(stuck)} stuck: {STUCK_TEXT}"] if stuck else []),
     )
     return 0
+
+
+def _started(run, checkpoint_dir) -> str:
+    """A started run's status: the step its checkpoint reached (``evaluate --checkpoint``
+    evaluates it there), or that it has none."""
+    from che_bench.config import RunConfig
+    from che_bench.errors import CheBenchError
+    from che_bench.run.runner import checkpoint_path
+    from che_bench.train.checkpoints import checkpoint_step
+
+    config = RunConfig.from_dict(json.loads(run.config))
+    try:
+        step = checkpoint_step(checkpoint_path(checkpoint_dir, run.run_id), config)
+    except CheBenchError:
+        return "started (checkpoint unreadable)"
+    return f"started (checkpoint at step {step:,})" if step else "started (incomplete)"
 
 
 def evaluations_command(args: argparse.Namespace) -> int:
