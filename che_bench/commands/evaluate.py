@@ -117,13 +117,11 @@ def evaluate_command(args: argparse.Namespace) -> int:
 def _evaluate_kept_models(store, run_ids: list[str], args, device, progress: bool):
     """Evaluate the kept models of complete runs: record a new protocol's results, or compare
     the original protocol's with the stored curve. Returns the models and their configs."""
-    from che_bench.eval.reevaluation import reevaluate, reevaluation_config
+    from che_bench.eval.reevaluation import reevaluate
     from che_bench.run.kept_models import load_model, models_dir_for
 
     runs, originals = _complete_runs(store, run_ids)
-    changes = {name: getattr(args, name) for name in CHANGEABLE_SETTINGS}
-    configs = [reevaluation_config(config, **changes) for config in originals]
-    _state_cost(originals, configs, runs, args.yes)
+    configs = _evaluation_configs(originals, runs, args)
     models = [load_model(models_dir_for(store.path), run_id)[1] for run_id in run_ids]
     evaluations = reevaluate(models, configs, device, progress=progress)
     for run_id, original, config, result in zip(
@@ -140,18 +138,13 @@ def _evaluate_checkpoints(store, run_ids: list[str], args, device, progress: boo
     """Evaluate each run's latest checkpoint under its protocol (or the one given) and print
     its per-length accuracies; the store is only read. Returns the models and their
     configs."""
-    from che_bench.config import RunConfig
     from che_bench.eval.evaluation import evaluate
-    from che_bench.eval.reevaluation import reevaluation_config
     from che_bench.run.runner import checkpoint_path
     from che_bench.run.sweep import checkpoint_dir_for
     from che_bench.train.checkpoints import checkpoint_model
 
-    runs = store.runs(run_ids).set_index("run_id")
-    originals = [RunConfig.from_dict(json.loads(runs.at[run_id, "config"])) for run_id in run_ids]
-    changes = {name: getattr(args, name) for name in CHANGEABLE_SETTINGS}
-    configs = [reevaluation_config(config, **changes) for config in originals]
-    _state_cost(originals, configs, runs, args.yes)
+    runs, originals = _stored_runs(store, run_ids)
+    configs = _evaluation_configs(originals, runs, args)
     models = []
     for run_id, original, config in zip(run_ids, originals, configs, strict=True):
         step, model = checkpoint_model(checkpoint_path(checkpoint_dir_for(store), run_id), original)
@@ -166,6 +159,17 @@ def _evaluate_checkpoints(store, run_ids: list[str], args, device, progress: boo
         print("\n".join(_per_length_table(result)))
         models.append(model)
     return models, configs
+
+
+def _evaluation_configs(originals, runs, args) -> list:
+    """The runs' configs under the evaluation settings given (each run's own where not),
+    once their cost has been stated or refused (``_state_cost``)."""
+    from che_bench.eval.reevaluation import reevaluation_config
+
+    changes = {name: getattr(args, name) for name in CHANGEABLE_SETTINGS}
+    configs = [reevaluation_config(config, **changes) for config in originals]
+    _state_cost(originals, configs, runs, args.yes)
+    return configs
 
 
 def _per_length_table(result) -> list[str]:
@@ -185,13 +189,20 @@ def _per_length_table(result) -> list[str]:
 
 
 def _complete_runs(store, run_ids: list[str]):
-    """The stored rows (by run id) and configs of ``run_ids``, which must all be complete."""
-    from che_bench.config import RunConfig
-
-    runs = store.runs(run_ids).set_index("run_id")
+    """The stored rows and configs of ``run_ids`` (``_stored_runs``), which must all be
+    complete."""
+    runs, configs = _stored_runs(store, run_ids)
     incomplete = [run_id for run_id in run_ids if runs.at[run_id, "status"] != "complete"]
     if incomplete:
         raise CheBenchError(f"run {', '.join(incomplete)} is not complete: nothing to evaluate")
+    return runs, configs
+
+
+def _stored_runs(store, run_ids: list[str]):
+    """The stored rows (by run id) and the configs of ``run_ids``."""
+    from che_bench.config import RunConfig
+
+    runs = store.runs(run_ids).set_index("run_id")
     return runs, [RunConfig.from_dict(json.loads(runs.at[run_id, "config"])) for run_id in run_ids]
 
 
