@@ -84,15 +84,15 @@ def test_a_switch_given_as_a_number_is_not_its_default():
 
 def test_the_long_runs_documented_in_results_resume_under_their_ids():
     """docs/results.md's commands for the long modular-arithmetic runs name the runs whose
-    checkpoints are committed beside their store (while they last): another id would start
+    checkpoints are committed beside their stores (while they last): another id would start
     them again from step 0."""
     results = Path(__file__).parents[1] / "docs" / "results.md"
-    lines = [
-        shlex.split(line)[1:]
+    commands = {
+        line: cell_configs(build_parser().parse_args(shlex.split(line)[1:]))[0].run_id()
         for line in results.read_text().splitlines()
-        if line.startswith("che-bench run") and "long.sqlite" in line
-    ]
-    ids = {cell_configs(build_parser().parse_args(line))[0].run_id() for line in lines}
-    assert ids == {"ee9229c8f2f4", "9965b4bf8060", "9e8c47c26c2e"}
+        if line.startswith("che-bench run") and "state_tracking_budget/" in line
+    }
+    long_runs = {run_id for line, run_id in commands.items() if "long.sqlite" in line}
+    assert long_runs == {"ee9229c8f2f4", "9965b4bf8060", "9e8c47c26c2e"}
     checkpoints = results.parents[1] / "results/laptop/state_tracking_budget/checkpoints"
-    assert {path.stem for path in checkpoints.glob("*.pt")} <= ids
+    assert {path.stem for path in checkpoints.glob("*.pt")} <= set(commands.values())
