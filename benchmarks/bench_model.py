@@ -24,9 +24,9 @@ Three parts (run them separately on a busy machine):
 
 ``train`` and ``eval`` print, beside each DAPE row, the FLOPs of DAPE's filter f as che-bench
 computes it (``cpu_peak``; the bias channels once per batch), its rate over the CPU time the
-row adds to the plain row, and that rate's fraction of the core's measured fp32 peak (a
-1024^3 matrix product); their first line gives that peak and the nominal one derived from
-/proc/cpuinfo.
+row adds to the plain row, and that rate's fraction of the core's measured fp32 peak (chains
+of FMAs, else a 1024^3 matrix product); their first line gives the measured peaks and the
+nominal one derived from /proc/cpuinfo.
 
 Use at most as many threads as there are idle cores: on a 2-core machine whose other core is
 busy, ``--threads 2`` makes every small parallel op wait for a descheduled thread, which
@@ -55,7 +55,7 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from cpu_peak import dape_filter_flops, measured_peak, nominal_peak
+from cpu_peak import dape_filter_flops, fma_loop_peak, measured_peak, nominal_peak
 
 from che_bench.allocator import keep_freed_memory
 from che_bench.checks.speed import median_seconds
@@ -209,14 +209,17 @@ def time_evaluation(task_name, pe, kernel, n, args) -> tuple[float, float, int]:
 
 
 def print_peaks() -> float:
-    """Print the core's fp32 peaks (``cpu_peak``) and return the measured one, GFLOP/s."""
+    """Print the core's fp32 peaks (``cpu_peak``) and return the one the fractions are of
+    (the FMA loop's, else the matrix product's), GFLOP/s."""
     nominal, derivation = nominal_peak()
-    measured = measured_peak()
+    product, loop = measured_peak(), fma_loop_peak()
     print(f"fp32 peak of one core: nominal {nominal:.0f} GFLOP/s = {derivation}; measured "
-          f"{measured:.0f} GFLOP/s (1024^3 matrix product, {torch.get_num_threads()} thread(s)). "
-          "DAPE's filter: GFLOP of f as computed (cpu_peak.dape_filter_flops), GFLOP/s over the "
-          "CPU time added to the plain row, % of the measured peak")
-    return measured
+          f"{product:.0f} GFLOP/s (1024^3 matrix product, {torch.get_num_threads()} thread(s))"
+          + ("" if loop is None else f", {loop:.0f} GFLOP/s (FMA loop, cpu_peak.fma_loop_peak)")
+          + ". DAPE's filter: GFLOP of f as computed (cpu_peak.dape_filter_flops), GFLOP/s over "
+          "the CPU time added to the plain row, % of the "
+          + ("matrix product's rate" if loop is None else "FMA loop's rate"))
+    return product if loop is None else loop
 
 
 def filter_rate(task_name: str, pe: str, kernel: int | None, batch: int, length: int,

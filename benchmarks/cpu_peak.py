@@ -1,22 +1,33 @@
 """A CPU core's fp32 peak and DAPE's filter FLOPs, for the rates ``bench_model.py`` prints.
 
-Two peaks, both for one core:
+Three peaks, all for one core:
 
 * ``nominal``: FMA units x fp32 lanes per unit x 2 FLOP x the clock ``/proc/cpuinfo`` reports
   (its first "cpu MHz"). Two FMA units; 16 lanes where torch runs AVX-512 kernels, except on
   AMD's Zen 4 (family 25), which executes a 512-bit FMA on 256-bit units (8 lanes), as it
   does without AVX-512. The reported clock is the nominal one: a core that boosts above it
   runs faster than this peak.
-* ``measured``: the rate of a 1024 x 1024 x 1024 fp32 matrix product (MKL) on one thread,
-  the best rate a matrix product reaches on this core in practice (the best of 20, in CPU
-  time, so that other jobs on the machine lower it less).
+* ``matrix product``: the rate of a 1024 x 1024 x 1024 fp32 matrix product (MKL) on one
+  thread, what a library's product reaches on this core (the best of 20, in CPU time, so
+  that other jobs on the machine lower it less). On a core MKL is not tuned for (AMD's Zen 5)
+  it stays well below the FMA units' rate.
+* ``FMA loop``: the rate of independent chains of vector fused multiply-adds
+  (``fma_peak.c``, compiled for this CPU with ``che_bench.native_build``; best of 5 in CPU
+  time): the core's fp32 peak at the clock it runs at. Fractions of the peak are of this
+  one; of the matrix product's without a C compiler.
 """
 
 from __future__ import annotations
 
+import ctypes
 import time
+from pathlib import Path
 
 import torch
+
+from che_bench import native_build
+
+FMA_SOURCE = Path(__file__).with_name("fma_peak.c")
 
 
 def _cpuinfo() -> dict[str, str]:
@@ -58,6 +69,28 @@ def measured_peak(repeats: int = 20) -> float:
         torch.mm(a, b, out=out)
         best = min(best, (time.process_time() - start) / torch.get_num_threads())
     return 2 * 1024**3 / best / 1e9
+
+
+def fma_loop_peak(repeats: int = 5, iterations: int = 20_000_000) -> float | None:
+    """GFLOP/s of ``fma_peak.c``'s chains of FMAs on this thread (best of ``repeats``, in CPU
+    time), or None where no C compiler builds it."""
+    try:
+        built = native_build.build(FMA_SOURCE, _declare_fma)
+    except native_build.NativeBuildError:
+        return None
+    if built is None:
+        return None
+    best = 0.0
+    for _ in range(repeats):
+        start = time.process_time()
+        flops = built.library.fma_peak_flops(iterations)
+        best = max(best, flops / max(time.process_time() - start, 1e-9) / 1e9)
+    return best
+
+
+def _declare_fma(library: ctypes.CDLL) -> None:
+    library.fma_peak_flops.argtypes = [ctypes.c_long]
+    library.fma_peak_flops.restype = ctypes.c_double
 
 
 def dape_filter_flops(model: torch.nn.Module, batch: int, length: int, training: bool) -> float:

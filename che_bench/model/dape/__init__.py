@@ -23,13 +23,18 @@ f has two implementations, equal up to rounding (tested):
   ``[k*H, D]`` and adds the k shifted narrow outputs. The batch-free bias channels go
   through the first convolution once and are broadcast over the batch, never tiled. f's
   output is added in place into the freshly built residual map, with a hand-written
-  backward. Without gradients (evaluation) the attention goes through these chunks as cache
-  tiles: it computes a tile's scores, ``DapeProcessor.tile_filter`` turns them into its
-  probabilities in place (``inference.TileFilter``), and the attention finishes the tile
-  while it is in cache. A tile's filter is the native kernel (``native``: both convolutions,
-  the activation and the softmax of a query row at a time in compiled C, equal within float32
-  rounding) where a C compiler built it, else the chunks' own arithmetic in the same order
-  (the training path's logits bit for bit).
+  backward (``score_filter.ScoreFilter``). Where a C compiler built the native kernel
+  (``native``: both convolutions and the activation of a query row at a time in compiled C)
+  and it sums as torch's products do here (checked once, ``score_filter.training_kernel``),
+  it computes each chunk's forward and its backward through the hidden map in their order
+  (DAPE V2, rows of more than two of its vectors): training's numbers are bit for bit the
+  same either way. Without gradients (evaluation) the
+  attention goes through these chunks as cache tiles: it computes a tile's scores,
+  ``DapeProcessor.tile_filter`` turns them into its probabilities in place
+  (``inference.TileFilter``), and the attention finishes the tile while it is in cache. A
+  tile's filter is the native kernel in its own, faster order (with the softmax; equal
+  within float32 rounding), else the chunks' own arithmetic in the same order (the training
+  path's logits bit for bit).
 * ``convolution`` (the GPU default): one grouped ``conv2d`` per convolution for the whole
   pack (members are the groups), so a layer's filter is two cuDNN calls instead of dozens
   of cache-sized products; autograd does the backward.

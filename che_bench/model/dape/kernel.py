@@ -1,7 +1,9 @@
 """DAPE's ``chunks`` implementation of f (the CPU default): for each member, f runs over
 chunks of (sequences, rows) whose hidden map fits a core's cache, as plain matrix products on
-channel-major im2col matrices, with a hand-written backward (``ScoreFilter``). See
-``che_bench.model.dape`` for what f computes."""
+channel-major im2col matrices, forward and backward (``score_filter.ScoreFilter`` is the
+autograd function). Where the native kernel is given, it computes a chunk's forward and its
+backward through the hidden map in the same order (the same bits); the weights' gradients
+stay torch's products. See ``che_bench.model.dape`` for what f computes."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from che_bench.model.dape.native import NativeFilter, usable
 
 NEGATIVE_SLOPE = 0.01
 #: Target size of one chunk of the hidden map inside f (about a core's L2 cache).
@@ -176,23 +180,35 @@ def _member_forward(
     out: torch.Tensor,
     content: torch.Tensor,
     bias: torch.Tensor | None,
-    weight1: torch.Tensor,
-    bias1: torch.Tensor,
-    weight2: torch.Tensor,
+    weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     kept: dict[str, torch.Tensor] | None,
+    native: NativeFilter | None,
 ) -> torch.Tensor:
     """One member's ``out += f(content; bias)`` in place (``out``, ``content`` ``[B, C, R, T]``,
-    ``bias`` ``[1, C_b, R, T]``); writes f's hidden maps into ``kept`` (flat buffers) when
-    given. Returns the first layer's batch-free addend, ``[D, R, T]`` or ``[D, 1, 1]``."""
+    ``bias`` ``[1, C_b, R, T]``, ``weights`` ``weight1``, ``bias1``, ``weight2``); writes f's
+    im2col and hidden maps into ``kept`` (flat buffers) when given. ``native``, when given,
+    computes each chunk (the same bits). Returns the first layer's batch-free addend,
+    ``[D, R, T]`` or ``[D, 1, 1]``."""
+    weight1, bias1, weight2 = weights
     kernel, width, heads = weight1.shape[-1], weight1.shape[0], content.shape[1]
     addend = batch_free_addend(bias, weight1, bias1, heads)
     conv1, conv2 = _im2col_matrix(weight1[:, :heads]), _taps_matrix(weight2)
+    native_weights = weight1[:, :heads].contiguous(), weight2.contiguous()
     chunks = _cache_chunks(content.shape, width)
     buffers = _ChunkBuffers(content, chunks, **(kept or {}))
     matrix = buffers.kept if kept is not None else buffers.scratch
     for chunk in chunks:
+        chunk_out = out[chunk.batch, :, chunk.rows]
+        chunk_content = content[chunk.batch, :, chunk.rows]
+        if native is not None and usable(chunk_out, chunk_content):
+            maps = None
+            if kept is not None:
+                maps = matrix("windows", kernel * heads, chunk), matrix("hidden", width, chunk)
+            rows_addend = addend if addend.shape[1] == 1 else addend[:, chunk.rows]
+            _native_forward(native, chunk_out, chunk_content, rows_addend, native_weights, maps)
+            continue
         _, hidden = _first_layer(
-            content[chunk.batch, :, chunk.rows],
+            chunk_content,
             kernel,
             conv1,
             _rows_of(addend, chunk.rows),
@@ -200,28 +216,66 @@ def _member_forward(
             matrix("hidden", width, chunk),
         )
         taps = torch.mm(conv2, hidden, out=buffers.scratch("taps", kernel * heads, chunk))
-        _add_taps(out[chunk.batch, :, chunk.rows], taps)
+        _add_taps(chunk_out, taps)
     return addend
+
+
+def _native_forward(
+    native: NativeFilter,
+    out: torch.Tensor,
+    content: torch.Tensor,
+    addend: torch.Tensor,
+    weights: tuple[torch.Tensor, torch.Tensor],
+    kept: tuple[torch.Tensor, torch.Tensor] | None,
+) -> None:
+    """A chunk's ``out += f(content)`` (``[b, H, r, T]``; ``addend`` its rows of the batch-free
+    addend) by the native kernel in the chunks' order; with ``kept``, its im2col matrix
+    ``[k*H, n]`` and hidden map ``[D, n]`` for the backward are written there too."""
+    hidden = None
+    if kept is not None:
+        windows, hidden_matrix = kept
+        _key_windows(content, windows.shape[0] // content.shape[1], windows)
+        hidden = hidden_matrix.view(hidden_matrix.shape[0], content.shape[0], *content.shape[2:])
+    native.add(out, content, None, addend, weights, hidden=hidden, exact=True)
+
+
+class _Adjoints(NamedTuple):
+    """The weights of f's adjoint convolutions: the second's as an im2col matrix ``[D, k*H]``,
+    the first's (content part) as a taps matrix ``[k*H, D]``, and both as the native
+    kernel's ``[D, H, k]`` and ``[H, D, k]``."""
+
+    conv2: torch.Tensor
+    conv1: torch.Tensor
+    native: tuple[torch.Tensor, torch.Tensor]
+
+    @classmethod
+    def of(cls, weight1: torch.Tensor, weight2: torch.Tensor) -> _Adjoints:
+        adjoint2, adjoint1 = _adjoint(weight2), _adjoint(weight1[:, : weight2.shape[0]])
+        return cls(
+            _im2col_matrix(adjoint2),
+            _taps_matrix(adjoint1),
+            (adjoint2.contiguous(), adjoint1.contiguous()),
+        )
 
 
 def _member_backward(
     grad: torch.Tensor,
     content: torch.Tensor,
     bias: torch.Tensor | None,
-    weight1: torch.Tensor,
-    weight2: torch.Tensor,
-    addend: torch.Tensor,
+    weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     kept: dict[str, torch.Tensor] | None,
-    needs_content: bool,
-    needs_bias: bool,
+    needs: tuple[bool, bool],
+    native: NativeFilter | None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One member's gradients (content, bias, weight1, bias1, weight2) of ``f``; the hidden
-    maps come from ``kept`` or are recomputed chunk by chunk."""
+    """One member's gradients (content, bias, weight1, bias1, weight2) of ``f`` (``weights``
+    ``weight1``, ``weight2`` and the first layer's batch-free addend; ``needs`` says whether
+    the content's and the bias's gradients are wanted); the hidden maps come from ``kept`` or
+    are recomputed chunk by chunk. ``native``, when given, takes each chunk's gradients
+    through the hidden map (the same bits)."""
+    weight1, weight2, addend = weights
     kernel, width, heads = weight1.shape[-1], weight1.shape[0], content.shape[1]
-    conv1 = _im2col_matrix(weight1[:, :heads])
-    conv2_adjoint = _im2col_matrix(_adjoint(weight2))
-    conv1_adjoint = _taps_matrix(_adjoint(weight1[:, :heads]))
-    grad_content = torch.empty_like(content) if needs_content else None
+    conv1, adjoints = _im2col_matrix(weight1[:, :heads]), _Adjoints.of(weight1, weight2)
+    grad_content = torch.empty_like(content) if needs[0] else None
     # The hidden pre-activation's gradient summed over the batch is the addend's.
     grad_addend = grad.new_zeros(width, *content.shape[2:])
     grad_conv1 = grad.new_zeros(kernel * heads, width)  # transposed: the faster product
@@ -230,37 +284,59 @@ def _member_backward(
     buffers = _ChunkBuffers(content, chunks, **(kept or {}))
     for chunk in chunks:
         windows, hidden = _hidden_maps(buffers, kept is not None, content, chunk, conv1, addend)
-        grad_windows = _key_windows(  # shared by two products
-            grad[chunk.batch, :, chunk.rows],
-            kernel,
-            buffers.scratch("grad_windows", kernel * heads, chunk),
+        chunk_grad = grad[chunk.batch, :, chunk.rows]
+        grad_windows = _key_windows(
+            chunk_grad, kernel, buffers.scratch("grad_windows", kernel * heads, chunk)
         )
         grad_conv2.addmm_(grad_windows, hidden.t())
-        grad_hidden = torch.mm(
-            conv2_adjoint, grad_windows, out=buffers.scratch("grad_hidden", width, chunk)
+        grad_hidden = buffers.scratch("grad_hidden", width, chunk)
+        chunk_grad_content = (
+            None if grad_content is None else grad_content[chunk.batch, :, chunk.rows]
         )
-        # LeakyReLU keeps the sign, so the activated map tells where the slope was 0.01.
-        torch.ops.aten.leaky_relu_backward.grad_input(
-            grad_hidden, hidden, NEGATIVE_SLOPE, True, grad_input=grad_hidden
-        )
+        maps = chunk_grad, grad_windows, hidden, grad_hidden, chunk_grad_content
+        _through_hidden(*maps, adjoints, buffers.scratch("taps", kernel * heads, chunk), native)
         rows_addend = grad_addend[:, chunk.rows]
         rows_addend += grad_hidden.view(width, -1, *rows_addend.shape[1:]).sum(1)
         grad_conv1.addmm_(windows, grad_hidden.t())
-        if grad_content is not None:
-            taps = torch.mm(
-                conv1_adjoint, grad_hidden, out=buffers.scratch("taps", kernel * heads, chunk)
-            )
-            _add_taps(grad_content[chunk.batch, :, chunk.rows], taps, accumulate=False)
     grad_weight1 = torch.empty_like(weight1)
     grad_weight1[:, :heads] = grad_conv1.view(kernel, heads, width).permute(2, 1, 0)
     grad_bias1 = grad_addend.sum((1, 2))
     grad_bias = None
     if bias is not None:
         grad_bias = _bias_gradients(
-            grad_addend.flatten(1), bias, weight1, grad_weight1, heads, needs_bias
+            grad_addend.flatten(1), bias, weight1, grad_weight1, heads, needs[1]
         )
     grad_weight2 = grad_conv2.view(kernel, heads, width).flip(0).permute(1, 2, 0)
     return grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2
+
+
+def _through_hidden(
+    grad: torch.Tensor,
+    grad_windows: torch.Tensor,
+    hidden: torch.Tensor,
+    grad_hidden: torch.Tensor,
+    grad_content: torch.Tensor | None,
+    adjoints: _Adjoints,
+    taps: torch.Tensor,
+    native: NativeFilter | None,
+) -> None:
+    """A chunk's gradients through f's hidden map, from its logits' ``grad`` ``[b, H, r, T]``
+    (``grad_windows`` its im2col matrix) and the activated ``hidden`` ``[D, n]``: the hidden
+    pre-activation's into ``grad_hidden`` ``[D, n]`` and, unless None, the content's into
+    ``grad_content`` ``[b, H, r, T]`` (``taps`` ``[k*H, n]``: scratch)."""
+    if native is not None and grad_content is not None and usable(grad_content, grad):
+        shape = hidden.shape[0], grad.shape[0], *grad.shape[2:]
+        native.backward(
+            grad_content, grad, hidden.view(shape), grad_hidden.view(shape), adjoints.native
+        )
+        return
+    torch.mm(adjoints.conv2, grad_windows, out=grad_hidden)
+    # LeakyReLU keeps the sign, so the activated map tells where the slope was 0.01.
+    torch.ops.aten.leaky_relu_backward.grad_input(
+        grad_hidden, hidden, NEGATIVE_SLOPE, True, grad_input=grad_hidden
+    )
+    if grad_content is not None:
+        _add_taps(grad_content, torch.mm(adjoints.conv1, grad_hidden, out=taps), accumulate=False)
 
 
 def _hidden_maps(
@@ -316,80 +392,3 @@ def _member_bias(bias: torch.Tensor | None, member: int) -> torch.Tensor | None:
     if bias is None:
         return None
     return bias[member if bias.shape[0] > 1 else 0]
-
-
-class ScoreFilter(torch.autograd.Function):
-    """``out += Conv2(LeakyReLU(Conv1([content; bias]) + bias1))`` in place for every member
-    (``out`` is a fresh map, so no further full-size map is allocated), with a hand-written
-    backward; ``bias`` (``[M or 1, 1, C_b, R, T]``, or None) is shared by the batch.
-
-    Forward and backward run member by member over chunks whose hidden map (D_DAPE
-    channels, the largest tensor by far) stays in cache. Backward needs the hidden map and
-    the im2col matrix of every chunk again: they are kept when they fit in ``KEEP_BYTES``
-    (training lengths) and recomputed chunk by chunk otherwise. Autograd never sees the
-    shifted views (whose gradients would be zero-filled full-size tensors).
-    """
-
-    @staticmethod
-    def forward(ctx, out, content, bias, weight1, bias1, weight2, grad_enabled):
-        members, width, kernel = weight1.shape[0], weight1.shape[1], weight1.shape[-1]
-        heads, per_member_columns = content.shape[2], content[0, :, 0].numel()
-        keep_floats = (width + kernel * heads) * per_member_columns
-        keep = grad_enabled and 4 * keep_floats <= KEEP_BYTES
-        kept_windows = (
-            content.new_empty(members, kernel * heads * per_member_columns) if keep else None
-        )
-        kept_hidden = content.new_empty(members, width * per_member_columns) if keep else None
-        addends = []
-        for m in range(members):
-            kept = {"windows": kept_windows[m], "hidden": kept_hidden[m]} if keep else None
-            addends.append(
-                _member_forward(
-                    out[m],
-                    content[m],
-                    _member_bias(bias, m),
-                    weight1[m],
-                    bias1[m],
-                    weight2[m],
-                    kept,
-                )
-            )
-        ctx.mark_dirty(out)
-        ctx.save_for_backward(
-            content, bias, weight1, weight2, torch.stack(addends), kept_windows, kept_hidden
-        )
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        content, bias, weight1, weight2, addends, kept_windows, kept_hidden = ctx.saved_tensors
-        needs_content, needs_bias = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        members = weight1.shape[0]
-        grads: list[list] = [[] for _ in range(5)]
-        for m in range(members):
-            kept = (
-                None
-                if kept_hidden is None
-                else {"windows": kept_windows[m], "hidden": kept_hidden[m]}
-            )
-            member_grads = _member_backward(
-                grad[m],
-                content[m],
-                _member_bias(bias, m),
-                weight1[m],
-                weight2[m],
-                addends[m],
-                kept,
-                needs_content,
-                needs_bias,
-            )
-            for collected, value in zip(grads, member_grads, strict=False):
-                collected.append(value)
-        # One member's gradients are viewed, not copied (a full-size map for the content).
-        grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2 = (
-            None if values[0] is None else values[0][None] if members == 1 else torch.stack(values)
-            for values in grads
-        )
-        if grad_bias is not None and bias.shape[0] == 1:  # one bias shared by the members
-            grad_bias = grad_bias.sum(0, keepdim=True)
-        return grad, grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2, None

@@ -1,21 +1,25 @@
-"""DAPE's filter at evaluation on a CPU as one compiled kernel (``fused_filter.c``): both
-convolutions and the activation of a query row while the row is in cache, with no im2col
-matrix and no hidden map of a tile, then (for the attention) the row's softmax. It sums in
-its own order, so its logits equal the ``chunks`` filter's within float32 rounding, not bit
-for bit (tested); training never uses it.
+"""DAPE's filter on a CPU as one compiled kernel (``fused_filter.c``): both convolutions and
+the activation of a query row while the row is in cache, with no im2col matrix and no hidden
+map of a tile, then (for the attention at evaluation) the row's softmax.
+
+Two orders of summation: at evaluation, its own (the fastest), so the logits equal the
+``chunks`` filter's within float32 rounding, not bit for bit; in training (``exact``), the
+chunks' (tap by tap, channel by channel, from 0, as torch's matrix products sum them on the
+CPUs checked), forward and backward through the hidden map, where a check at first use finds
+that it gives their bits (``che_bench.model.dape.score_filter.training_kernel``).
 
 The C file is compiled on first use and cached (``che_bench.native_build``). Without a
-compiler, or with ``CHE_BENCH_NATIVE_FILTER=0`` (which the portable CPU mode sets),
-evaluation keeps the ``chunks`` filter.
+compiler, or with ``CHE_BENCH_NATIVE_FILTER=0`` (which the portable CPU mode sets), the
+``chunks`` filter evaluates and trains.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -23,69 +27,140 @@ from che_bench import native_build
 from che_bench.cpu import NATIVE_FILTER_SWITCH as SWITCH
 
 SOURCE = Path(__file__).with_name("fused_filter.c")
-_POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
-#: dape_fused_filter's parameters, as fused_filter.c declares them.
-_ARGUMENTS: list[Any] = [_POINTER, _POINTER, *[_LONG] * 3, *[_POINTER, *[_LONG] * 3] * 2, _POINTER]
-_ARGUMENTS += [_POINTER, *[_LONG] * 6, ctypes.c_int, _LONG]
+#: The maps of ``struct filter_rows``: each one's pointer field and its strides' fields.
+_MAPS = {
+    "out": ("ob", "oh", "oi"),
+    "in": ("ib", "ih", "ii"),
+    "residual": ("rh", "ri", "rj"),
+    "addend": ("ad", "ai", "aj"),
+    "gate": ("gd", "gb", "gi"),
+    "hidden_out": ("hd", "hb", "hi"),
+}
+#: Per map, the dimensions along which a part's sequences and query rows lie: ``[b, H, r, T]``
+#: maps, ``[D, b, r, T]`` maps, and batch-free ``[C, r or 1, T or 1]`` terms.
+_PART_AXES = {
+    "out": (0, 2),
+    "in": (0, 2),
+    "residual": (None, 1),
+    "addend": (None, 1),
+    "gate": (1, 2),
+    "hidden_out": (1, 2),
+}
+
+
+class _FilterRows(ctypes.Structure):
+    """``struct filter_rows`` of fused_filter.c: one call over a tile's rows."""
+
+    _fields_ = [
+        *[
+            (field, ctypes.c_void_p if field == name else ctypes.c_long)
+            for name, strides in _MAPS.items()
+            for field in (name, *strides)
+        ],
+        ("w1", ctypes.c_void_p),
+        ("w2", ctypes.c_void_p),
+        *[
+            (size, ctypes.c_long)
+            for size in ("batch", "heads", "rows", "length", "width", "kernel")
+        ],
+        *[(flag, ctypes.c_int) for flag in ("overwrite", "normalise", "exact")],
+        ("first_row", ctypes.c_long),
+    ]
 
 
 @dataclass(frozen=True)
 class NativeFilter:
-    """The loaded kernel and what built it (``description``, recorded with every DAPE run)."""
+    """The loaded kernel, what built it (``description``, recorded with every DAPE run) and
+    the floats in its vectors of keys (``lanes``)."""
 
     library: ctypes.CDLL
     description: str
+    lanes: int
 
     def add(
         self,
         scores: torch.Tensor,
         content: torch.Tensor,
-        residual: torch.Tensor,
+        residual: torch.Tensor | None,
         addend: torch.Tensor,
         weights: tuple[torch.Tensor, torch.Tensor],
         softmax: bool = False,
         first_row: int | None = None,
+        hidden: torch.Tensor | None = None,
+        exact: bool = False,
     ) -> None:
         """``scores += residual + f(content)`` in place for float32 ``[b, H, r, T]`` scores
-        and content of the same strides (unit stride along T), ``residual`` ``[H or 1, r or
-        1, T or 1]``, the first convolution's batch-free ``addend`` ``[D, r or 1, T or 1]``
-        and contiguous ``weights``, ``[D, H, k]`` and ``[H, D, k]``. With ``softmax`` the
-        logits then become the attention's probabilities, causal when ``first_row`` (the
-        query index of the tile's first row) is given. With several torch threads, parts of
-        the tile run on as many threads (the same numbers: rows are independent)."""
+        and content (unit stride along T), ``residual`` ``[H or 1, r or 1, T or 1]`` (or
+        None), the first convolution's batch-free ``addend`` ``[D, r or 1, T or 1]`` and
+        contiguous ``weights``, ``[D, H, k]`` and ``[H, D, k]``; ``hidden`` (``[D, b, r,
+        T]``, unit stride along T), when given, receives f's activated hidden map. With
+        ``softmax`` the logits then become the attention's probabilities, causal when
+        ``first_row`` (the query index of the tile's first row) is given; ``exact`` sums in
+        the chunks filter's order. With several torch threads, parts of the tile run on as
+        many threads (the same numbers: rows are independent)."""
+        maps = {"out": scores, "in": content, "residual": residual, "addend": addend}
+        self._run(
+            maps | {"hidden_out": hidden}, weights, exact, softmax=softmax, first_row=first_row
+        )
 
-        def call(part: tuple[slice, slice]) -> None:
-            sequences, rows = part
-            part_first_row = None if first_row is None else first_row + rows.start
-            tile = scores[sequences, :, rows], content[sequences, :, rows]
-            terms = _rows(residual, rows), _rows(addend, rows)
-            self._add(*tile, *terms, weights, softmax, part_first_row)
-
-        parts = _parts(scores.shape[0], scores.shape[2], torch.get_num_threads())
-        native_build.run_parts(call, parts)
-
-    def _add(
+    def backward(
         self,
-        scores: torch.Tensor,
-        content: torch.Tensor,
-        residual: torch.Tensor,
-        addend: torch.Tensor,
-        weights: tuple[torch.Tensor, torch.Tensor],
-        softmax: bool,
-        first_row: int | None,
+        grad_content: torch.Tensor,
+        grad: torch.Tensor,
+        hidden: torch.Tensor,
+        grad_hidden: torch.Tensor,
+        adjoints: tuple[torch.Tensor, torch.Tensor],
     ) -> None:
-        batch, heads, rows, length = scores.shape
+        """The backward of f through its content for ``[b, H, r, T]`` gradients ``grad`` of
+        the logits, in the chunks filter's order: ``grad_hidden`` (``[D, b, r, T]``) = the
+        gradient of the hidden map before its activation, given the activated map ``hidden``
+        (``[D, b, r, T]``), and ``grad_content`` = f's gradient of the content (written over),
+        with ``adjoints`` the weights of the two convolutions' adjoints, ``[D, H, k]`` and
+        ``[H, D, k]``."""
+        maps = {"out": grad_content, "in": grad, "gate": hidden, "hidden_out": grad_hidden}
+        self._run(maps, adjoints, exact=True, overwrite=True)
+
+    def _run(
+        self,
+        maps: Mapping[str, torch.Tensor | None],
+        weights: tuple[torch.Tensor, torch.Tensor],
+        exact: bool,
+        overwrite: bool = False,
+        softmax: bool = False,
+        first_row: int | None = None,
+    ) -> None:
+        """One kernel call per part of the tile (``_parts``)."""
+        out = maps["out"]
+        assert out is not None
+        batch, heads, rows, length = out.shape
         width, _, kernel = weights[0].shape
-        failed = self.library.dape_fused_filter(
-            scores.data_ptr(), content.data_ptr(), *scores.stride()[:3],
-            residual.data_ptr(), *_broadcast_strides(residual),
-            addend.data_ptr(), *_broadcast_strides(addend),
-            weights[0].data_ptr(), weights[1].data_ptr(),
-            batch, heads, rows, length, width, kernel,
-            softmax, -1 if first_row is None else first_row,
-        )  # fmt: skip
-        if failed:
-            raise MemoryError("DAPE's native filter could not allocate its row buffers")
+        call = _FilterRows(heads=heads, length=length, width=width, kernel=kernel)
+        call.w1, call.w2 = weights[0].data_ptr(), weights[1].data_ptr()
+        call.overwrite, call.normalise, call.exact = overwrite, softmax, exact
+        # Per map: its pointer and how far one sequence and one query row move it (bytes).
+        located = {}
+        for name, tensor in maps.items():
+            if tensor is not None:
+                strides = _broadcast_strides(tensor)[:3]
+                for field, stride in zip(_MAPS[name], strides, strict=True):
+                    setattr(call, field, stride)
+                sequence, row = _PART_AXES[name]
+                steps = 0 if sequence is None else strides[sequence], strides[row]
+                located[name] = tensor.data_ptr(), *(tensor.element_size() * step for step in steps)
+
+        def run(part: tuple[slice, slice]) -> None:
+            sequences, part_rows = part
+            part_call = _FilterRows.from_buffer_copy(call)
+            part_call.batch = sequences.stop - sequences.start
+            part_call.rows = part_rows.stop - part_rows.start
+            part_call.first_row = -1 if first_row is None else first_row + part_rows.start
+            for name, (pointer, sequence_bytes, row_bytes) in located.items():
+                start = pointer + sequences.start * sequence_bytes + part_rows.start * row_bytes
+                setattr(part_call, name, start)
+            if self.library.dape_filter_rows(ctypes.byref(part_call)):
+                raise MemoryError("DAPE's native filter could not allocate its row buffers")
+
+        native_build.run_parts(run, _parts(batch, rows, torch.get_num_threads()))
 
 
 def _parts(batch: int, rows: int, threads: int) -> list[tuple[slice, slice]]:
@@ -96,25 +171,17 @@ def _parts(batch: int, rows: int, threads: int) -> list[tuple[slice, slice]]:
     return [(slice(0, batch), part) for part in native_build.split(rows, threads)]
 
 
-def _rows(terms: torch.Tensor, rows: slice) -> torch.Tensor:
-    """The query ``rows`` of ``[C, r or 1, T or 1]`` terms."""
-    return terms if terms.shape[1] == 1 else terms[:, rows]
-
-
 def _broadcast_strides(tensor: torch.Tensor) -> list[int]:
     """Strides with 0 along the size-1 (broadcast) dimensions."""
     pairs = zip(tensor.shape, tensor.stride(), strict=True)
     return [0 if size == 1 else stride for size, stride in pairs]
 
 
-def usable(scores: torch.Tensor, content: torch.Tensor) -> bool:
-    """Whether the kernel can take these scores and content: float32 on a CPU, the same
-    strides, unit stride along the keys."""
-    return (
-        scores.dtype == content.dtype == torch.float32
-        and scores.device.type == "cpu"
-        and scores.stride() == content.stride()
-        and scores.stride(-1) == 1
+def usable(*maps: torch.Tensor) -> bool:
+    """Whether the kernel can take these maps: float32 on a CPU, unit stride along the keys."""
+    return all(
+        tensor.dtype == torch.float32 and tensor.device.type == "cpu" and tensor.stride(-1) == 1
+        for tensor in maps
     )
 
 
@@ -128,12 +195,12 @@ def native_filter() -> NativeFilter | None:
     if built is None:
         return None
     lanes = built.library.dape_fused_filter_lanes()
-    return NativeFilter(built.library, f"{built.description}, {lanes} lanes")
+    return NativeFilter(built.library, f"{built.description}, {lanes} lanes", lanes)
 
 
 def _declare(library: ctypes.CDLL) -> None:
-    library.dape_fused_filter.argtypes = _ARGUMENTS
-    library.dape_fused_filter.restype = ctypes.c_int
+    library.dape_filter_rows.argtypes = [ctypes.POINTER(_FilterRows)]
+    library.dape_filter_rows.restype = ctypes.c_int
 
 
 def describe() -> str:

@@ -11,7 +11,8 @@ from torch import nn
 
 from che_bench.errors import CheBenchError
 from che_bench.model.dape.inference import TileFilter
-from che_bench.model.dape.kernel import NEGATIVE_SLOPE, ScoreFilter
+from che_bench.model.dape.kernel import NEGATIVE_SLOPE
+from che_bench.model.dape.score_filter import ScoreFilter
 from che_bench.model.fused_attention import future_keys
 
 VARIANTS = ("concat_residual", "concat", "add_residual")
