@@ -135,9 +135,9 @@ static inline vec key_vector(const struct key_rows *rows, long channel, long j, 
 static inline vec add_keys(vec x, const struct key_rows *rows, long channel, long j,
                            long length)
 {
-    const float *row = rows->at + channel * rows->channel_stride;
-    if (!rows->step) return x + row[0]; /* (an exact splat, unlike 0 + the value) */
-    return x + (j + LANES <= length ? load(row + j) : load_first(row + j, length - j));
+    if (!rows->step) /* an exact splat, unlike key_vector's 0 + the value */
+        return x + rows->at[channel * rows->channel_stride];
+    return x + key_vector(rows, channel, j, length);
 }
 
 /* What one row of the first convolution adds, how it is activated and where it goes, for keys
