@@ -24,11 +24,11 @@ f has two implementations, equal up to rounding (tested):
   through the first convolution once and are broadcast over the batch, never tiled. f's
   output is added in place into the freshly built residual map, with a hand-written
   backward (``score_filter.ScoreFilter``). Where a C compiler built the native kernel
-  (``native``: both convolutions and the activation of a query row at a time in compiled C)
-  and it sums as torch's products do here (checked once, ``score_filter.training_kernel``),
-  it computes each chunk's forward and its backward through the hidden map in their order
-  (DAPE V2, rows of more than two of its vectors): training's numbers are bit for bit the
-  same either way. Without gradients (evaluation) the
+  (``native``: both convolutions and the activation of a query row at a time in compiled C),
+  it trains DAPE V2 instead on rows of more than two of its vectors
+  (``native_training``: the forward and the backward row by row, the weights' gradients as
+  dot products over the rows they wrote), equal to the chunks within float32 rounding.
+  Without gradients (evaluation) the
   attention goes through these chunks as cache tiles: it computes a tile's scores,
   ``DapeProcessor.tile_filter`` turns them into its probabilities in place
   (``inference.TileFilter``), and the attention finishes the tile while it is in cache. A

@@ -6,21 +6,16 @@
  * the key axis with zero "same" padding. One row's channels are copied into zero-padded
  * buffers, so the shifted windows are plain unaligned loads (no im2col matrix); the hidden
  * row stays in cache between the two convolutions and the activation is applied in
- * registers. The products are register blocks of OUT channels x BLOCK vectors of keys.
+ * registers. The products are register blocks of OUT channels x BLOCK vectors of keys; each
+ * output sums channel by channel, tap by tap within a channel, started from the addend
+ * (Conv1) or the residual (Conv2).
  *
- * Conv1 sums tap by tap, channel by channel within a tap, from 0, then adds the addend: the
- * order of the chunks filter's im2col product (kernel.py), as torch's matrix products sum
- * it on the CPUs checked. Conv2 sums in one of two orders. The fast one (evaluation) sums
- * every tap and channel of an output into one register, started from the residual. The
- * `exact` one (training) is the chunks filter's: each tap's channels from 0 (its taps
- * product), then a row of scores takes the residual, the centre tap and the other taps in
- * order, each shifted along the keys; with fused multiply-adds its results are that filter's
- * bits. The backward through the hidden map is the same computation with the adjoint
- * weights (below).
- *
- * Optionally the row's hidden map is written out (training keeps it for the backward) and
- * the row's logits then become its attention probabilities (softmax over the keys, those
- * after the query hidden when causal) while they are in cache. */
+ * The backward through the hidden map is the same computation with the adjoint weights
+ * (dape_filter_rows). For training, a call can also write the row's hidden map and its
+ * input out, zero-padded; the gradients of both convolutions' weights are then long dot
+ * products over those padded rows (dape_filter_weight_grads). At evaluation the row's
+ * logits can become its attention probabilities (softmax over the keys, those after the
+ * query hidden when causal) while they are in cache. */
 #include <stdlib.h>
 #include <string.h>
 #ifdef __AVX512F__
@@ -30,9 +25,11 @@
 #ifdef __AVX512F__
 #define LANES 16 /* floats per vector register */
 #define OUT 8    /* output channels per register block: 24 accumulators of 32 registers */
+#define TILE 24  /* accumulators of a block of weight gradients */
 #else
 #define LANES 8
 #define OUT 4 /* 12 accumulators of 16 registers */
+#define TILE 12
 #endif
 #define BLOCK 3 /* vectors of keys per register block */
 #define NEGATIVE_SLOPE 0.01f
@@ -87,23 +84,29 @@ static inline vec row_vector(const float *at, long j, long length, float fill)
     return choose(inside(j, length), load_first(at + j, length - j), (vec){0} + fill);
 }
 
+/* v, loaded into a register once: the compiler would otherwise read it from memory again in
+ * every multiply-add that uses it, and loads, not multiply-adds, would bound the weight
+ * gradients' blocks. */
+static inline vec in_register(vec v)
+{
+    __asm__("" : "+v"(v));
+    return v;
+}
+
 /* LeakyReLU as torch computes it: x where x > 0, else x * slope. */
 static inline vec leaky_relu(vec x)
 {
     return choose(x > 0, x, x * NEGATIVE_SLOPE);
 }
 
-/* acc[o][v] += sum_{s, c} w[(o * channels + c) * kernel + s] * x[c * stride + j + LANES v + s]
- * over taps s < taps, for outs <= OUT output channels and nv <= BLOCK vectors of keys: tap by
- * tap (`taps_outer`, the chunks filter's order) or channel by channel. */
+/* acc[o][v] += sum_{c, s} w[(o * channels + c) * kernel + s] * x[c * stride + j + LANES v + s]
+ * for outs <= OUT output channels and nv <= BLOCK vectors of keys, channel by channel. */
 static inline __attribute__((always_inline)) void convolve_block(
     vec acc[OUT][BLOCK], int outs, int nv, const float *x, long stride, const float *w,
-    long channels, long kernel, long taps, long j, int taps_outer)
+    long channels, long kernel, long j)
 {
-    long outer = taps_outer ? taps : channels, inner = taps_outer ? channels : taps;
-    for (long a = 0; a < outer; a++) {
-        for (long b = 0; b < inner; b++) {
-            long s = taps_outer ? a : b, c = taps_outer ? b : a;
+    for (long c = 0; c < channels; c++) {
+        for (long s = 0; s < kernel; s++) {
             const float *row = x + c * stride + j + s;
             vec in[BLOCK];
             for (int v = 0; v < nv; v++) in[v] = load(row + LANES * v);
@@ -131,74 +134,41 @@ static inline vec key_vector(const struct key_rows *rows, long channel, long j, 
     return j + LANES <= length ? load(row + j) : load_first(row + j, length - j);
 }
 
-/* x + the row's keys j .. j + LANES of `channel` (0 from `length` on). */
-static inline vec add_keys(vec x, const struct key_rows *rows, long channel, long j,
-                           long length)
-{
-    if (!rows->step) /* an exact splat, unlike key_vector's 0 + the value */
-        return x + rows->at[channel * rows->channel_stride];
-    return x + key_vector(rows, channel, j, length);
-}
-
-/* What one row of the first convolution adds, how it is activated and where it goes, for keys
- * j < length: the batch-free addend (none when its `at` is NULL), then LeakyReLU, or (gate's
- * `at` not NULL) LeakyReLU's derivative at the activated map `gate`, which keeps the sign of
- * its argument: the backward's gradient of the hidden map. The result is written to out[d *
- * out_stride + j] too when `out` is not NULL. */
+/* What one row of the first convolution starts from and how it is activated, for keys j <
+ * length: the batch-free addend (none when its `at` is NULL), then LeakyReLU, or (gate's `at`
+ * not NULL) LeakyReLU's derivative at the activated map `gate`, which keeps the sign of its
+ * argument: the backward's gradient of the hidden map. */
 struct hidden_terms {
     struct key_rows addend, gate;
-    float *out;
-    long out_stride, length;
+    long length;
 };
 
 /* One register block of the first convolution: hidden[o][j ..] = the activation of the
- * block's sums and the addend (0 from `length` on), for outputs d0 + o, rows of hidden and
- * content `stride` apart. `exact`: the sums from 0, tap by tap, then the addend (the chunks
- * filter's order); else from the addend, channel by channel. */
+ * addend plus the block's sums (0 from `length` on), for outputs d0 + o, rows of hidden and
+ * content `stride` apart. */
 static inline __attribute__((always_inline)) void hidden_block(
     float *hidden, const struct hidden_terms *terms, long d0, const float *content, long stride,
-    const float *w, long heads, long kernel, int outs, int nv, long j, int exact)
+    const float *w, long heads, long kernel, int outs, int nv, long j)
 {
     vec acc[OUT][BLOCK] = {{{0}}};
     long length = terms->length;
-    for (int o = 0; o < outs && !exact && terms->addend.at; o++)
+    for (int o = 0; o < outs && terms->addend.at; o++)
         for (int v = 0; v < nv; v++)
             acc[o][v] = key_vector(&terms->addend, d0 + o, j + LANES * v, length);
-    convolve_block(acc, outs, nv, content, stride, w, heads, kernel, kernel, j, exact);
+    convolve_block(acc, outs, nv, content, stride, w, heads, kernel, j);
     for (int o = 0; o < outs; o++) {
-        long d = d0 + o;
         for (int v = 0; v < nv; v++) {
             long at = j + LANES * v;
             vec x = acc[o][v];
-            if (exact && terms->addend.at) x = add_keys(x, &terms->addend, d, at, length);
             if (terms->gate.at)
-                x = choose(key_vector(&terms->gate, d, at, length) > 0, x, x * NEGATIVE_SLOPE);
+                x = choose(key_vector(&terms->gate, d0 + o, at, length) > 0, x,
+                           x * NEGATIVE_SLOPE);
             else
                 x = leaky_relu(x);
             if (at + LANES > length) x = choose(inside(at, length), x, (vec){0});
-            store(hidden + d * stride + at, x);
-            if (!terms->out) continue;
-            float *out = terms->out + d * terms->out_stride + at;
-            if (at + LANES <= length)
-                store(out, x);
-            else
-                store_first(out, x, length - at);
+            store(hidden + (d0 + o) * stride + at, x);
         }
     }
-}
-
-/* One register block of one tap s of the second convolution (w is w2 + s): taps[o][j ..] =
- * sum_d w[((h0 + o) * width + d) * kernel] hidden[d][j ..] for outputs h0 .. h0 + outs. */
-static inline __attribute__((always_inline)) void taps_block(
-    float *taps, long taps_stride, long h0, const float *hidden, long stride, const float *w,
-    long width, long kernel, int outs, int nv, long j)
-{
-    vec acc[OUT][BLOCK] = {{{0}}};
-    convolve_block(acc, outs, nv, hidden, stride, w + h0 * width * kernel, width, kernel, 1, j,
-                   1);
-    for (int o = 0; o < outs; o++)
-        for (int v = 0; v < nv; v++)
-            store(taps + (h0 + o) * taps_stride + j + LANES * v, acc[o][v]);
 }
 
 /* Where one row of scores goes: out[h * out_stride + j] += residual[h * residual_stride +
@@ -212,44 +182,9 @@ struct output {
     int overwrite;
 };
 
-/* For keys first <= j < last (first a multiple of LANES, last one too or the row's length):
- * out[h][j] (+)= the residual and the per-tap rows taps[(s * heads + h) * taps_stride + j]
- * of the second convolution, each shifted by s - kernel / 2, summed in that order: the
- * chunks filter's passes (residual, centre tap, the others) fused into one. The taps must
- * read +0 at the keys before 0 and from `length` on: adding +0 then changes nothing, as the
- * centre tap, a sum started from +0, is never -0, nor is any sum that includes it. */
-static void add_to_scores(const struct output *to, const float *taps, long taps_stride,
-                          long heads, long kernel, long first, long last)
-{
-    long centre = kernel / 2, length = to->length, spacing = heads * taps_stride;
-    for (long h = 0; h < heads; h++) {
-        float *out = to->out + h * to->out_stride;
-        const float *tap = taps + h * taps_stride;
-        const float *residual = to->residual ? to->residual + h * to->residual_stride : NULL;
-        for (long j = first; j < last; j += LANES) {
-            int whole = j + LANES <= length;
-            vec x = load(tap + centre * spacing + j);
-            if (!to->overwrite) {
-                vec value = whole ? load(out + j) : row_vector(out, j, length, 0);
-                if (residual && to->residual_step)
-                    value += whole ? load(residual + j) : row_vector(residual, j, length, 0);
-                if (residual && !to->residual_step) value += residual[0]; /* an exact splat */
-                x = value + x;
-            }
-            for (long s = 0; s < kernel; s++)
-                if (s != centre) x += load(tap + s * spacing + j + s - centre);
-            if (whole) {
-                store(out + j, x);
-                continue;
-            }
-            store_first(out + j, x, length - j);
-        }
-    }
-}
-
-/* One register block of the second convolution in the fast order (all taps and channels in
- * one sum, started from the residual), added to the scores: outputs h0 .. h0 + outs at keys
- * j, w (w2 + h0 rows) over the hidden row at key -kernel / 2, zero-padded. */
+/* One register block of the second convolution, added to the scores (or written over them):
+ * outputs h0 .. h0 + outs at keys j, w (w2 + h0 rows) over the hidden row at key -kernel / 2,
+ * zero-padded; the sums start from the residual. */
 static inline __attribute__((always_inline)) void output_block(
     const struct output *to, long h0, const float *hidden, long stride, const float *w,
     long width, long kernel, int outs, int nv, long j)
@@ -263,16 +198,18 @@ static inline __attribute__((always_inline)) void output_block(
             else
                 acc[o][v] += residual[0];
     }
-    convolve_block(acc, outs, nv, hidden, stride, w, width, kernel, kernel, j, 0);
+    convolve_block(acc, outs, nv, hidden, stride, w, width, kernel, j);
     for (int o = 0; o < outs; o++)
         for (int v = 0; v < nv; v++) {
-            long at = j + LANES * v;
-            if (at >= to->length) break;
+            long at = j + LANES * v, left = to->length - at;
+            if (left <= 0) break;
             float *out = to->out + (h0 + o) * to->out_stride + at;
-            if (at + LANES <= to->length)
-                store(out, load(out) + acc[o][v]);
+            vec x = acc[o][v];
+            if (!to->overwrite) x = (left >= LANES ? load(out) : load_first(out, left)) + x;
+            if (left >= LANES)
+                store(out, x);
             else
-                store_first(out, load_first(out, to->length - at) + acc[o][v], to->length - at);
+                store_first(out, x, left);
         }
 }
 
@@ -325,55 +262,29 @@ static inline int vectors_at(long j, long padded)
     return left >= BLOCK ? BLOCK : (int)left;
 }
 
-/* hidden[d][j ..] = the activation of sum_{s, h} w1[d, h, s] content[h][j + s ..] +
- * addend[d][j ..] (`from`) for nv vectors of keys at j, every d, in the `exact` order or
- * not. Full blocks get code of constant shape. */
+/* hidden[d][j ..] = the activation of addend[d][j ..] (`from`) + sum_{h, s} w1[d, h, s]
+ * content[h][j + s ..] for nv vectors of keys at j, every d. Full blocks get code of
+ * constant shape. */
 static inline __attribute__((always_inline)) void hidden_columns(
     float *hidden, const struct hidden_terms *from, const float *content, long stride,
-    const float *w1, long heads, long width, long kernel, int nv, long j, int exact)
+    const float *w1, long heads, long width, long kernel, int nv, long j)
 {
     for (long d0 = 0; d0 < width; d0 += OUT) {
         int outs = width - d0 < OUT ? (int)(width - d0) : OUT;
         const float *w = w1 + d0 * heads * kernel;
         if (outs == OUT && nv == BLOCK)
-            hidden_block(hidden, from, d0, content, stride, w, heads, kernel, OUT, BLOCK, j,
-                         exact);
+            hidden_block(hidden, from, d0, content, stride, w, heads, kernel, OUT, BLOCK, j);
         else if (outs == OUT && nv == 2)
-            hidden_block(hidden, from, d0, content, stride, w, heads, kernel, OUT, 2, j, exact);
+            hidden_block(hidden, from, d0, content, stride, w, heads, kernel, OUT, 2, j);
         else if (outs == OUT)
-            hidden_block(hidden, from, d0, content, stride, w, heads, kernel, OUT, 1, j, exact);
+            hidden_block(hidden, from, d0, content, stride, w, heads, kernel, OUT, 1, j);
         else
-            hidden_block(hidden, from, d0, content, stride, w, heads, kernel, outs, nv, j,
-                         exact);
+            hidden_block(hidden, from, d0, content, stride, w, heads, kernel, outs, nv, j);
     }
 }
 
-/* taps[(s * heads + h) * taps_stride + j ..] = sum_d w2[h, d, s] hidden[d][j ..] for nv
- * vectors of keys at j, every tap s of the second convolution (w2 [heads, width, kernel]). */
-static void taps_columns(float *taps, long taps_stride, const float *hidden, long stride,
-                         const float *w2, long heads, long width, long kernel, int nv, long j)
-{
-    for (long s = 0; s < kernel; s++)
-        for (long h0 = 0; h0 < heads; h0 += OUT) {
-            int outs = heads - h0 < OUT ? (int)(heads - h0) : OUT;
-            float *tap = taps + s * heads * taps_stride;
-            if (outs == OUT && nv == BLOCK)
-                taps_block(tap, taps_stride, h0, hidden, stride, w2 + s, width, kernel, OUT,
-                           BLOCK, j);
-            else if (outs == OUT && nv == 2)
-                taps_block(tap, taps_stride, h0, hidden, stride, w2 + s, width, kernel, OUT, 2,
-                           j);
-            else if (outs == OUT)
-                taps_block(tap, taps_stride, h0, hidden, stride, w2 + s, width, kernel, OUT, 1,
-                           j);
-            else
-                taps_block(tap, taps_stride, h0, hidden, stride, w2 + s, width, kernel, outs,
-                           nv, j);
-        }
-}
-
-/* The second convolution in the fast order over a whole hidden row (at key -kernel / 2,
- * zero-padded), added to the row of scores `to`. */
+/* The second convolution over a whole hidden row (at key -kernel / 2, zero-padded), added to
+ * the row of scores `to`. */
 static void output_row(const struct output *to, const float *hidden, long stride,
                        const float *w2, long heads, long width, long kernel, long padded)
 {
@@ -398,18 +309,22 @@ static void output_row(const struct output *to, const float *hidden, long stride
 /* One call of the filter over the rows of `batch` sequences x `rows` queries x `length` keys:
  *
  *     out[b, h, i, j] += residual[h, i, j] + Conv2(hidden)[b, h, i, j],
- *     hidden = the activation of (Conv1(in) + addend), written to hidden_out unless NULL,
+ *     hidden = the activation of (Conv1(in) + addend),
  *
  * with element (b, h, i, j) of out at b * ob + h * oh + i * oi + j and of in at b * ib +
  * h * ih + i * ii + j; residual (h, i, j) at h * rh + i * ri + j * rj (none when NULL); the
  * addend (d, i, j) at d * ad + i * ai + j * aj (none when NULL; rj and aj are 1 or 0); the
- * gate (d, b, i, j) at d * gd + b * gb + i * gi + j, and hidden_out likewise with hd, hb, hi.
- * w1 is [width, heads, kernel], w2 [heads, width, kernel], both contiguous. Out may be in:
- * each row is read before it is written. With `overwrite`, out = Conv2(hidden) (and no
- * residual). With `normalise`, each row's logits then become probabilities over its keys,
- * the keys j > first_row + i hidden when first_row >= 0 (causal attention; row i is query
- * first_row + i). The backward is the same call with the adjoint weights, the gradient of
- * the logits as `in`, the forward's hidden map as the gate and `overwrite`. */
+ * gate (d, b, i, j) at d * gd + b * gb + i * gi + j. Unless NULL, hidden_out (d, b, i, j) at
+ * d * hd + b * hb + i * hi + j and in_copy (b, h, i, j) at b * cb + h * ch + i * ci + j
+ * receive the hidden map and the input for keys j < span (span >= length + kernel / 2; 0
+ * from `length` on), `streamed`: with non-temporal stores where aligned (the forward's, read
+ * only by the backward, after the other layers' work). w1 is [width, heads, kernel], w2 [heads, width, kernel], both
+ * contiguous. Out may be in: each row is read before it is written. With `overwrite`, out =
+ * Conv2(hidden) (and no residual). With `normalise`, each row's logits then become
+ * probabilities over its keys, the keys j > first_row + i hidden when first_row >= 0 (causal
+ * attention; row i is query first_row + i). The backward is the same call with the adjoint
+ * weights, the gradient of the logits as `in`, the forward's hidden map as the gate and
+ * `overwrite`. */
 struct filter_rows {
     float *out;
     long ob, oh, oi;
@@ -423,38 +338,36 @@ struct filter_rows {
     long gd, gb, gi;
     float *hidden_out;
     long hd, hb, hi;
+    float *in_copy;
+    long cb, ch, ci;
     const float *w1, *w2;
-    long batch, heads, rows, length, width, kernel;
-    int overwrite, normalise, exact;
+    long batch, heads, rows, length, width, kernel, span;
+    int overwrite, normalise, streamed;
     long first_row;
 };
 
-/* The buffers of one row: the input and the per-tap rows of the second convolution, both
- * zero-padded by kernel / 2 on each side, and the hidden row (0 from `length` on). */
+/* The buffers of one row: the input, zero-padded by kernel / 2 on each side (its keys
+ * aligned from in + kernel / 2), and the hidden row (0 from `length` on). */
 struct row_buffers {
-    float *in, *hidden, *taps;
+    float *in, *hidden;
     long stride, padded;
 };
 
-/* The hidden map, the taps and the scores of one row in the chunks filter's order, block by
- * block of keys while they are in cache (the scores of a block once all their taps are
- * known: those of the block before). */
-static void exact_output(const struct filter_rows *call, const struct hidden_terms *terms,
-                         const struct row_buffers *buffer, const struct output *to)
+/* out[c * channel_stride + j] = rows[c * stride + j] for `channels` rows and j < span;
+ * `streamed`, past the caches where out and its rows are aligned. */
+static void copy_rows(float *out, long channel_stride, const float *rows, long stride,
+                      long channels, long span, int streamed)
 {
-    long heads = call->heads, width = call->width, kernel = call->kernel;
-    long stride = buffer->stride, padded = buffer->padded, finished = 0;
-    for (long j = 0; j < padded;) {
-        int nv = vectors_at(j, padded);
-        hidden_columns(buffer->hidden, terms, buffer->in, stride, call->w1, heads, width, kernel,
-                       nv, j, 1);
-        taps_columns(buffer->taps, stride, buffer->hidden, stride, call->w2, heads, width,
-                     kernel, nv, j);
-        j += nv * LANES;
-        long known = j >= padded ? call->length : (j - kernel / 2) / LANES * LANES;
-        add_to_scores(to, buffer->taps, stride, heads, kernel, finished, known);
-        finished = known > finished ? known : finished;
+#ifdef __AVX512F__
+    if (streamed && ((unsigned long)out | (unsigned long)channel_stride * 4) % 64 == 0) {
+        for (long c = 0; c < channels; c++)
+            for (long j = 0; j < span; j += LANES)
+                _mm512_stream_ps(out + c * channel_stride + j, (__m512)load(rows + c * stride + j));
+        return;
     }
+#endif
+    for (long c = 0; c < channels; c++)
+        memcpy(out + c * channel_stride, rows + c * stride, sizeof(float) * span);
 }
 
 /* One row (b, i) of `call`. */
@@ -462,28 +375,29 @@ static void filter_row(const struct filter_rows *call, long b, long i,
                        const struct row_buffers *buffer)
 {
     long heads = call->heads, width = call->width, kernel = call->kernel;
-    long length = call->length, stride = buffer->stride;
+    long length = call->length, stride = buffer->stride, padded = buffer->padded;
     const float *in = call->in + b * call->ib + i * call->ii;
     for (long h = 0; h < heads; h++)
         memcpy(buffer->in + kernel / 2 + h * stride, in + h * call->ih, sizeof(float) * length);
     struct hidden_terms terms = {
         {call->addend ? call->addend + i * call->ai : NULL, call->ad, call->aj},
         {call->gate ? call->gate + b * call->gb + i * call->gi : NULL, call->gd, 1},
-        call->hidden_out ? call->hidden_out + b * call->hb + i * call->hi : NULL, call->hd,
         length};
     float *out = call->out + b * call->ob + i * call->oi;
     struct output to = {out, call->oh, length,
                         call->residual ? call->residual + i * call->ri : NULL, call->rh,
                         call->rj, call->overwrite};
-    if (call->exact) {
-        exact_output(call, &terms, buffer, &to);
-    } else {
-        for (long j = 0; j < buffer->padded; j += vectors_at(j, buffer->padded) * LANES)
-            hidden_columns(buffer->hidden, &terms, buffer->in, stride, call->w1, heads, width,
-                           kernel, vectors_at(j, buffer->padded), j, 0);
-        output_row(&to, buffer->hidden - kernel / 2, stride, call->w2, heads, width, kernel,
-                   buffer->padded);
-    }
+    for (long j = 0; j < padded; j += vectors_at(j, padded) * LANES)
+        hidden_columns(buffer->hidden, &terms, buffer->in, stride, call->w1, heads, width,
+                       kernel, vectors_at(j, padded), j);
+    output_row(&to, buffer->hidden - kernel / 2, stride, call->w2, heads, width, kernel,
+               padded);
+    if (call->hidden_out)
+        copy_rows(call->hidden_out + b * call->hb + i * call->hi, call->hd, buffer->hidden,
+                  stride, width, call->span, call->streamed);
+    if (call->in_copy)
+        copy_rows(call->in_copy + b * call->cb + i * call->ci, call->ch,
+                  buffer->in + kernel / 2, stride, heads, call->span, call->streamed);
     if (!call->normalise) return;
     long visible = call->first_row < 0 || call->first_row + i + 1 > length
                        ? length
@@ -497,18 +411,145 @@ int dape_filter_rows(const struct filter_rows *call)
     long heads = call->heads, width = call->width, kernel = call->kernel;
     long padded = (call->length + LANES - 1) / LANES * LANES;
     /* Each buffer row: a margin, the keys (key 0 aligned), a margin and a vector (room for the
-     * last block's shifted loads); rows of whole vectors apart, so every row is aligned. */
+     * last block's shifted loads and for a span past the keys); rows of whole vectors apart,
+     * so every row is aligned. */
     long margin = (kernel / 2 + LANES - 1) / LANES * LANES;
     long stride = padded + 2 * margin + LANES;
-    long floats = (heads + width + kernel * heads) * stride;
+    long floats = (heads + width) * stride;
     float *work = aligned_alloc(64, (sizeof(float) * floats + 63) / 64 * 64);
     if (!work) return -1;
     memset(work, 0, sizeof(float) * floats); /* the padding, which no row writes */
     struct row_buffers buffer = {work + margin - kernel / 2, work + heads * stride + margin,
-                                 work + (heads + width) * stride + margin, stride, padded};
+                                 stride, padded};
     for (long b = 0; b < call->batch; b++)
         for (long i = 0; i < call->rows; i++) filter_row(call, b, i, &buffer);
     free(work);
+#ifdef __AVX512F__
+    _mm_sfence();
+#endif
+    return 0;
+}
+
+/* The gradients of a convolution's weights from rows written out by dape_filter_rows,
+ * accumulated:
+ *
+ *     out[n * on + m * om + s] += sum_r sum_{p < span} small[n][r][p] big[m][r][p + e (s - k / 2)]
+ *
+ * with small (n, r, p) at n * small_channel + r * small_row + p, big likewise, k = kernel,
+ * e = direction (1 or -1), over smalls x bigs x k outputs and `rows` rows. Every row of both
+ * must be 0 from its keys' end to `span` (a multiple of LANES), and big must read 0 for k / 2
+ * floats before its first row and after its last: then each row's shifted reads see the zero
+ * padding of the convolution. For Conv2's weights ([heads, width, k]), small is the logits'
+ * gradient and big the hidden map, e = 1; for Conv1's, transposed, small is the content and
+ * big the hidden map's gradient, e = -1. */
+struct weight_grads {
+    const float *small;
+    long small_channel, small_row;
+    const float *big;
+    long big_channel, big_row;
+    float *out;
+    long on, om;
+    long smalls, bigs, rows, span, kernel, direction;
+};
+
+static inline float horizontal_sum(vec v)
+{
+    float total = 0;
+    for (int t = 0; t < LANES; t++) total += v[t];
+    return total;
+}
+
+/* The small rows r0 .. r0 + nr, packed vector by vector: packed[((r - r0) * vectors + v) *
+ * smalls + n] is small channel n's vector v of row r, so the blocks below read them at
+ * constant offsets, in order. */
+static void pack_small(vec *packed, const struct weight_grads *g, long r0, long nr)
+{
+    long vectors = g->span / LANES;
+    for (long r = 0; r < nr; r++)
+        for (long v = 0; v < vectors; v++)
+            for (long n = 0; n < g->smalls; n++)
+                *packed++ = load(g->small + n * g->small_channel + (r0 + r) * g->small_row +
+                                 LANES * v);
+}
+
+/* acc[n * taps + s] += the lanes of big channel m's sums with small channels n0 .. n0 + ns
+ * over nr packed rows (`small` at channel n0), every tap: ns * taps <= TILE accumulators, in
+ * registers meanwhile. `big` is the channel's first row of the block. */
+static inline __attribute__((always_inline)) void weight_block(
+    vec *acc, const vec *small, long smalls, const float *big, long big_row, long nr,
+    long vectors, long direction, int ns, int taps)
+{
+    vec sums[TILE];
+#pragma GCC unroll 24
+    for (int a = 0; a < ns * taps; a++) sums[a] = acc[a];
+    for (long r = 0; r < nr; r++, big += big_row) {
+        for (long v = 0; v < vectors; v++, small += smalls) {
+            vec shifted[TILE];
+#pragma GCC unroll 24
+            for (int s = 0; s < taps; s++)
+                shifted[s] = load(big + LANES * v + direction * (s - taps / 2));
+#pragma GCC unroll 24
+            for (int n = 0; n < ns; n++) {
+                vec x = in_register(small[n]);
+#pragma GCC unroll 24
+                for (int s = 0; s < taps; s++) sums[n * taps + s] += x * shifted[s];
+            }
+        }
+    }
+#pragma GCC unroll 24
+    for (int a = 0; a < ns * taps; a++) acc[a] = sums[a];
+}
+
+/* Every output's lanes (acc[(m * smalls + n) * taps + s]) over nr rows from r0, packed. */
+static void weight_rows(vec *acc, const vec *packed, const struct weight_grads *g, long r0,
+                        long nr)
+{
+    int taps = (int)g->kernel, per_block = TILE / taps;
+    long vectors = g->span / LANES, smalls = g->smalls;
+    for (long m = 0; m < g->bigs; m++) {
+        const float *big = g->big + m * g->big_channel + r0 * g->big_row;
+        for (long n0 = 0; n0 < smalls; n0 += per_block) {
+            int ns = smalls - n0 < per_block ? (int)(smalls - n0) : per_block;
+            vec *at = acc + (m * smalls + n0) * taps;
+            const vec *small = packed + n0;
+#define WEIGHT_BLOCK(NS, TAPS) \
+    weight_block(at, small, smalls, big, g->big_row, nr, vectors, g->direction, NS, TAPS)
+            if (ns == per_block && taps == 3)
+                WEIGHT_BLOCK(TILE / 3, 3);
+            else if (ns == per_block && taps == 5)
+                WEIGHT_BLOCK(TILE / 5, 5);
+            else if (ns == per_block && taps == 7)
+                WEIGHT_BLOCK(TILE / 7, 7);
+            else
+                WEIGHT_BLOCK(ns, taps);
+#undef WEIGHT_BLOCK
+        }
+    }
+}
+
+/* Returns 0, -1 out of memory, or -2 for a kernel wider than TILE taps. Each output sums lane
+ * by lane over the rows in order, then across the lanes; the rows go in blocks whose small
+ * rows, packed, stay in the L1 cache while every big channel passes over them. */
+int dape_filter_weight_grads(const struct weight_grads *g)
+{
+    if (g->kernel > TILE) return -2;
+    long outputs = g->bigs * g->smalls * g->kernel, row_vectors = g->smalls * g->span / LANES;
+    long block = (24 << 10) / ((long)sizeof(vec) * row_vectors);
+    block = block < 1 ? 1 : block;
+    vec *acc = aligned_alloc(64, sizeof(vec) * (outputs + block * row_vectors));
+    if (!acc) return -1;
+    memset(acc, 0, sizeof(vec) * outputs);
+    for (long r0 = 0; r0 < g->rows; r0 += block) {
+        long nr = g->rows - r0 < block ? g->rows - r0 : block;
+        pack_small(acc + outputs, g, r0, nr);
+        weight_rows(acc, acc + outputs, g, r0, nr);
+    }
+    for (long m = 0; m < g->bigs; m++)
+        for (long n = 0; n < g->smalls; n++)
+            for (long s = 0; s < g->kernel; s++)
+                g->out[n * g->on + m * g->om + s] +=
+                    horizontal_sum(acc[(m * g->smalls + n) * g->kernel + s]);
+    free(acc);
     return 0;
 }
 

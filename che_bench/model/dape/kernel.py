@@ -1,9 +1,8 @@
-"""DAPE's ``chunks`` implementation of f (the CPU default): for each member, f runs over
-chunks of (sequences, rows) whose hidden map fits a core's cache, as plain matrix products on
-channel-major im2col matrices, forward and backward (``score_filter.ScoreFilter`` is the
-autograd function). Where the native kernel is given, it computes a chunk's forward and its
-backward through the hidden map in the same order (the same bits); the weights' gradients
-stay torch's products. See ``che_bench.model.dape`` for what f computes."""
+"""DAPE's ``chunks`` implementation of f (the CPU filter without the native kernel): for each
+member, f runs over chunks of (sequences, rows) whose hidden map fits a core's cache, as plain
+matrix products on channel-major im2col matrices, forward and backward
+(``score_filter.ScoreFilter`` is the autograd function). See ``che_bench.model.dape`` for what
+f computes."""
 
 from __future__ import annotations
 
@@ -11,8 +10,6 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-
-from che_bench.model.dape.native import NativeFilter, usable
 
 NEGATIVE_SLOPE = 0.01
 #: Target size of one chunk of the hidden map inside f (about a core's L2 cache).
@@ -113,6 +110,11 @@ def _cache_chunks(shape: torch.Size | tuple[int, ...], width: int) -> list[_Chun
     return chunks
 
 
+def _named(kept: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """The kept im2col matrix and hidden map (flat buffers) by their buffer names."""
+    return {} if kept is None else {"windows": kept[0], "hidden": kept[1]}
+
+
 class _ChunkBuffers:
     """Per-chunk matrices ``[rows, columns]`` carved out of flat buffers, so that chunks do not
     pay a fresh MB-sized allocation (and its page faults) each: a ``scratch`` buffer is reused
@@ -181,34 +183,22 @@ def _member_forward(
     content: torch.Tensor,
     bias: torch.Tensor | None,
     weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    kept: dict[str, torch.Tensor] | None,
-    native: NativeFilter | None,
+    kept: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> torch.Tensor:
     """One member's ``out += f(content; bias)`` in place (``out``, ``content`` ``[B, C, R, T]``,
     ``bias`` ``[1, C_b, R, T]``, ``weights`` ``weight1``, ``bias1``, ``weight2``); writes f's
-    im2col and hidden maps into ``kept`` (flat buffers) when given. ``native``, when given,
-    computes each chunk (the same bits). Returns the first layer's batch-free addend,
-    ``[D, R, T]`` or ``[D, 1, 1]``."""
+    im2col and hidden maps into ``kept`` (flat buffers) when given. Returns the first layer's
+    batch-free addend, ``[D, R, T]`` or ``[D, 1, 1]``."""
     weight1, bias1, weight2 = weights
     kernel, width, heads = weight1.shape[-1], weight1.shape[0], content.shape[1]
     addend = batch_free_addend(bias, weight1, bias1, heads)
     conv1, conv2 = _im2col_matrix(weight1[:, :heads]), _taps_matrix(weight2)
-    native_weights = weight1[:, :heads].contiguous(), weight2.contiguous()
     chunks = _cache_chunks(content.shape, width)
-    buffers = _ChunkBuffers(content, chunks, **(kept or {}))
+    buffers = _ChunkBuffers(content, chunks, **_named(kept))
     matrix = buffers.kept if kept is not None else buffers.scratch
     for chunk in chunks:
-        chunk_out = out[chunk.batch, :, chunk.rows]
-        chunk_content = content[chunk.batch, :, chunk.rows]
-        if native is not None and usable(chunk_out, chunk_content):
-            maps = None
-            if kept is not None:
-                maps = matrix("windows", kernel * heads, chunk), matrix("hidden", width, chunk)
-            rows_addend = addend if addend.shape[1] == 1 else addend[:, chunk.rows]
-            _native_forward(native, chunk_out, chunk_content, rows_addend, native_weights, maps)
-            continue
         _, hidden = _first_layer(
-            chunk_content,
+            content[chunk.batch, :, chunk.rows],
             kernel,
             conv1,
             _rows_of(addend, chunk.rows),
@@ -216,46 +206,21 @@ def _member_forward(
             matrix("hidden", width, chunk),
         )
         taps = torch.mm(conv2, hidden, out=buffers.scratch("taps", kernel * heads, chunk))
-        _add_taps(chunk_out, taps)
+        _add_taps(out[chunk.batch, :, chunk.rows], taps)
     return addend
-
-
-def _native_forward(
-    native: NativeFilter,
-    out: torch.Tensor,
-    content: torch.Tensor,
-    addend: torch.Tensor,
-    weights: tuple[torch.Tensor, torch.Tensor],
-    kept: tuple[torch.Tensor, torch.Tensor] | None,
-) -> None:
-    """A chunk's ``out += f(content)`` (``[b, H, r, T]``; ``addend`` its rows of the batch-free
-    addend) by the native kernel in the chunks' order; with ``kept``, its im2col matrix
-    ``[k*H, n]`` and hidden map ``[D, n]`` for the backward are written there too."""
-    hidden = None
-    if kept is not None:
-        windows, hidden_matrix = kept
-        _key_windows(content, windows.shape[0] // content.shape[1], windows)
-        hidden = hidden_matrix.view(hidden_matrix.shape[0], content.shape[0], *content.shape[2:])
-    native.add(out, content, None, addend, weights, hidden=hidden, exact=True)
 
 
 class _Adjoints(NamedTuple):
     """The weights of f's adjoint convolutions: the second's as an im2col matrix ``[D, k*H]``,
-    the first's (content part) as a taps matrix ``[k*H, D]``, and both as the native
-    kernel's ``[D, H, k]`` and ``[H, D, k]``."""
+    the first's (content part) as a taps matrix ``[k*H, D]``."""
 
     conv2: torch.Tensor
     conv1: torch.Tensor
-    native: tuple[torch.Tensor, torch.Tensor]
 
     @classmethod
     def of(cls, weight1: torch.Tensor, weight2: torch.Tensor) -> _Adjoints:
         adjoint2, adjoint1 = _adjoint(weight2), _adjoint(weight1[:, : weight2.shape[0]])
-        return cls(
-            _im2col_matrix(adjoint2),
-            _taps_matrix(adjoint1),
-            (adjoint2.contiguous(), adjoint1.contiguous()),
-        )
+        return cls(_im2col_matrix(adjoint2), _taps_matrix(adjoint1))
 
 
 def _member_backward(
@@ -263,15 +228,13 @@ def _member_backward(
     content: torch.Tensor,
     bias: torch.Tensor | None,
     weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    kept: dict[str, torch.Tensor] | None,
+    kept: tuple[torch.Tensor, torch.Tensor] | None,
     needs: tuple[bool, bool],
-    native: NativeFilter | None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One member's gradients (content, bias, weight1, bias1, weight2) of ``f`` (``weights``
     ``weight1``, ``weight2`` and the first layer's batch-free addend; ``needs`` says whether
     the content's and the bias's gradients are wanted); the hidden maps come from ``kept`` or
-    are recomputed chunk by chunk. ``native``, when given, takes each chunk's gradients
-    through the hidden map (the same bits)."""
+    are recomputed chunk by chunk."""
     weight1, weight2, addend = weights
     kernel, width, heads = weight1.shape[-1], weight1.shape[0], content.shape[1]
     conv1, adjoints = _im2col_matrix(weight1[:, :heads]), _Adjoints.of(weight1, weight2)
@@ -281,62 +244,35 @@ def _member_backward(
     grad_conv1 = grad.new_zeros(kernel * heads, width)  # transposed: the faster product
     grad_conv2 = grad.new_zeros(kernel * heads, width)
     chunks = _cache_chunks(content.shape, width)
-    buffers = _ChunkBuffers(content, chunks, **(kept or {}))
+    buffers = _ChunkBuffers(content, chunks, **_named(kept))
     for chunk in chunks:
         windows, hidden = _hidden_maps(buffers, kept is not None, content, chunk, conv1, addend)
-        chunk_grad = grad[chunk.batch, :, chunk.rows]
-        grad_windows = _key_windows(
-            chunk_grad, kernel, buffers.scratch("grad_windows", kernel * heads, chunk)
+        grad_windows = _key_windows(  # shared by two products
+            grad[chunk.batch, :, chunk.rows],
+            kernel,
+            buffers.scratch("grad_windows", kernel * heads, chunk),
         )
         grad_conv2.addmm_(grad_windows, hidden.t())
-        grad_hidden = buffers.scratch("grad_hidden", width, chunk)
-        chunk_grad_content = (
-            None if grad_content is None else grad_content[chunk.batch, :, chunk.rows]
+        grad_hidden = torch.mm(
+            adjoints.conv2, grad_windows, out=buffers.scratch("grad_hidden", width, chunk)
         )
-        maps = chunk_grad, grad_windows, hidden, grad_hidden, chunk_grad_content
-        _through_hidden(*maps, adjoints, buffers.scratch("taps", kernel * heads, chunk), native)
+        # LeakyReLU keeps the sign, so the activated map tells where the slope was 0.01.
+        torch.ops.aten.leaky_relu_backward.grad_input(
+            grad_hidden, hidden, NEGATIVE_SLOPE, True, grad_input=grad_hidden
+        )
         rows_addend = grad_addend[:, chunk.rows]
         rows_addend += grad_hidden.view(width, -1, *rows_addend.shape[1:]).sum(1)
         grad_conv1.addmm_(windows, grad_hidden.t())
+        if grad_content is not None:
+            taps = torch.mm(
+                adjoints.conv1, grad_hidden, out=buffers.scratch("taps", kernel * heads, chunk)
+            )
+            _add_taps(grad_content[chunk.batch, :, chunk.rows], taps, accumulate=False)
     grad_weight1 = torch.empty_like(weight1)
     grad_weight1[:, :heads] = grad_conv1.view(kernel, heads, width).permute(2, 1, 0)
-    grad_bias1 = grad_addend.sum((1, 2))
-    grad_bias = None
-    if bias is not None:
-        grad_bias = _bias_gradients(
-            grad_addend.flatten(1), bias, weight1, grad_weight1, heads, needs[1]
-        )
     grad_weight2 = grad_conv2.view(kernel, heads, width).flip(0).permute(1, 2, 0)
+    grad_bias, grad_bias1 = bias_gradients(grad_addend, bias, weight1, grad_weight1, needs[1])
     return grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2
-
-
-def _through_hidden(
-    grad: torch.Tensor,
-    grad_windows: torch.Tensor,
-    hidden: torch.Tensor,
-    grad_hidden: torch.Tensor,
-    grad_content: torch.Tensor | None,
-    adjoints: _Adjoints,
-    taps: torch.Tensor,
-    native: NativeFilter | None,
-) -> None:
-    """A chunk's gradients through f's hidden map, from its logits' ``grad`` ``[b, H, r, T]``
-    (``grad_windows`` its im2col matrix) and the activated ``hidden`` ``[D, n]``: the hidden
-    pre-activation's into ``grad_hidden`` ``[D, n]`` and, unless None, the content's into
-    ``grad_content`` ``[b, H, r, T]`` (``taps`` ``[k*H, n]``: scratch)."""
-    if native is not None and grad_content is not None and usable(grad_content, grad):
-        shape = hidden.shape[0], grad.shape[0], *grad.shape[2:]
-        native.backward(
-            grad_content, grad, hidden.view(shape), grad_hidden.view(shape), adjoints.native
-        )
-        return
-    torch.mm(adjoints.conv2, grad_windows, out=grad_hidden)
-    # LeakyReLU keeps the sign, so the activated map tells where the slope was 0.01.
-    torch.ops.aten.leaky_relu_backward.grad_input(
-        grad_hidden, hidden, NEGATIVE_SLOPE, True, grad_input=grad_hidden
-    )
-    if grad_content is not None:
-        _add_taps(grad_content, torch.mm(adjoints.conv1, grad_hidden, out=taps), accumulate=False)
 
 
 def _hidden_maps(
@@ -363,28 +299,32 @@ def _hidden_maps(
     )
 
 
-def _bias_gradients(
+def bias_gradients(
     grad_addend: torch.Tensor,
-    bias: torch.Tensor,
+    bias: torch.Tensor | None,
     weight1: torch.Tensor,
     grad_weight1: torch.Tensor,
-    heads: int,
     needs_bias: bool,
-) -> torch.Tensor | None:
-    """The bias channels' part of ``f``'s backward: their columns of ``grad_weight1`` (filled
-    in) and, if ``needs_bias``, the bias's gradient. The bias is batch-free, so both come
-    from the addend's gradient ``[D, R*T]`` alone."""
-    width, kernel = weight1.shape[0], weight1.shape[-1]
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The gradients of f's batch-free terms from the addend's, ``grad_addend`` ``[D, R, T]``
+    (the hidden pre-activation's summed over the batch): the bias's (when there is a bias
+    and ``needs_bias``) and ``bias1``'s; the bias channels' columns of ``grad_weight1`` are
+    filled in."""
+    grad_bias1 = grad_addend.sum((1, 2))
+    if bias is None:
+        return None, grad_bias1
+    width, kernel, heads = weight1.shape[0], weight1.shape[-1], weight1.shape[1] - bias.shape[1]
+    grad_addend = grad_addend.flatten(1)
     bias_windows = _key_windows(bias, kernel)
     grad_weight1[:, heads:] = (
         (grad_addend @ bias_windows.t()).view(width, kernel, -1).permute(0, 2, 1)
     )
     if not needs_bias:
-        return None
+        return None, grad_bias1
     grad_bias = torch.empty_like(bias)
     bias_adjoint = _taps_matrix(_adjoint(weight1[:, heads:]))
     _add_taps(grad_bias, bias_adjoint @ grad_addend, accumulate=False)
-    return grad_bias
+    return grad_bias, grad_bias1
 
 
 def _member_bias(bias: torch.Tensor | None, member: int) -> torch.Tensor | None:

@@ -1,12 +1,13 @@
 """DAPE's filter on a CPU as one compiled kernel (``fused_filter.c``): both convolutions and
 the activation of a query row while the row is in cache, with no im2col matrix and no hidden
-map of a tile, then (for the attention at evaluation) the row's softmax.
+map of a tile, then (for the attention at evaluation) the row's softmax. In training, the
+same rows with the adjoint weights give the backward through the hidden map, and the
+weights' gradients are long dot products over the rows the forward and backward wrote out
+(``che_bench.model.dape.native_training``).
 
-Two orders of summation: at evaluation, its own (the fastest), so the logits equal the
-``chunks`` filter's within float32 rounding, not bit for bit; in training (``exact``), the
-chunks' (tap by tap, channel by channel, from 0, as torch's matrix products sum them on the
-CPUs checked), forward and backward through the hidden map, where a check at first use finds
-that it gives their bits (``che_bench.model.dape.score_filter.training_kernel``).
+It sums in an order of its own (channel by channel, from the addend or the residual), so its
+numbers equal the ``chunks`` filter's within float32 rounding, not bit for bit; they are the
+same on any number of threads.
 
 The C file is compiled on first use and cached (``che_bench.native_build``). Without a
 compiler, or with ``CHE_BENCH_NATIVE_FILTER=0`` (which the portable CPU mode sets), the
@@ -35,6 +36,7 @@ _MAPS = {
     "addend": ("ad", "ai", "aj"),
     "gate": ("gd", "gb", "gi"),
     "hidden_out": ("hd", "hb", "hi"),
+    "in_copy": ("cb", "ch", "ci"),
 }
 #: Per map, the dimensions along which a part's sequences and query rows lie: ``[b, H, r, T]``
 #: maps, ``[D, b, r, T]`` maps, and batch-free ``[C, r or 1, T or 1]`` terms.
@@ -45,7 +47,22 @@ _PART_AXES = {
     "addend": (None, 1),
     "gate": (1, 2),
     "hidden_out": (1, 2),
+    "in_copy": (0, 2),
 }
+
+
+class _WeightGrads(ctypes.Structure):
+    """``struct weight_grads`` of fused_filter.c: one call's weight gradients."""
+
+    _fields_ = [
+        *[
+            (field, ctypes.c_void_p if field in ("small", "big", "out") else ctypes.c_long)
+            for field in (
+                *("small", "small_channel", "small_row", "big", "big_channel", "big_row"),
+                *("out", "on", "om", "smalls", "bigs", "rows", "span", "kernel", "direction"),
+            )
+        ]
+    ]
 
 
 class _FilterRows(ctypes.Structure):
@@ -61,9 +78,9 @@ class _FilterRows(ctypes.Structure):
         ("w2", ctypes.c_void_p),
         *[
             (size, ctypes.c_long)
-            for size in ("batch", "heads", "rows", "length", "width", "kernel")
+            for size in ("batch", "heads", "rows", "length", "width", "kernel", "span")
         ],
-        *[(flag, ctypes.c_int) for flag in ("overwrite", "normalise", "exact")],
+        *[(flag, ctypes.c_int) for flag in ("overwrite", "normalise", "streamed")],
         ("first_row", ctypes.c_long),
     ]
 
@@ -86,57 +103,89 @@ class NativeFilter:
         weights: tuple[torch.Tensor, torch.Tensor],
         softmax: bool = False,
         first_row: int | None = None,
-        hidden: torch.Tensor | None = None,
-        exact: bool = False,
+        kept: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         """``scores += residual + f(content)`` in place for float32 ``[b, H, r, T]`` scores
         and content (unit stride along T), ``residual`` ``[H or 1, r or 1, T or 1]`` (or
         None), the first convolution's batch-free ``addend`` ``[D, r or 1, T or 1]`` and
-        contiguous ``weights``, ``[D, H, k]`` and ``[H, D, k]``; ``hidden`` (``[D, b, r,
-        T]``, unit stride along T), when given, receives f's activated hidden map. With
-        ``softmax`` the logits then become the attention's probabilities, causal when
-        ``first_row`` (the query index of the tile's first row) is given; ``exact`` sums in
-        the chunks filter's order. With several torch threads, parts of the tile run on as
-        many threads (the same numbers: rows are independent)."""
+        contiguous ``weights``, ``[D, H, k]`` and ``[H, D, k]``. With ``softmax`` the logits
+        then become the attention's probabilities, causal when ``first_row`` (the query index
+        of the tile's first row) is given. ``kept``, when given, receives f's activated
+        hidden map (``[D, b, r, S]``) and the content (``[b, H, r, S]``), both zero-padded to
+        S >= T + k // 2 keys (unit stride along them). With several torch threads, parts of
+        the tile run on as many threads (the same numbers: rows are independent)."""
         maps = {"out": scores, "in": content, "residual": residual, "addend": addend}
-        self._run(
-            maps | {"hidden_out": hidden}, weights, exact, softmax=softmax, first_row=first_row
-        )
+        hidden, inputs = kept or (None, None)
+        self._run(maps | {"hidden_out": hidden, "in_copy": inputs}, weights, softmax, first_row)
 
     def backward(
         self,
         grad_content: torch.Tensor,
         grad: torch.Tensor,
         hidden: torch.Tensor,
-        grad_hidden: torch.Tensor,
         adjoints: tuple[torch.Tensor, torch.Tensor],
+        written: tuple[torch.Tensor, torch.Tensor],
     ) -> None:
         """The backward of f through its content for ``[b, H, r, T]`` gradients ``grad`` of
-        the logits, in the chunks filter's order: ``grad_hidden`` (``[D, b, r, T]``) = the
-        gradient of the hidden map before its activation, given the activated map ``hidden``
-        (``[D, b, r, T]``), and ``grad_content`` = f's gradient of the content (written over),
-        with ``adjoints`` the weights of the two convolutions' adjoints, ``[D, H, k]`` and
-        ``[H, D, k]``."""
-        maps = {"out": grad_content, "in": grad, "gate": hidden, "hidden_out": grad_hidden}
-        self._run(maps, adjoints, exact=True, overwrite=True)
+        the logits: ``grad_content`` = f's gradient of the content (written over), given the
+        activated hidden map ``hidden`` (``[D, b, r, S >= T]``), with ``adjoints`` the
+        weights of the two convolutions' adjoints, ``[D, H, k]`` and ``[H, D, k]``.
+        ``written`` receives the gradient of the hidden map before its activation
+        (``[D, b, r, S]``) and ``grad`` (``[b, H, r, S]``), zero-padded to S >= T + k // 2
+        keys, as ``weight_grads`` takes them."""
+        maps = {"out": grad_content, "in": grad, "gate": hidden}
+        rows = dict(zip(("hidden_out", "in_copy"), written, strict=True))
+        self._run(maps | rows, adjoints, overwrite=True)
+
+    def weight_grads(
+        self, out: torch.Tensor, small: torch.Tensor, big: torch.Tensor, direction: int
+    ) -> None:
+        """``out[n, m, s] += sum_{r, p} small[r, n, p] big[r, m, p + direction (s - k // 2)]``
+        for a contiguous ``out`` ``[N, M, k]`` and rows ``[rows, N | M, S]`` written by
+        ``add`` or ``backward`` (S a multiple of ``lanes``, unit stride along it); ``big``
+        must read 0 for k // 2 floats before its first row and after its last. Parts of the
+        big channels run on the torch threads (the same numbers on any number)."""
+        smalls, bigs, kernel = out.shape
+        call = _WeightGrads(small=small.data_ptr(), big=big.data_ptr(), out=out.data_ptr())
+        call.small_channel, call.small_row = small.stride(1), small.stride(0)
+        call.big_channel, call.big_row = big.stride(1), big.stride(0)
+        call.on, call.om = out.stride(0), out.stride(1)
+        call.smalls, call.rows, call.span = smalls, small.shape[0], small.shape[2]
+        call.kernel, call.direction = kernel, direction
+
+        def run(part: slice) -> None:
+            part_call = _WeightGrads.from_buffer_copy(call)
+            part_call.bigs = part.stop - part.start
+            part_call.big += 4 * part.start * call.big_channel
+            part_call.out += 4 * part.start * call.om
+            failed = self.library.dape_filter_weight_grads(ctypes.byref(part_call))
+            if failed == -1:
+                raise MemoryError("DAPE's native weight gradients could not allocate their sums")
+            if failed:
+                raise ValueError(f"DAPE's native weight gradients take no {kernel}-tap kernel")
+
+        native_build.run_parts(run, native_build.split(bigs, torch.get_num_threads()))
 
     def _run(
         self,
         maps: Mapping[str, torch.Tensor | None],
         weights: tuple[torch.Tensor, torch.Tensor],
-        exact: bool,
-        overwrite: bool = False,
         softmax: bool = False,
         first_row: int | None = None,
+        overwrite: bool = False,
     ) -> None:
         """One kernel call per part of the tile (``_parts``)."""
         out = maps["out"]
         assert out is not None
         batch, heads, rows, length = out.shape
         width, _, kernel = weights[0].shape
-        call = _FilterRows(heads=heads, length=length, width=width, kernel=kernel)
+        written = [maps.get(name) for name in ("hidden_out", "in_copy")]
+        span = next((rows.shape[-1] for rows in written if rows is not None), length)
+        call = _FilterRows(heads=heads, length=length, width=width, kernel=kernel, span=span)
         call.w1, call.w2 = weights[0].data_ptr(), weights[1].data_ptr()
-        call.overwrite, call.normalise, call.exact = overwrite, softmax, exact
+        call.overwrite, call.normalise = overwrite, softmax
+        # The forward's written rows are read only by the backward, after the other layers.
+        call.streamed = not overwrite
         # Per map: its pointer and how far one sequence and one query row move it (bytes).
         located = {}
         for name, tensor in maps.items():
@@ -190,7 +239,7 @@ def native_filter() -> NativeFilter | None:
     """The kernel, compiled and loaded once per process; None when switched off or when no
     compiler builds it (a warning says why if a compiler was found)."""
     built = native_build.switched_build(
-        SOURCE, _declare, SWITCH, "DAPE's native filter", "evaluating with the chunks filter"
+        SOURCE, _declare, SWITCH, "DAPE's native filter", "filtering with the chunks"
     )
     if built is None:
         return None
@@ -201,9 +250,13 @@ def native_filter() -> NativeFilter | None:
 def _declare(library: ctypes.CDLL) -> None:
     library.dape_filter_rows.argtypes = [ctypes.POINTER(_FilterRows)]
     library.dape_filter_rows.restype = ctypes.c_int
+    library.dape_filter_weight_grads.argtypes = [ctypes.POINTER(_WeightGrads)]
+    library.dape_filter_weight_grads.restype = ctypes.c_int
 
 
 def describe() -> str:
-    """How DAPE's filter evaluates on a CPU in this process, for a run's record."""
+    """How DAPE's filter runs on a CPU in this process, for a run's record: the chunks, or
+    the native kernel, which evaluates and trains DAPE V2 (rows of more than two of its
+    vectors; a record without "trains" predates its training in the kernel's own order)."""
     kernel = native_filter()
-    return "chunks" if kernel is None else f"native ({kernel.description})"
+    return "chunks" if kernel is None else f"native ({kernel.description}; trains DAPE V2)"
