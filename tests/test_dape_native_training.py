@@ -1,8 +1,9 @@
 """DAPE V2 trained by the native kernel (``native_training``): outputs and every gradient equal
 the chunks' arithmetic within float32 rounding, and a model trains to nearby weights; the
-kernel's parts give the same bits on any number of threads; it trains rows longer than two of
-its vectors only, DAPE V2 only (k <= 7), and the switch turns it off; its backward and its
-weights' gradients against autograd through a conv1d form of f at odd shapes."""
+kernel's parts give the same bits on any number of threads; with the scores as f's content,
+training's logits are evaluation's bit for bit; it trains every row length, DAPE V2 only (k <=
+7), and the switch turns it off; its backward and its weights' gradients against autograd
+through a conv1d form of f at odd shapes."""
 
 from __future__ import annotations
 
@@ -113,24 +114,25 @@ def test_a_model_trains_to_nearby_weights(native_kernel, kernel_calls, chunks_on
 
 def kernel_parts(threads, native_kernel):
     """The kernel's training calls on fixed maps with ``threads`` torch threads: the logits
-    and the rows the forward writes, then every gradient the backward gives."""
+    (with a residual, onto the content), then every gradient the backward gives."""
     generator = torch.Generator().manual_seed(3)
     content, grad = torch.randn(2, 5, 8, 7, 41, generator=generator)
     weight1, weight2 = (torch.randn(32, 8, 3, generator=generator) * 0.3,
                         torch.randn(8, 32, 3, generator=generator) * 0.3)
     bias1 = torch.randn(32, generator=generator)
-    hidden, rows = native_training.kept_rows(content[None], 32, 3, native_kernel.lanes)
-    kept, logits = (hidden[0], rows[0]), content.clone()
+    residual = torch.randn(1, 8, 7, 41, generator=generator)
+    logits = torch.empty_like(content)
     previous = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
         addend = native_training.member_forward(
-            native_kernel, logits, content, None, (weight1, bias1, weight2), kept)
+            native_kernel, logits, content, None, (weight1, bias1, weight2), residual)
         gradients = native_training.member_backward(
-            native_kernel, grad, content, None, (weight1, weight2, addend), kept, (True, False))
+            native_kernel, grad, content, None, (weight1, weight2, addend), (True, False),
+            plus_grad=True)
     finally:
         torch.set_num_threads(previous)
-    return [logits, hidden, rows, *(value for value in gradients if value is not None)]
+    return [logits, *(value for value in gradients if value is not None)]
 
 
 def test_the_kernel_s_parts_give_the_same_bits_on_any_thread_count(native_kernel):
@@ -154,11 +156,9 @@ def test_dape_k1_and_kernels_over_7_train_with_torch_s_products(native_kernel):
     assert training.training_kernel(7) is native_kernel
 
 
-def test_rows_of_two_vectors_or_fewer_train_with_torch_s_products(native_kernel, kernel_calls):
-    length = 2 * native_kernel.lanes
+@pytest.mark.parametrize("length", [1, 16, 17, 33])
+def test_rows_of_every_length_train_with_the_kernel(length, native_kernel, kernel_calls):
     filter_and_gradients(3, "concat_residual", True, False, 1, (2, 8, 5, length))
-    assert not kernel_calls
-    filter_and_gradients(3, "concat_residual", True, False, 1, (2, 8, 5, length + 1))
     assert kernel_calls == ["weight_grads", "weight_grads"]
 
 
@@ -184,10 +184,11 @@ def padded(rows, span, lanes):
 @pytest.mark.parametrize("heads, width", [(8, 32), (3, 5), (12, 20)])
 @pytest.mark.parametrize("size", [1, 3, 7])
 @pytest.mark.parametrize("length", [1, 16, 41])
-def test_the_kernel_s_backward_is_f_s(heads, width, size, length, native_kernel):
-    """native.backward and weight_grads against autograd: the hidden pre-activation's
-    gradient, the content's and both weights', from the activated hidden map and the
-    logits' gradient."""
+@pytest.mark.parametrize("plus_grad", [False, True])
+def test_the_kernel_s_backward_is_f_s(heads, width, size, length, plus_grad, native_kernel):
+    """native.backward and weight_grads against autograd: the recomputed hidden map, its
+    pre-activation's gradient, the content's (plus the logits' with ``plus_grad``) and both
+    weights', from the content and the logits' gradient."""
     generator = torch.Generator().manual_seed(size)
     content = torch.randn(2, heads, 3, length, generator=generator, requires_grad=True)
     grad = torch.randn(2, heads, 3, length, generator=generator)
@@ -198,20 +199,43 @@ def test_the_kernel_s_backward_is_f_s(heads, width, size, length, native_kernel)
     before.retain_grad()
     out.backward(grad)
     lanes, span = native_kernel.lanes, native_training.span_of(length, size, native_kernel.lanes)
-    activated = padded(F.leaky_relu(before, 0.01).detach(), span, lanes)  # [b*r, D, S]
+    hidden, grad_hidden = native_training._padded_rows(content, (2, 6), width, span, lanes)
+    content_rows, grad_rows = torch.empty(2, 6, heads, span).unbind()
     grad_content = torch.empty_like(content)
-    grad_hidden = padded(torch.zeros(6, width, length), span, lanes)
-    grad_rows = torch.empty(6, heads, span)
-    adjoints = tuple(w.detach().transpose(0, 1).flip(-1).contiguous() for w in reversed(weights))
-    native_kernel.backward(grad_content, grad, native_training._as_hidden(activated, 2), adjoints,
-                           (native_training._as_hidden(grad_hidden, 2),
-                            native_training._as_maps(grad_rows, 2)))
-    expected_hidden = before.grad
-    torch.testing.assert_close(grad_hidden[..., :length], expected_hidden, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(grad_content, content.grad, atol=1e-5, rtol=1e-5)
+    adjoints = tuple(w.detach().transpose(0, 1).flip(-1) for w in reversed(weights))
+    as_hidden, as_maps = native_training._as_hidden, native_training._as_maps
+    written = (as_hidden(hidden, 2), as_maps(content_rows, 2), as_hidden(grad_hidden, 2),
+               as_maps(grad_rows, 2))
+    forward = content.detach(), gate_bias[:, :, None], weights[0].detach()
+    native_kernel.backward(grad_content, grad, forward, adjoints, written, plus_grad)
+    close = {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(hidden[..., :length], F.leaky_relu(before, 0.01), **close)
+    torch.testing.assert_close(grad_hidden[..., :length], before.grad, **close)
+    expected_content = content.grad + grad if plus_grad else content.grad
+    torch.testing.assert_close(grad_content, expected_content, **close)
+    for rows in (hidden, grad_hidden, content_rows, grad_rows):
+        assert not rows[..., length:].any()  # the zero padding weight_grads relies on
     grad_weight2, grad_weight1 = torch.zeros(heads, width, size), torch.zeros(heads, width, size)
-    native_kernel.weight_grads(grad_weight2, grad_rows, activated, 1)
-    content_rows = padded(content.detach().transpose(1, 2).reshape(6, heads, length), span, lanes)
+    native_kernel.weight_grads(grad_weight2, grad_rows, hidden, 1)
     native_kernel.weight_grads(grad_weight1, content_rows, grad_hidden, -1)
     torch.testing.assert_close(grad_weight2, weights[1].grad, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(grad_weight1.transpose(0, 1), weights[0].grad, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", [3, 7])
+def test_training_logits_are_evaluation_s_bit_for_bit(kernel, native_kernel):
+    """With the scores as f's content, training's logits are the kernel's scores + (residual
+    + f), as evaluation's tiles compute them."""
+    torch.manual_seed(kernel)
+    processor = DapeProcessor(8, kernel, width=32, with_bias=True)
+    generator = torch.Generator().manual_seed(1)
+    scores = torch.randn(1, 3, 8, 41, 41, generator=generator, requires_grad=True)
+    bias = torch.randn(1, 1, 8, 41, 41, generator=generator)
+    trained = processor(scores, bias)
+    evaluated = scores.detach().clone()
+    with torch.no_grad():
+        tiles = processor.tile_filter(0, bias, slice(0, 41), evaluated.shape[1:])
+        for tile in tiles.tiles:
+            logits = evaluated[0, tile.batch, :, tile.rows].contiguous()
+            evaluated[0, tile.batch, :, tile.rows] = tiles.add(logits, tile)
+    assert torch.equal(trained.detach(), evaluated)

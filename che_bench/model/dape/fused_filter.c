@@ -12,8 +12,8 @@
  *
  * The backward through the hidden map is the same computation with the adjoint weights
  * (dape_filter_rows). For training, a call can also write the row's hidden map and its
- * input out, zero-padded; the gradients of both convolutions' weights are then long dot
- * products over those padded rows (dape_filter_weight_grads). At evaluation the row's
+ * input out, zero-padded (or compute only those); the gradients of both convolutions' weights
+ * are then long dot products over the padded rows (dape_filter_weight_grads). At evaluation the row's
  * logits can become its attention probabilities (softmax over the keys, those after the
  * query hidden when causal) while they are in cache. */
 #include <stdlib.h>
@@ -99,21 +99,20 @@ static inline vec leaky_relu(vec x)
     return choose(x > 0, x, x * NEGATIVE_SLOPE);
 }
 
-/* acc[o][v] += sum_{c, s} w[(o * channels + c) * kernel + s] * x[c * stride + j + LANES v + s]
- * for outs <= OUT output channels and nv <= BLOCK vectors of keys, channel by channel. */
+/* acc[o][v] += sum_{c, s} w[(c * kernel + s) * outputs + o] * x[c * stride + j + LANES v + s]
+ * for outs <= OUT output channels of `outputs` and nv <= BLOCK vectors of keys, channel by
+ * channel, tap by tap within a channel (weights laid out input, tap, output: one tap's weights
+ * of the block side by side). */
 static inline __attribute__((always_inline)) void convolve_block(
     vec acc[OUT][BLOCK], int outs, int nv, const float *x, long stride, const float *w,
-    long channels, long kernel, long j)
+    long outputs, long channels, long kernel, long j)
 {
-    for (long c = 0; c < channels; c++) {
-        for (long s = 0; s < kernel; s++) {
-            const float *row = x + c * stride + j + s;
+    for (long c = 0; c < channels; c++, x += stride) {
+        for (long s = 0; s < kernel; s++, w += outputs) {
             vec in[BLOCK];
-            for (int v = 0; v < nv; v++) in[v] = load(row + LANES * v);
-            for (int o = 0; o < outs; o++) {
-                float weight = w[(o * channels + c) * kernel + s];
-                for (int v = 0; v < nv; v++) acc[o][v] += weight * in[v];
-            }
+            for (int v = 0; v < nv; v++) in[v] = load(x + j + s + LANES * v);
+            for (int o = 0; o < outs; o++)
+                for (int v = 0; v < nv; v++) acc[o][v] += w[o] * in[v];
         }
     }
 }
@@ -134,60 +133,70 @@ static inline vec key_vector(const struct key_rows *rows, long channel, long j, 
     return j + LANES <= length ? load(row + j) : load_first(row + j, length - j);
 }
 
-/* What one row of the first convolution starts from and how it is activated, for keys j <
- * length: the batch-free addend (none when its `at` is NULL), then LeakyReLU, or (gate's `at`
- * not NULL) LeakyReLU's derivative at the activated map `gate`, which keeps the sign of its
- * argument: the backward's gradient of the hidden map. */
+/* What one row of the first convolution starts from, how it is activated and where it goes,
+ * for keys j < length: the batch-free addend (none when its `at` is NULL), then LeakyReLU, or
+ * (gate's `at` not NULL) LeakyReLU's derivative at the activated map `gate`, which keeps the
+ * sign of its argument: the backward's gradient of the hidden map; channel d's row is at
+ * hidden + d * hidden_stride. */
 struct hidden_terms {
     struct key_rows addend, gate;
     long length;
+    float *hidden;
+    long hidden_stride;
 };
 
 /* One register block of the first convolution: hidden[o][j ..] = the activation of the
- * addend plus the block's sums (0 from `length` on), for outputs d0 + o, rows of hidden and
- * content `stride` apart. */
+ * addend plus the block's sums (0 from `length` on), for outputs d0 + o, rows of content
+ * `stride` apart. */
 static inline __attribute__((always_inline)) void hidden_block(
-    float *hidden, const struct hidden_terms *terms, long d0, const float *content, long stride,
-    const float *w, long heads, long kernel, int outs, int nv, long j)
+    const struct hidden_terms *terms, long d0, const float *content, long stride, const float *w,
+    long width, long heads, long kernel, int outs, int nv, long j)
 {
     vec acc[OUT][BLOCK] = {{{0}}};
     long length = terms->length;
     for (int o = 0; o < outs && terms->addend.at; o++)
         for (int v = 0; v < nv; v++)
             acc[o][v] = key_vector(&terms->addend, d0 + o, j + LANES * v, length);
-    convolve_block(acc, outs, nv, content, stride, w, heads, kernel, j);
-    for (int o = 0; o < outs; o++) {
-        for (int v = 0; v < nv; v++) {
-            long at = j + LANES * v;
+    convolve_block(acc, outs, nv, content, stride, w, width, heads, kernel, j);
+    float *hidden = terms->hidden + d0 * terms->hidden_stride;
+    for (int v = 0; v < nv; v++) {
+        long at = j + LANES * v;
+        mask keep = at + LANES > length ? inside(at, length) : ~(mask){0};
+        for (int o = 0; o < outs; o++) {
             vec x = acc[o][v];
             if (terms->gate.at)
                 x = choose(key_vector(&terms->gate, d0 + o, at, length) > 0, x,
                            x * NEGATIVE_SLOPE);
             else
                 x = leaky_relu(x);
-            if (at + LANES > length) x = choose(inside(at, length), x, (vec){0});
-            store(hidden + (d0 + o) * stride + at, x);
+            store(hidden + o * terms->hidden_stride + at, choose(keep, x, (vec){0}));
         }
     }
 }
 
-/* Where one row of scores goes: out[h * out_stride + j] += residual[h * residual_stride +
- * j * residual_step] (when there is one) + the second convolution, for keys j < length;
- * with `overwrite`, out = the second convolution (the backward's gradient of the content). */
+/* What a row of the second convolution's sums is added to (`base`): the row of out itself,
+ * nothing (out is written over), or the row's input. */
+enum base { OUT_BASE, NO_BASE, INPUT_BASE };
+
+/* Where one row of scores goes: out[h * out_stride + j] = base + (residual[h * residual_stride
+ * + j * residual_step] (when there is one) + the second convolution), for keys j < length;
+ * the input base is input[h * input_stride + j]. */
 struct output {
     float *out;
     long out_stride, length;
     const float *residual;
     long residual_stride, residual_step; /* step 1 (a value per key) or 0 (one per row) */
-    int overwrite;
+    enum base base;
+    const float *input;
+    long input_stride;
 };
 
-/* One register block of the second convolution, added to the scores (or written over them):
- * outputs h0 .. h0 + outs at keys j, w (w2 + h0 rows) over the hidden row at key -kernel / 2,
+/* One register block of the second convolution, added to its base (`to`):
+ * outputs h0 .. h0 + outs at keys j, w (w2 + h0) over the hidden row at key -kernel / 2,
  * zero-padded; the sums start from the residual. */
 static inline __attribute__((always_inline)) void output_block(
     const struct output *to, long h0, const float *hidden, long stride, const float *w,
-    long width, long kernel, int outs, int nv, long j)
+    long heads, long width, long kernel, int outs, int nv, long j)
 {
     vec acc[OUT][BLOCK] = {{{0}}};
     for (int o = 0; o < outs && to->residual; o++) {
@@ -198,14 +207,17 @@ static inline __attribute__((always_inline)) void output_block(
             else
                 acc[o][v] += residual[0];
     }
-    convolve_block(acc, outs, nv, hidden, stride, w, width, kernel, j);
+    convolve_block(acc, outs, nv, hidden, stride, w, heads, width, kernel, j);
     for (int o = 0; o < outs; o++)
         for (int v = 0; v < nv; v++) {
             long at = j + LANES * v, left = to->length - at;
             if (left <= 0) break;
             float *out = to->out + (h0 + o) * to->out_stride + at;
             vec x = acc[o][v];
-            if (!to->overwrite) x = (left >= LANES ? load(out) : load_first(out, left)) + x;
+            if (to->base == INPUT_BASE)
+                x = load(to->input + (h0 + o) * to->input_stride + at) + x;
+            else if (to->base == OUT_BASE)
+                x = (left >= LANES ? load(out) : load_first(out, left)) + x;
             if (left >= LANES)
                 store(out, x);
             else
@@ -262,24 +274,24 @@ static inline int vectors_at(long j, long padded)
     return left >= BLOCK ? BLOCK : (int)left;
 }
 
-/* hidden[d][j ..] = the activation of addend[d][j ..] (`from`) + sum_{h, s} w1[d, h, s]
+/* hidden[d][j ..] = the activation of addend[d][j ..] (`from`) + sum_{h, s} w1[h, s, d]
  * content[h][j + s ..] for nv vectors of keys at j, every d. Full blocks get code of
  * constant shape. */
 static inline __attribute__((always_inline)) void hidden_columns(
-    float *hidden, const struct hidden_terms *from, const float *content, long stride,
-    const float *w1, long heads, long width, long kernel, int nv, long j)
+    const struct hidden_terms *from, const float *content, long stride, const float *w1,
+    long heads, long width, long kernel, int nv, long j)
 {
     for (long d0 = 0; d0 < width; d0 += OUT) {
         int outs = width - d0 < OUT ? (int)(width - d0) : OUT;
-        const float *w = w1 + d0 * heads * kernel;
+        const float *w = w1 + d0;
         if (outs == OUT && nv == BLOCK)
-            hidden_block(hidden, from, d0, content, stride, w, heads, kernel, OUT, BLOCK, j);
+            hidden_block(from, d0, content, stride, w, width, heads, kernel, OUT, BLOCK, j);
         else if (outs == OUT && nv == 2)
-            hidden_block(hidden, from, d0, content, stride, w, heads, kernel, OUT, 2, j);
+            hidden_block(from, d0, content, stride, w, width, heads, kernel, OUT, 2, j);
         else if (outs == OUT)
-            hidden_block(hidden, from, d0, content, stride, w, heads, kernel, OUT, 1, j);
+            hidden_block(from, d0, content, stride, w, width, heads, kernel, OUT, 1, j);
         else
-            hidden_block(hidden, from, d0, content, stride, w, heads, kernel, outs, nv, j);
+            hidden_block(from, d0, content, stride, w, width, heads, kernel, outs, nv, j);
     }
 }
 
@@ -290,17 +302,17 @@ static void output_row(const struct output *to, const float *hidden, long stride
 {
     for (long h0 = 0; h0 < heads; h0 += OUT) {
         int outs = heads - h0 < OUT ? (int)(heads - h0) : OUT;
-        const float *w = w2 + h0 * width * kernel;
+        const float *w = w2 + h0;
         for (long j = 0; j < padded;) {
             int nv = vectors_at(j, padded);
             if (outs == OUT && nv == BLOCK)
-                output_block(to, h0, hidden, stride, w, width, kernel, OUT, BLOCK, j);
+                output_block(to, h0, hidden, stride, w, heads, width, kernel, OUT, BLOCK, j);
             else if (outs == OUT && nv == 2)
-                output_block(to, h0, hidden, stride, w, width, kernel, OUT, 2, j);
+                output_block(to, h0, hidden, stride, w, heads, width, kernel, OUT, 2, j);
             else if (outs == OUT)
-                output_block(to, h0, hidden, stride, w, width, kernel, OUT, 1, j);
+                output_block(to, h0, hidden, stride, w, heads, width, kernel, OUT, 1, j);
             else
-                output_block(to, h0, hidden, stride, w, width, kernel, outs, nv, j);
+                output_block(to, h0, hidden, stride, w, heads, width, kernel, outs, nv, j);
             j += nv * LANES;
         }
     }
@@ -308,23 +320,28 @@ static void output_row(const struct output *to, const float *hidden, long stride
 
 /* One call of the filter over the rows of `batch` sequences x `rows` queries x `length` keys:
  *
- *     out[b, h, i, j] += residual[h, i, j] + Conv2(hidden)[b, h, i, j],
+ *     out[b, h, i, j] = base + (residual[h, i, j] + Conv2(hidden)[b, h, i, j]),
  *     hidden = the activation of (Conv1(in) + addend),
  *
  * with element (b, h, i, j) of out at b * ob + h * oh + i * oi + j and of in at b * ib +
- * h * ih + i * ii + j; residual (h, i, j) at h * rh + i * ri + j * rj (none when NULL); the
- * addend (d, i, j) at d * ad + i * ai + j * aj (none when NULL; rj and aj are 1 or 0); the
- * gate (d, b, i, j) at d * gd + b * gb + i * gi + j. Unless NULL, hidden_out (d, b, i, j) at
- * d * hd + b * hb + i * hi + j and in_copy (b, h, i, j) at b * cb + h * ch + i * ci + j
- * receive the hidden map and the input for keys j < span (span >= length + kernel / 2; 0
- * from `length` on), `streamed`: with non-temporal stores where aligned (the forward's, read
- * only by the backward, after the other layers' work). w1 is [width, heads, kernel], w2 [heads, width, kernel], both
- * contiguous. Out may be in: each row is read before it is written. With `overwrite`, out =
- * Conv2(hidden) (and no residual). With `normalise`, each row's logits then become
+ * h * ih + i * ii + j; base (`enum base`) out itself, nothing or in; residual (h, i, j) at
+ * h * rh + i * ri + j * rj (none when NULL); the addend (d, i, j) at d * ad + i * ai + j * aj
+ * (none when NULL; rj and aj are 1 or 0); the gate (d, b, i, j) at d * gd + b * gb + i * gi +
+ * j. Unless NULL, hidden_out (d, b, i, j) at d * hd + b * hb + i * hi + j and in_copy (b, h,
+ * i, j) at b * cb + h * ch + i * ci + j receive the hidden map and the input for keys j <
+ * span (span >= length + kernel / 2; 0 from `length` on). w1 is [heads, kernel, width], w2
+ * [width, kernel, heads] (input channel, tap, output channel), both contiguous. Out may be
+ * in: each row is read before it is written. With `normalise`, each row's logits then become
  * probabilities over its keys, the keys j > first_row + i hidden when first_row >= 0 (causal
- * attention; row i is query first_row + i). The backward is the same call with the adjoint
- * weights, the gradient of the logits as `in`, the forward's hidden map as the gate and
- * `overwrite`. */
+ * attention; row i is query first_row + i).
+ *
+ * The backward is the same call with the adjoint weights, the gradient of the logits as `in`,
+ * the forward's hidden map as the gate and no base (f's gradient of its content) or the input
+ * (that plus the logits' gradient: the scores' whole gradient when they are f's content).
+ * With `source` (b, h, i, j at b * sb + h * sh + i * si + j: the forward's content), that
+ * hidden map is recomputed first, from the source, the addend and w0 (as w1), and written to
+ * the gate (zero-padded to span: `gate` is then an output too), and the source to
+ * source_copy (likewise, at b * xb + h * xh + i * xi + j) unless NULL. */
 struct filter_rows {
     float *out;
     long ob, oh, oi;
@@ -340,9 +357,13 @@ struct filter_rows {
     long hd, hb, hi;
     float *in_copy;
     long cb, ch, ci;
-    const float *w1, *w2;
+    const float *source;
+    long sb, sh, si;
+    float *source_copy;
+    long xb, xh, xi;
+    const float *w0, *w1, *w2;
     long batch, heads, rows, length, width, kernel, span;
-    int overwrite, normalise, streamed;
+    int base, normalise;
     long first_row;
 };
 
@@ -353,21 +374,61 @@ struct row_buffers {
     long stride, padded;
 };
 
-/* out[c * channel_stride + j] = rows[c * stride + j] for `channels` rows and j < span;
- * `streamed`, past the caches where out and its rows are aligned. */
+/* out[c * channel_stride + j] = rows[c * stride + j] for `channels` rows and j < span (a
+ * multiple of LANES): whole vectors, not a library call per row. */
 static void copy_rows(float *out, long channel_stride, const float *rows, long stride,
-                      long channels, long span, int streamed)
+                      long channels, long span)
 {
-#ifdef __AVX512F__
-    if (streamed && ((unsigned long)out | (unsigned long)channel_stride * 4) % 64 == 0) {
-        for (long c = 0; c < channels; c++)
-            for (long j = 0; j < span; j += LANES)
-                _mm512_stream_ps(out + c * channel_stride + j, (__m512)load(rows + c * stride + j));
-        return;
-    }
-#endif
     for (long c = 0; c < channels; c++)
-        memcpy(out + c * channel_stride, rows + c * stride, sizeof(float) * span);
+        for (long j = 0; j < span; j += LANES)
+            store(out + c * channel_stride + j, load(rows + c * stride + j));
+}
+
+/* A row's channels (`heads` rows `channel_stride` apart, keys j < length) into the row buffer
+ * `to` (rows `stride` apart, keys aligned), whole vectors, 0 past the keys. */
+static void load_row(float *to, long stride, const float *from, long channel_stride, long heads,
+                     long length, long padded)
+{
+    for (long h = 0; h < heads; h++)
+        for (long j = 0; j < padded; j += LANES)
+            store(to + h * stride + j, row_vector(from + h * channel_stride, j, length, 0));
+}
+
+/* One row of the first convolution (w: input, tap, output) over the row buffer `in` (key 0 at
+ * in + kernel / 2), into `terms`' hidden rows; 0 from `padded` to `span` too when span >
+ * padded. */
+static void hidden_row(const struct hidden_terms *terms, const float *in, long stride,
+                       const float *w, long heads, long width, long kernel, long padded,
+                       long span)
+{
+    for (long j = 0; j < padded; j += vectors_at(j, padded) * LANES)
+        hidden_columns(terms, in, stride, w, heads, width, kernel, vectors_at(j, padded), j);
+    for (long d = 0; span > padded && d < width; d++)
+        memset(terms->hidden + d * terms->hidden_stride + padded, 0,
+               sizeof(float) * (span - padded));
+}
+
+/* The backward's gate of row (b, i): the forward's hidden map, recomputed from the source into
+ * the gate's row (returned), the source copied out. */
+static const float *recomputed_gate(const struct filter_rows *call, long b, long i,
+                                    const struct row_buffers *buffer)
+{
+    long heads = call->heads, kernel = call->kernel, stride = buffer->stride;
+    load_row(buffer->in + kernel / 2, stride, call->source + b * call->sb + i * call->si,
+             call->sh, heads, call->length, buffer->padded);
+    float *gate = (float *)call->gate + b * call->gb + i * call->gi;
+    struct hidden_terms forward = {
+        {call->addend ? call->addend + i * call->ai : NULL, call->ad, call->aj},
+        {NULL, 0, 0},
+        call->length,
+        gate,
+        call->gd};
+    hidden_row(&forward, buffer->in, stride, call->w0, heads, call->width, kernel,
+               buffer->padded, call->span);
+    if (call->source_copy)
+        copy_rows(call->source_copy + b * call->xb + i * call->xi, call->xh,
+                  buffer->in + kernel / 2, stride, heads, call->span);
+    return gate;
 }
 
 /* One row (b, i) of `call`. */
@@ -376,28 +437,35 @@ static void filter_row(const struct filter_rows *call, long b, long i,
 {
     long heads = call->heads, width = call->width, kernel = call->kernel;
     long length = call->length, stride = buffer->stride, padded = buffer->padded;
-    const float *in = call->in + b * call->ib + i * call->ii;
-    for (long h = 0; h < heads; h++)
-        memcpy(buffer->in + kernel / 2 + h * stride, in + h * call->ih, sizeof(float) * length);
+    const float *gate = call->source ? recomputed_gate(call, b, i, buffer)
+                        : call->gate ? call->gate + b * call->gb + i * call->gi
+                                     : NULL;
+    load_row(buffer->in + kernel / 2, stride, call->in + b * call->ib + i * call->ii,
+             call->ih, heads, length, padded);
     struct hidden_terms terms = {
-        {call->addend ? call->addend + i * call->ai : NULL, call->ad, call->aj},
-        {call->gate ? call->gate + b * call->gb + i * call->gi : NULL, call->gd, 1},
-        length};
-    float *out = call->out + b * call->ob + i * call->oi;
-    struct output to = {out, call->oh, length,
-                        call->residual ? call->residual + i * call->ri : NULL, call->rh,
-                        call->rj, call->overwrite};
-    for (long j = 0; j < padded; j += vectors_at(j, padded) * LANES)
-        hidden_columns(buffer->hidden, &terms, buffer->in, stride, call->w1, heads, width,
-                       kernel, vectors_at(j, padded), j);
-    output_row(&to, buffer->hidden - kernel / 2, stride, call->w2, heads, width, kernel,
-               padded);
+        {call->addend && !call->source ? call->addend + i * call->ai : NULL, call->ad, call->aj},
+        {gate, call->gd, 1},
+        length,
+        buffer->hidden,
+        stride};
+    hidden_row(&terms, buffer->in, stride, call->w1, heads, width, kernel, padded, 0);
     if (call->hidden_out)
         copy_rows(call->hidden_out + b * call->hb + i * call->hi, call->hd, buffer->hidden,
-                  stride, width, call->span, call->streamed);
+                  stride, width, call->span);
     if (call->in_copy)
         copy_rows(call->in_copy + b * call->cb + i * call->ci, call->ch,
-                  buffer->in + kernel / 2, stride, heads, call->span, call->streamed);
+                  buffer->in + kernel / 2, stride, heads, call->span);
+    float *out = call->out + b * call->ob + i * call->oi;
+    struct output to = {out,
+                        call->oh,
+                        length,
+                        call->residual ? call->residual + i * call->ri : NULL,
+                        call->rh,
+                        call->rj,
+                        (enum base)call->base,
+                        buffer->in + kernel / 2,
+                        stride};
+    output_row(&to, buffer->hidden - kernel / 2, stride, call->w2, heads, width, kernel, padded);
     if (!call->normalise) return;
     long visible = call->first_row < 0 || call->first_row + i + 1 > length
                        ? length
@@ -424,9 +492,6 @@ int dape_filter_rows(const struct filter_rows *call)
     for (long b = 0; b < call->batch; b++)
         for (long i = 0; i < call->rows; i++) filter_row(call, b, i, &buffer);
     free(work);
-#ifdef __AVX512F__
-    _mm_sfence();
-#endif
     return 0;
 }
 

@@ -6,8 +6,8 @@ while they are in cache (the residual and f added, the future keys hidden when c
 softmax); the attention then multiplies them by the values, still in cache. No map of the
 whole batch is ever built. The tiles are the training path's chunks
 (``che_bench.model.dape.kernel``). With the native kernel (``che_bench.model.dape.native``)
-the logits equal ``ScoreFilter``'s within float32 rounding; without it the arithmetic is the
-chunks' own, in the same order, and the logits are bit for bit ``ScoreFilter``'s."""
+or without it, the arithmetic is the one ``ScoreFilter`` trains with, and with the scores as
+f's content the logits are bit for bit ``ScoreFilter``'s."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ class TileFilter:
         self.buffers = _ChunkBuffers(residual, self.tiles)
         self.native = native_filter() if weight1.dtype == torch.float32 else None
         if self.native is not None:
-            self.native_weights = weight1[:, :heads].contiguous(), weight2.contiguous()
+            self.native_weights = weight1[:, :heads], weight2
             # The kernel reads the residual along the keys with unit stride (FIRE's bias,
             # for one, comes permuted): this member's, copied once.
             own = residual[member : member + 1] if residual.shape[0] > 1 else residual

@@ -2,8 +2,8 @@
 the activation of a query row while the row is in cache, with no im2col matrix and no hidden
 map of a tile, then (for the attention at evaluation) the row's softmax. In training, the
 same rows with the adjoint weights give the backward through the hidden map, and the
-weights' gradients are long dot products over the rows the forward and backward wrote out
-(``che_bench.model.dape.native_training``).
+weights' gradients are long dot products over zero-padded rows of the hidden map, its
+gradient and their inputs, which the kernel writes out (``native_training``).
 
 It sums in an order of its own (channel by channel, from the addend or the residual), so its
 numbers equal the ``chunks`` filter's within float32 rounding, not bit for bit; they are the
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,8 @@ _MAPS = {
     "gate": ("gd", "gb", "gi"),
     "hidden_out": ("hd", "hb", "hi"),
     "in_copy": ("cb", "ch", "ci"),
+    "source": ("sb", "sh", "si"),
+    "source_copy": ("xb", "xh", "xi"),
 }
 #: Per map, the dimensions along which a part's sequences and query rows lie: ``[b, H, r, T]``
 #: maps, ``[D, b, r, T]`` maps, and batch-free ``[C, r or 1, T or 1]`` terms.
@@ -48,7 +50,13 @@ _PART_AXES = {
     "gate": (1, 2),
     "hidden_out": (1, 2),
     "in_copy": (0, 2),
+    "source": (0, 2),
+    "source_copy": (0, 2),
 }
+
+
+#: ``enum base`` of fused_filter.c: what a row's second convolution is added to.
+_OUT_BASE, _NO_BASE, _INPUT_BASE = range(3)
 
 
 class _WeightGrads(ctypes.Structure):
@@ -74,13 +82,12 @@ class _FilterRows(ctypes.Structure):
             for name, strides in _MAPS.items()
             for field in (name, *strides)
         ],
-        ("w1", ctypes.c_void_p),
-        ("w2", ctypes.c_void_p),
+        *[(weight, ctypes.c_void_p) for weight in ("w0", "w1", "w2")],
         *[
             (size, ctypes.c_long)
             for size in ("batch", "heads", "rows", "length", "width", "kernel", "span")
         ],
-        *[(flag, ctypes.c_int) for flag in ("overwrite", "normalise", "streamed")],
+        *[(flag, ctypes.c_int) for flag in ("base", "normalise")],
         ("first_row", ctypes.c_long),
     ]
 
@@ -103,39 +110,40 @@ class NativeFilter:
         weights: tuple[torch.Tensor, torch.Tensor],
         softmax: bool = False,
         first_row: int | None = None,
-        kept: tuple[torch.Tensor, torch.Tensor] | None = None,
+        onto_content: bool = False,
     ) -> None:
         """``scores += residual + f(content)`` in place for float32 ``[b, H, r, T]`` scores
         and content (unit stride along T), ``residual`` ``[H or 1, r or 1, T or 1]`` (or
         None), the first convolution's batch-free ``addend`` ``[D, r or 1, T or 1]`` and
-        contiguous ``weights``, ``[D, H, k]`` and ``[H, D, k]``. With ``softmax`` the logits
-        then become the attention's probabilities, causal when ``first_row`` (the query index
-        of the tile's first row) is given. ``kept``, when given, receives f's activated
-        hidden map (``[D, b, r, S]``) and the content (``[b, H, r, S]``), both zero-padded to
-        S >= T + k // 2 keys (unit stride along them). With several torch threads, parts of
-        the tile run on as many threads (the same numbers: rows are independent)."""
+        ``weights``, ``[D, H, k]`` and ``[H, D, k]``; ``onto_content``: ``scores = content +
+        (residual + f(content))``, scores written, not read. With ``softmax`` the logits then
+        become the attention's probabilities, causal when ``first_row`` (the query index of
+        the tile's first row) is given. With several torch threads, parts of the tile run on
+        as many threads (the same numbers: rows are independent)."""
         maps = {"out": scores, "in": content, "residual": residual, "addend": addend}
-        hidden, inputs = kept or (None, None)
-        self._run(maps | {"hidden_out": hidden, "in_copy": inputs}, weights, softmax, first_row)
+        self._run(maps, weights, softmax, first_row, _INPUT_BASE if onto_content else _OUT_BASE)
 
     def backward(
         self,
         grad_content: torch.Tensor,
         grad: torch.Tensor,
-        hidden: torch.Tensor,
+        forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         adjoints: tuple[torch.Tensor, torch.Tensor],
-        written: tuple[torch.Tensor, torch.Tensor],
+        written: tuple[torch.Tensor, ...],
+        plus_grad: bool = False,
     ) -> None:
         """The backward of f through its content for ``[b, H, r, T]`` gradients ``grad`` of
-        the logits: ``grad_content`` = f's gradient of the content (written over), given the
-        activated hidden map ``hidden`` (``[D, b, r, S >= T]``), with ``adjoints`` the
-        weights of the two convolutions' adjoints, ``[D, H, k]`` and ``[H, D, k]``.
-        ``written`` receives the gradient of the hidden map before its activation
-        (``[D, b, r, S]``) and ``grad`` (``[b, H, r, S]``), zero-padded to S >= T + k // 2
-        keys, as ``weight_grads`` takes them."""
-        maps = {"out": grad_content, "in": grad, "gate": hidden}
-        rows = dict(zip(("hidden_out", "in_copy"), written, strict=True))
-        self._run(maps | rows, adjoints, overwrite=True)
+        the logits: ``grad_content`` = f's gradient of the content (written over; plus
+        ``grad`` with ``plus_grad``: the scores' whole gradient when they are f's content), with
+        ``adjoints`` the weights of the two convolutions' adjoints, ``[D, H, k]`` and
+        ``[H, D, k]``. The activated hidden map is recomputed row by row from ``forward``:
+        the forward's content ``[b, H, r, T]``, its addend (as ``add``) and its first
+        convolution's content weights ``[D, H, k]``. ``written`` receives, zero-padded to
+        S >= T + k // 2 keys (unit stride along them) as ``weight_grads`` takes them: that
+        hidden map ``[D, b, r, S]``, the content ``[b, H, r, S]``, the gradient of the hidden
+        map before its activation ``[D, b, r, S]`` and ``grad`` ``[b, H, r, S]``."""
+        chunk = self.backward_rows(grad_content, grad, forward, adjoints, written, plus_grad)
+        chunk(slice(0, grad.shape[0]), slice(0, grad.shape[2]))
 
     def weight_grads(
         self, out: torch.Tensor, small: torch.Tensor, big: torch.Tensor, direction: int
@@ -172,21 +180,70 @@ class NativeFilter:
         weights: tuple[torch.Tensor, torch.Tensor],
         softmax: bool = False,
         first_row: int | None = None,
-        overwrite: bool = False,
+        base: int = _OUT_BASE,
+        source_weights: torch.Tensor | None = None,
     ) -> None:
         """One kernel call per part of the tile (``_parts``)."""
         out = maps["out"]
         assert out is not None
-        batch, heads, rows, length = out.shape
+        prepared = _Prepared.of(self.library, maps, weights, softmax, base, source_weights)
+        prepared.launch(slice(0, out.shape[0]), slice(0, out.shape[2]), first_row)
+
+    def backward_rows(
+        self,
+        grad_content: torch.Tensor,
+        grad: torch.Tensor,
+        forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        adjoints: tuple[torch.Tensor, torch.Tensor],
+        written: tuple[torch.Tensor, ...],
+        plus_grad: bool = False,
+    ) -> Callable[[slice, slice], None]:
+        """``backward`` for whole ``[B, H, R, T]`` maps, prepared once, as a function of a
+        chunk (sequences, query rows) of them: each chunk writes its rows at the start of
+        ``written`` (as the chunk's own maps, ``[D, b, r, S]`` and ``[b, H, r, S]``)."""
+        content, addend, weight1 = forward
+        names = "gate", "source_copy", "hidden_out", "in_copy"
+        maps = {"out": grad_content, "in": grad, "source": content, "addend": addend}
+        base = _INPUT_BASE if plus_grad else _NO_BASE
+        rows = dict(zip(names, written, strict=True))
+        prepared = _Prepared.of(self.library, maps | rows, adjoints, False, base, weight1)
+        return functools.partial(prepared.launch, first_row=None, local=frozenset(names))
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A kernel call over whole maps: the call's struct, each map's pointer with how far one
+    sequence and one query row move it (bytes), and the laid-out weights it points to."""
+
+    library: ctypes.CDLL
+    call: _FilterRows
+    located: dict[str, tuple[int, int, int]]
+    weights: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def of(
+        cls,
+        library: ctypes.CDLL,
+        maps: Mapping[str, torch.Tensor | None],
+        weights: tuple[torch.Tensor, torch.Tensor],
+        softmax: bool,
+        base: int,
+        source_weights: torch.Tensor | None,
+    ) -> _Prepared:
+        out = maps["out"]
+        assert out is not None
+        _, heads, _, length = out.shape
         width, _, kernel = weights[0].shape
-        written = [maps.get(name) for name in ("hidden_out", "in_copy")]
+        written = [maps.get(name) for name in ("hidden_out", "in_copy", "source_copy")]
         span = next((rows.shape[-1] for rows in written if rows is not None), length)
         call = _FilterRows(heads=heads, length=length, width=width, kernel=kernel, span=span)
-        call.w1, call.w2 = weights[0].data_ptr(), weights[1].data_ptr()
-        call.overwrite, call.normalise = overwrite, softmax
-        # The forward's written rows are read only by the backward, after the other layers.
-        call.streamed = not overwrite
-        # Per map: its pointer and how far one sequence and one query row move it (bytes).
+        # The kernel's weights: input channel, tap, output channel (a tap's outputs together).
+        laid_out = tuple(
+            weight.permute(1, 2, 0).contiguous()
+            for weight in (source_weights if source_weights is not None else weights[0], *weights)
+        )
+        call.w0, call.w1, call.w2 = (weight.data_ptr() for weight in laid_out)
+        call.base, call.normalise = base, softmax
         located = {}
         for name, tensor in maps.items():
             if tensor is not None:
@@ -195,21 +252,36 @@ class NativeFilter:
                     setattr(call, field, stride)
                 sequence, row = _PART_AXES[name]
                 steps = 0 if sequence is None else strides[sequence], strides[row]
-                located[name] = tensor.data_ptr(), *(tensor.element_size() * step for step in steps)
+                size = tensor.element_size()
+                located[name] = tensor.data_ptr(), size * steps[0], size * steps[1]
+        return cls(library, call, located, laid_out)
+
+    def launch(
+        self,
+        sequences: slice,
+        rows: slice,
+        first_row: int | None,
+        local: frozenset[str] = frozenset(),
+    ) -> None:
+        """The call over ``sequences`` x query ``rows`` of the maps, in parts on the torch
+        threads (``_parts``); the maps named in ``local`` start at the chunk's first row."""
 
         def run(part: tuple[slice, slice]) -> None:
-            sequences, part_rows = part
-            part_call = _FilterRows.from_buffer_copy(call)
-            part_call.batch = sequences.stop - sequences.start
+            part_sequences, part_rows = part
+            part_call = _FilterRows.from_buffer_copy(self.call)
+            part_call.batch = part_sequences.stop - part_sequences.start
             part_call.rows = part_rows.stop - part_rows.start
             part_call.first_row = -1 if first_row is None else first_row + part_rows.start
-            for name, (pointer, sequence_bytes, row_bytes) in located.items():
-                start = pointer + sequences.start * sequence_bytes + part_rows.start * row_bytes
-                setattr(part_call, name, start)
+            for name, (pointer, sequence_bytes, row_bytes) in self.located.items():
+                first = (0, 0) if name in local else (sequences.start, rows.start)
+                offset = (part_sequences.start + first[0]) * sequence_bytes
+                offset += (part_rows.start + first[1]) * row_bytes
+                setattr(part_call, name, pointer + offset)
             if self.library.dape_filter_rows(ctypes.byref(part_call)):
                 raise MemoryError("DAPE's native filter could not allocate its row buffers")
 
-        native_build.run_parts(run, _parts(batch, rows, torch.get_num_threads()))
+        batch, count = sequences.stop - sequences.start, rows.stop - rows.start
+        native_build.run_parts(run, _parts(batch, count, torch.get_num_threads()))
 
 
 def _parts(batch: int, rows: int, threads: int) -> list[tuple[slice, slice]]:

@@ -1,9 +1,10 @@
-"""DAPE V2's f in training by the native kernel (``native.py``): the forward writes each query
-row's activated hidden map and its content out, zero-padded to ``span`` keys, row after row
-(``[M, B*R, channels, span]``); the backward takes the gradients through the hidden map row by
-row, then both weights' gradients as dot products over the written rows, chunk by chunk of
-rows while they are in cache. The batch-free terms (``bias1``, the bias channels) keep the
-chunks filter's arithmetic (``kernel.bias_gradients``). See ``che_bench.model.dape``."""
+"""DAPE V2's f in training by the native kernel (``native.py``). The forward is the kernel's
+rows, as at evaluation; nothing is kept for the backward, which goes chunk by chunk of query
+rows whose maps stay in cache: the kernel recomputes each row's hidden map, takes the
+gradients through it, and writes the hidden map, its gradient and their inputs out as
+zero-padded rows (``[rows, channels, span]``), over which both weights' gradients are long
+dot products. The batch-free terms (``bias1``, the bias channels) keep the chunks
+filter's arithmetic (``kernel.bias_gradients``). See ``che_bench.model.dape``."""
 
 from __future__ import annotations
 
@@ -18,12 +19,6 @@ def span_of(length: int, kernel: int, lanes: int) -> int:
     return -(-(length + kernel // 2) // lanes) * lanes
 
 
-def kept_floats(shape: torch.Size, width: int, kernel: int, lanes: int) -> int:
-    """Floats of one member's written rows for ``[B, H, R, T]`` maps."""
-    batch, heads, rows, length = shape
-    return batch * rows * (width + heads) * span_of(length, kernel, lanes)
-
-
 def _padded_rows(
     like: torch.Tensor, leading: tuple[int, ...], channels: int, span: int, lanes: int
 ) -> torch.Tensor:
@@ -35,20 +30,6 @@ def _padded_rows(
     flat[:, :lanes] = 0.0
     flat[:, -lanes:] = 0.0
     return flat[:, lanes:-lanes].view(*leading, channels, span)
-
-
-def kept_rows(
-    content: torch.Tensor, width: int, kernel: int, lanes: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows the forward writes for the backward, for ``[M, B, H, R, T]`` content: the
-    hidden map ``[M, B*R, D, span]`` and the content ``[M, B*R, H, span]``."""
-    members, batch, heads, rows, length = content.shape
-    span = span_of(length, kernel, lanes)
-    leading = members, batch * rows
-    return (
-        _padded_rows(content, leading, width, span, lanes),
-        _padded_rows(content, leading, heads, span, lanes),
-    )
 
 
 def _as_hidden(rows: torch.Tensor, batch: int) -> torch.Tensor:
@@ -67,18 +48,28 @@ def member_forward(
     content: torch.Tensor,
     bias: torch.Tensor | None,
     weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    kept: tuple[torch.Tensor, torch.Tensor] | None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One member's ``out += f(content; bias)`` in place (as ``kernel._member_forward``),
-    writing its rows into ``kept`` (``kept_rows``' of the member) when given. Returns the
-    first layer's batch-free addend."""
+    """One member's ``out += f(content; bias)`` in place (as ``kernel._member_forward``), or
+    with a ``residual`` (``[1, H, R, T]``, batch-free) ``out = content + (residual + f)``.
+    Returns the first layer's batch-free addend."""
     weight1, bias1, weight2 = weights
-    batch, heads = content.shape[:2]
+    heads = content.shape[1]
     addend = batch_free_addend(bias, weight1, bias1, heads)
-    written = None if kept is None else (_as_hidden(kept[0], batch), _as_maps(kept[1], batch))
-    convolutions = weight1[:, :heads].contiguous(), weight2.contiguous()
-    native.add(out, content, None, addend, convolutions, kept=written)
+    terms = None if residual is None else residual[0].contiguous()  # unit stride along T
+    convolutions = weight1[:, :heads], weight2
+    native.add(out, content, terms, addend, convolutions, onto_content=residual is not None)
     return addend
+
+
+def _row_buffers(
+    content: torch.Tensor, largest: int, width: int, span: int, lanes: int
+) -> tuple[torch.Tensor, ...]:
+    """Buffers of ``largest`` rows ``[rows, channels, span]`` for what a chunk writes: the
+    hidden map and its gradient (read past their ends by the weights' gradients, so
+    ``_padded_rows``), the content and the logits' gradient (``[B, H, R, T]`` ``content``)."""
+    hidden = _padded_rows(content, (2, largest), width, span, lanes).unbind()
+    return *hidden, *content.new_empty(2, largest, content.shape[1], span).unbind()
 
 
 def member_backward(
@@ -87,43 +78,47 @@ def member_backward(
     content: torch.Tensor,
     bias: torch.Tensor | None,
     weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    kept: tuple[torch.Tensor, torch.Tensor],
     needs: tuple[bool, bool],
+    plus_grad: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One member's gradients (content, bias, weight1, bias1, weight2) of ``f`` (as
-    ``kernel._member_backward``) from the rows its forward wrote (``kept``), so the
-    addend (``weights``' third) is not needed again."""
-    weight1, weight2 = weights[:2]
+    ``kernel._member_backward``; ``weights``: ``weight1``, ``weight2`` and the first layer's
+    batch-free addend); with ``plus_grad`` the content's plus ``grad``."""
+    weight1, weight2, addend = weights
     width, heads, kernel = weight1.shape[0], content.shape[1], weight1.shape[-1]
-    hidden_rows, content_rows = kept
+    length = content.shape[-1]
     grad_content = torch.empty_like(content)
     # The hidden pre-activation's gradient summed over the batch is the addend's.
     grad_addend = grad.new_zeros(width, *content.shape[2:])
     grad_weight2 = grad.new_zeros(heads, width, kernel)
     grad_conv1 = grad.new_zeros(heads, width, kernel)  # transposed, as weight_grads sums it
-    adjoints = _adjoint(weight2).contiguous(), _adjoint(weight1[:, :heads]).contiguous()
+    conv1 = weight1[:, :heads]
+    adjoints = _adjoint(weight2), _adjoint(conv1)
     chunks = _cache_chunks(content.shape, width)
-    length, span = content.shape[-1], hidden_rows.shape[-1]
+    span = span_of(length, kernel, native.lanes)
     largest = chunks[0].columns // length  # rows
-    grad_hidden_rows = _padded_rows(grad, (1, largest), width, span, native.lanes)[0]
-    grad_rows = grad.new_empty(largest, heads, span)
+    hidden, grad_hidden, content_rows, grad_rows = _row_buffers(
+        content, largest, width, span, native.lanes
+    )
+    sequences = chunks[0].batch.stop - chunks[0].batch.start  # the largest chunk's
+    written = (
+        _as_hidden(hidden, sequences),
+        _as_maps(content_rows, sequences),
+        _as_hidden(grad_hidden, sequences),
+        _as_maps(grad_rows, sequences),
+    )
+    backward = native.backward_rows(
+        grad_content, grad, (content, addend, conv1), adjoints, written, plus_grad
+    )
     for chunk in chunks:
-        sequences, count = chunk.batch.stop - chunk.batch.start, chunk.columns // length
-        first = chunk.batch.start * content.shape[2] + chunk.rows.start
-        rows = slice(first, first + count)
-        written = grad_hidden_rows[:count], grad_rows[:count]
-        native.backward(
-            grad_content[chunk.batch, :, chunk.rows],
-            grad[chunk.batch, :, chunk.rows],
-            _as_hidden(hidden_rows[rows], sequences),
-            adjoints,
-            (_as_hidden(written[0], sequences), _as_maps(written[1], sequences)),
-        )
-        summed = written[0].view(sequences, -1).sum(0).view(-1, width, span)[..., :length]
-        grad_addend[:, chunk.rows] += summed.transpose(0, 1)
-        native.weight_grads(grad_weight2, written[1], hidden_rows[rows], 1)
-        native.weight_grads(grad_conv1, content_rows[rows], written[0], -1)
+        count = chunk.columns // length
+        backward(chunk.batch, chunk.rows)
+        summed = grad_hidden[:count].view(chunk.batch.stop - chunk.batch.start, -1).sum(0)
+        grad_addend[:, chunk.rows] += summed.view(-1, width, span)[..., :length].transpose(0, 1)
+        native.weight_grads(grad_weight2, grad_rows[:count], hidden[:count], 1)
+        native.weight_grads(grad_conv1, content_rows[:count], grad_hidden[:count], -1)
     grad_weight1 = torch.empty_like(weight1)
     grad_weight1[:, :heads] = grad_conv1.transpose(0, 1)
     grad_bias, grad_bias1 = bias_gradients(grad_addend, bias, weight1, grad_weight1, needs[1])
-    return grad_content if needs[0] else None, grad_bias, grad_weight1, grad_bias1, grad_weight2
+    wanted = needs[0] or plus_grad
+    return grad_content if wanted else None, grad_bias, grad_weight1, grad_bias1, grad_weight2

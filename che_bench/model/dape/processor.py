@@ -198,8 +198,9 @@ class DapeProcessor(nn.Module):
             )
             return filtered + (scores + residual_terms)
         return ScoreFilter.apply(
-            scores + residual_terms,
-            content,
+            scores,
+            residual_terms,
+            None if content is scores else content,
             bias_channels,
             self.weight1,
             self.bias1,

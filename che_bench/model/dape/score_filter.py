@@ -13,7 +13,7 @@ from che_bench.model.dape.kernel import (
     _member_bias,
     _member_forward,
 )
-from che_bench.model.dape.native import NativeFilter, native_filter
+from che_bench.model.dape.native import NativeFilter, native_filter, usable
 
 #: The widest key kernel whose weights' gradients the native kernel sums in registers.
 WIDEST_NATIVE_KERNEL = 7
@@ -28,93 +28,117 @@ def training_kernel(kernel: int) -> NativeFilter | None:
 
 
 class ScoreFilter(torch.autograd.Function):
-    """``out += Conv2(LeakyReLU(Conv1([content; bias]) + bias1))`` in place for every member
-    (``out`` is a fresh map, so no further full-size map is allocated), with a hand-written
-    backward; ``bias`` (``[M or 1, 1, C_b, R, T]``, or None) is shared by the batch.
+    """``scores + residual + Conv2(LeakyReLU(Conv1([content; bias]) + bias1))`` for every
+    member, ``content`` None meaning the scores themselves, with a hand-written backward;
+    ``residual`` (``[M, 1, H, R or 1, T or 1]``) and ``bias`` (``[M or 1, 1, C_b, R, T]``,
+    or None) are shared by the batch. The logits are one fresh map: f is added in place.
 
-    Forward and backward run member by member: by the native kernel row by row, or by the
-    chunks implementation over chunks whose hidden map (D_DAPE channels, the largest tensor
-    by far) stays in cache. Backward needs the forward's hidden maps again: they are kept
-    when they fit in ``KEEP_BYTES`` per member (training lengths); otherwise the chunks
-    implementation recomputes them chunk by chunk. Autograd never sees the shifted views
-    (whose gradients would be zero-filled full-size tensors).
+    Forward and backward run member by member: by the native kernel row by row (its
+    backward recomputes the hidden map; with the scores as f's content, the kernel also adds
+    them, and the logits' gradient, in its rows), or by the chunks implementation over chunks
+    whose hidden map (D_DAPE channels, the largest tensor by far) stays in cache; there the
+    backward needs the forward's hidden maps again: they are kept when they fit in
+    ``KEEP_BYTES`` per member (training lengths), else recomputed chunk by chunk. Autograd
+    never sees the shifted views (whose gradients would be zero-filled full-size tensors).
     """
 
     @staticmethod
-    def forward(ctx, out, content, bias, weight1, bias1, weight2, grad_enabled):
-        native = _training_kernel(content, weight1) if grad_enabled else None
-        kept = _kept_maps(content, weight1, native) if grad_enabled else None
+    def forward(ctx, scores, residual, content, bias, weight1, bias1, weight2, grad_enabled):
+        own = content is None  # f's content is the scores
+        content = scores if own else content
+        native = None
+        if grad_enabled and usable(scores, content):
+            native = _training_kernel(content, weight1)
+        fused = native is not None and own
+        out = torch.empty_like(scores) if fused else scores + residual
+        kept = _kept_maps(content, weight1) if grad_enabled and native is None else None
         addends = []
         for m in range(weight1.shape[0]):
             member = out[m], content[m], _member_bias(bias, m)
-            weights, member_kept = (weight1[m], bias1[m], weight2[m]), _of_member(kept, m)
+            weights = weight1[m], bias1[m], weight2[m]
             if native is None:
-                addends.append(_member_forward(*member, weights, member_kept))
+                addends.append(_member_forward(*member, weights, _of_member(kept, m)))
             else:
-                addends.append(
-                    native_training.member_forward(native, *member, weights, member_kept)
-                )
-        ctx.mark_dirty(out)
-        ctx.native = native
+                terms = residual[m] if fused else None
+                addends.append(native_training.member_forward(native, *member, weights, terms))
+        ctx.native, ctx.own, ctx.residual_shape = native, own, residual.shape
         ctx.save_for_backward(content, bias, weight1, weight2, torch.stack(addends), *(kept or ()))
         return out
 
     @staticmethod
     def backward(ctx, grad):
         content, bias, weight1, weight2, addends, *kept = ctx.saved_tensors
-        needs = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        members, native = weight1.shape[0], ctx.native
-        grads: list[list] = [[] for _ in range(5)]
-        for m in range(members):
-            member = grad[m], content[m], _member_bias(bias, m)
-            weights, member_kept = (weight1[m], weight2[m], addends[m]), _of_member(kept, m)
-            if native is None:
-                member_grads = _member_backward(*member, weights, member_kept, needs)
-            else:
-                member_grads = native_training.member_backward(
-                    native, *member, weights, member_kept, needs
-                )
-            for collected, value in zip(grads, member_grads, strict=False):
-                collected.append(value)
-        # One member's gradients are viewed, not copied (a full-size map for the content).
-        grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2 = (
-            None if values[0] is None else values[0][None] if members == 1 else torch.stack(values)
-            for values in grads
+        own, native = ctx.own, ctx.native
+        if native is not None and not usable(grad):
+            grad = grad.contiguous()
+        needs_scores, needs_residual, needs_content, needs_bias = ctx.needs_input_grad[:4]
+        needs = needs_content or (own and needs_scores), needs_bias
+        plus_grad = own and native is not None  # the kernel adds the logits' gradient
+        grads = _member_gradients(
+            grad, content, bias, (weight1, weight2, addends), kept, needs, native, plus_grad
         )
+        grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2 = grads
         if grad_bias is not None and bias.shape[0] == 1:  # one bias shared by the members
             grad_bias = grad_bias.sum(0, keepdim=True)
-        return grad, grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2, None
+        grad_scores = grad
+        if own:
+            grad_scores = grad_content if plus_grad else grad + grad_content
+            grad_content = None
+        grad_residual = grad.sum_to_size(ctx.residual_shape) if needs_residual else None
+        return (
+            grad_scores,
+            grad_residual,
+            grad_content,
+            grad_bias,
+            grad_weight1,
+            grad_bias1,
+            grad_weight2,
+            None,
+        )
+
+
+def _member_gradients(grad, content, bias, weights, kept, needs, native, plus_grad) -> list:
+    """Every member's gradients (content, bias, weight1, bias1, weight2), each stacked over
+    the members (one member's viewed, not copied: a full-size map for the content)."""
+    weight1, weight2, addends = weights
+    members = weight1.shape[0]
+    grads: list[list] = [[] for _ in range(5)]
+    for m in range(members):
+        member = grad[m], content[m], _member_bias(bias, m)
+        member_weights = weight1[m], weight2[m], addends[m]
+        if native is None:
+            member_grads = _member_backward(*member, member_weights, _of_member(kept, m), needs)
+        else:
+            member_grads = native_training.member_backward(
+                native, *member, member_weights, needs, plus_grad
+            )
+        for collected, value in zip(grads, member_grads, strict=False):
+            collected.append(value)
+    return [
+        None if values[0] is None else values[0][None] if members == 1 else torch.stack(values)
+        for values in grads
+    ]
 
 
 def _training_kernel(maps: torch.Tensor, weight1: torch.Tensor) -> NativeFilter | None:
-    """``training_kernel`` for float32 ``[M, B, H, R, T]`` maps and ``weight1`` whose rows of
-    keys are longer than two of the kernel's vectors and whose written rows fit in
-    ``KEEP_BYTES`` per member, else None: on shorter rows, whose vectors are partly empty,
-    torch's products are as fast (docs/benchmarks.md)."""
+    """``training_kernel`` for float32 ``[M, B, H, R, T]`` maps and ``weight1``, else None."""
     if maps.dtype != torch.float32 or weight1.dtype != torch.float32:
         return None
-    native = training_kernel(weight1.shape[-1])
-    if native is None or maps.shape[-1] <= 2 * native.lanes:
-        return None
-    width, kernel = weight1.shape[1], weight1.shape[-1]
-    floats = native_training.kept_floats(maps.shape[1:], width, kernel, native.lanes)
-    return native if 4 * floats <= KEEP_BYTES else None
+    return training_kernel(weight1.shape[-1])
 
 
 def _kept_maps(
-    content: torch.Tensor, weight1: torch.Tensor, native: NativeFilter | None
+    content: torch.Tensor, weight1: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """What the forward keeps for the backward, for every member: the native kernel's
-    written rows, or the chunks' im2col matrices and hidden maps when they fit in
-    ``KEEP_BYTES`` per member (else None)."""
-    width, kernel = weight1.shape[1], weight1.shape[-1]
-    if native is not None:
-        return native_training.kept_rows(content, width, kernel, native.lanes)
+    """The chunks' im2col matrices and hidden maps, kept for the backward of every member
+    when they fit in ``KEEP_BYTES`` per member, else None (the backward recomputes them)."""
+    width, kernel, heads = weight1.shape[1], weight1.shape[-1], content.shape[2]
     members, columns = content.shape[0], content[0, :, 0].numel()
-    if 4 * (width + kernel * content.shape[2]) * columns > KEEP_BYTES:
+    if 4 * (width + kernel * heads) * columns > KEEP_BYTES:
         return None
-    windows = content.new_empty(members, kernel * content.shape[2] * columns)
-    return windows, content.new_empty(members, width * columns)
+    return content.new_empty(members, kernel * heads * columns), content.new_empty(
+        members, width * columns
+    )
 
 
 def _of_member(
