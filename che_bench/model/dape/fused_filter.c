@@ -341,7 +341,10 @@ static void output_row(const struct output *to, const float *hidden, long stride
  * With `source` (b, h, i, j at b * sb + h * sh + i * si + j: the forward's content), that
  * hidden map is recomputed first, from the source, the addend and w0 (as w1), and written to
  * the gate (zero-padded to span: `gate` is then an output too), and the source to
- * source_copy (likewise, at b * xb + h * xh + i * xi + j) unless NULL. */
+ * source_copy (likewise, at b * xb + h * xh + i * xi + j) unless NULL. Unless NULL, in_sum
+ * (h, i, j at h * qh + i * qi + j) and hidden_sum (d, i, j at d * ed + i * ei + j) receive,
+ * added, in and the hidden map over the sequences, in their order (the gradients of the
+ * batch-free residual and addend, when a call's parts split the rows, not the sequences). */
 struct filter_rows {
     float *out;
     long ob, oh, oi;
@@ -361,6 +364,10 @@ struct filter_rows {
     long sb, sh, si;
     float *source_copy;
     long xb, xh, xi;
+    float *in_sum;
+    long qh, qi;
+    float *hidden_sum;
+    long ed, ei;
     const float *w0, *w1, *w2;
     long batch, heads, rows, length, width, kernel, span;
     int base, normalise;
@@ -382,6 +389,19 @@ static void copy_rows(float *out, long channel_stride, const float *rows, long s
     for (long c = 0; c < channels; c++)
         for (long j = 0; j < span; j += LANES)
             store(out + c * channel_stride + j, load(rows + c * stride + j));
+}
+
+/* out[c * channel_stride + j] += rows[c * stride + j] for `channels` rows and j < length. */
+static void add_rows(float *out, long channel_stride, const float *rows, long stride,
+                     long channels, long length)
+{
+    for (long c = 0; c < channels; c++) {
+        float *to = out + c * channel_stride;
+        const float *from = rows + c * stride;
+        long j = 0;
+        for (; j + LANES <= length; j += LANES) store(to + j, load(to + j) + load(from + j));
+        if (j < length) store_first(to + j, load_first(to + j, length - j) + load(from + j), length - j);
+    }
 }
 
 /* A row's channels (`heads` rows `channel_stride` apart, keys j < length) into the row buffer
@@ -455,6 +475,11 @@ static void filter_row(const struct filter_rows *call, long b, long i,
     if (call->in_copy)
         copy_rows(call->in_copy + b * call->cb + i * call->ci, call->ch,
                   buffer->in + kernel / 2, stride, heads, call->span);
+    if (call->in_sum)
+        add_rows(call->in_sum + i * call->qi, call->qh, buffer->in + kernel / 2, stride, heads,
+                 length);
+    if (call->hidden_sum)
+        add_rows(call->hidden_sum + i * call->ei, call->ed, buffer->hidden, stride, width, length);
     float *out = call->out + b * call->ob + i * call->oi;
     struct output to = {out,
                         call->oh,

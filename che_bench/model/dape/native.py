@@ -39,6 +39,8 @@ _MAPS = {
     "in_copy": ("cb", "ch", "ci"),
     "source": ("sb", "sh", "si"),
     "source_copy": ("xb", "xh", "xi"),
+    "in_sum": ("qh", "qi"),
+    "hidden_sum": ("ed", "ei"),
 }
 #: Per map, the dimensions along which a part's sequences and query rows lie: ``[b, H, r, T]``
 #: maps, ``[D, b, r, T]`` maps, and batch-free ``[C, r or 1, T or 1]`` terms.
@@ -52,6 +54,8 @@ _PART_AXES = {
     "in_copy": (0, 2),
     "source": (0, 2),
     "source_copy": (0, 2),
+    "in_sum": (None, 1),
+    "hidden_sum": (None, 1),
 }
 
 
@@ -197,13 +201,19 @@ class NativeFilter:
         adjoints: tuple[torch.Tensor, torch.Tensor],
         written: tuple[torch.Tensor, ...],
         plus_grad: bool = False,
+        sums: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> Callable[[slice, slice], None]:
         """``backward`` for whole ``[B, H, R, T]`` maps, prepared once, as a function of a
         chunk (sequences, query rows) of them: each chunk writes its rows at the start of
-        ``written`` (as the chunk's own maps, ``[D, b, r, S]`` and ``[b, H, r, S]``)."""
+        ``written`` (as the chunk's own maps, ``[D, b, r, S]`` and ``[b, H, r, S]``).
+        ``sums``, when given, receive added over the sequences ``grad`` (``[H, R, T]``) and
+        the gradient of the hidden map before its activation (``[D, R, T]``): the batch-free
+        residual's and addend's gradients."""
         content, addend, weight1 = forward
         names = "gate", "source_copy", "hidden_out", "in_copy"
         maps = {"out": grad_content, "in": grad, "source": content, "addend": addend}
+        if sums is not None:
+            maps |= {"in_sum": sums[0], "hidden_sum": sums[1]}
         base = _INPUT_BASE if plus_grad else _NO_BASE
         rows = dict(zip(names, written, strict=True))
         prepared = _Prepared.of(self.library, maps | rows, adjoints, False, base, weight1)
@@ -247,7 +257,7 @@ class _Prepared:
         located = {}
         for name, tensor in maps.items():
             if tensor is not None:
-                strides = _broadcast_strides(tensor)[:3]
+                strides = _broadcast_strides(tensor)[: len(_MAPS[name])]
                 for field, stride in zip(_MAPS[name], strides, strict=True):
                     setattr(call, field, stride)
                 sequence, row = _PART_AXES[name]
@@ -281,13 +291,15 @@ class _Prepared:
                 raise MemoryError("DAPE's native filter could not allocate its row buffers")
 
         batch, count = sequences.stop - sequences.start, rows.stop - rows.start
-        native_build.run_parts(run, _parts(batch, count, torch.get_num_threads()))
+        # Sums over the sequences take parts of the rows: each row's in one part, in order.
+        sums = "in_sum" in self.located or "hidden_sum" in self.located
+        native_build.run_parts(run, _parts(batch, count, torch.get_num_threads(), sums))
 
 
-def _parts(batch: int, rows: int, threads: int) -> list[tuple[slice, slice]]:
+def _parts(batch: int, rows: int, threads: int, by_rows: bool = False) -> list[tuple[slice, slice]]:
     """A tile's (sequences, rows) split into at most ``threads`` parts: by sequence when
-    there are enough, else by row."""
-    if batch >= threads:
+    there are enough (and not ``by_rows``), else by row."""
+    if batch >= threads and not by_rows:
         return [(part, slice(0, rows)) for part in native_build.split(batch, threads)]
     return [(slice(0, batch), part) for part in native_build.split(rows, threads)]
 

@@ -80,10 +80,12 @@ def member_backward(
     weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     needs: tuple[bool, bool],
     plus_grad: bool = False,
+    grad_summed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One member's gradients (content, bias, weight1, bias1, weight2) of ``f`` (as
     ``kernel._member_backward``; ``weights``: ``weight1``, ``weight2`` and the first layer's
-    batch-free addend); with ``plus_grad`` the content's plus ``grad``."""
+    batch-free addend); with ``plus_grad`` the content's plus ``grad``. ``grad_summed``
+    (``[H, R, T]`` zeros), when given, receives ``grad`` summed over the batch."""
     weight1, weight2, addend = weights
     width, heads, kernel = weight1.shape[0], content.shape[1], weight1.shape[-1]
     length = content.shape[-1]
@@ -107,14 +109,19 @@ def member_backward(
         _as_hidden(grad_hidden, sequences),
         _as_maps(grad_rows, sequences),
     )
+    summed = grad_summed if grad_summed is not None else grad.new_zeros(grad.shape[1:])
     backward = native.backward_rows(
-        grad_content, grad, (content, addend, conv1), adjoints, written, plus_grad
+        grad_content,
+        grad,
+        (content, addend, conv1),
+        adjoints,
+        written,
+        plus_grad,
+        (summed, grad_addend),
     )
     for chunk in chunks:
         count = chunk.columns // length
         backward(chunk.batch, chunk.rows)
-        summed = grad_hidden[:count].view(chunk.batch.stop - chunk.batch.start, -1).sum(0)
-        grad_addend[:, chunk.rows] += summed.view(-1, width, span)[..., :length].transpose(0, 1)
         native.weight_grads(grad_weight2, grad_rows[:count], hidden[:count], 1)
         native.weight_grads(grad_conv1, content_rows[:count], grad_hidden[:count], -1)
     grad_weight1 = torch.empty_like(weight1)

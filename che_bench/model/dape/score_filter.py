@@ -74,9 +74,8 @@ class ScoreFilter(torch.autograd.Function):
         needs_scores, needs_residual, needs_content, needs_bias = ctx.needs_input_grad[:4]
         needs = needs_content or (own and needs_scores), needs_bias
         plus_grad = own and native is not None  # the kernel adds the logits' gradient
-        grads = _member_gradients(
-            grad, content, bias, (weight1, weight2, addends), kept, needs, native, plus_grad
-        )
+        saved = content, bias, (weight1, weight2, addends), kept
+        grads, summed = _member_gradients(grad, saved, needs, native, plus_grad)
         grad_content, grad_bias, grad_weight1, grad_bias1, grad_weight2 = grads
         if grad_bias is not None and bias.shape[0] == 1:  # one bias shared by the members
             grad_bias = grad_bias.sum(0, keepdim=True)
@@ -84,7 +83,9 @@ class ScoreFilter(torch.autograd.Function):
         if own:
             grad_scores = grad_content if plus_grad else grad + grad_content
             grad_content = None
-        grad_residual = grad.sum_to_size(ctx.residual_shape) if needs_residual else None
+        grad_residual = None
+        if needs_residual:
+            grad_residual = (grad if summed is None else summed).sum_to_size(ctx.residual_shape)
         return (
             grad_scores,
             grad_residual,
@@ -97,11 +98,15 @@ class ScoreFilter(torch.autograd.Function):
         )
 
 
-def _member_gradients(grad, content, bias, weights, kept, needs, native, plus_grad) -> list:
+def _member_gradients(grad, saved, needs, native, plus_grad) -> tuple[list, torch.Tensor | None]:
     """Every member's gradients (content, bias, weight1, bias1, weight2), each stacked over
-    the members (one member's viewed, not copied: a full-size map for the content)."""
-    weight1, weight2, addends = weights
+    the members (one member's viewed, not copied: a full-size map for the content), from the
+    ``saved`` content, bias, weights and kept maps; with the native kernel, also the logits'
+    gradient summed over the batch (``[M, 1, H, R, T]``: the residual's), which it adds up
+    as it goes (else None)."""
+    content, bias, (weight1, weight2, addends), kept = saved
     members = weight1.shape[0]
+    summed = None if native is None else grad.new_zeros(members, 1, *grad.shape[2:])
     grads: list[list] = [[] for _ in range(5)]
     for m in range(members):
         member = grad[m], content[m], _member_bias(bias, m)
@@ -109,15 +114,17 @@ def _member_gradients(grad, content, bias, weights, kept, needs, native, plus_gr
         if native is None:
             member_grads = _member_backward(*member, member_weights, _of_member(kept, m), needs)
         else:
+            assert summed is not None
             member_grads = native_training.member_backward(
-                native, *member, member_weights, needs, plus_grad
+                native, *member, member_weights, needs, plus_grad, summed[m, 0]
             )
         for collected, value in zip(grads, member_grads, strict=False):
             collected.append(value)
-    return [
+    stacked = [
         None if values[0] is None else values[0][None] if members == 1 else torch.stack(values)
         for values in grads
     ]
+    return stacked, summed
 
 
 def _training_kernel(maps: torch.Tensor, weight1: torch.Tensor) -> NativeFilter | None:
