@@ -202,11 +202,13 @@ def test_the_kernel_s_backward_is_f_s(heads, width, size, length, plus_grad, nat
     hidden, grad_hidden = native_training._padded_rows(content, (2, 6), width, span, lanes)
     content_rows, grad_rows = torch.empty(2, 6, heads, span).unbind()
     grad_content = torch.empty_like(content)
-    adjoints = tuple(w.detach().transpose(0, 1).flip(-1) for w in reversed(weights))
+    adjoints = native.Convolutions.of(
+        *(w.detach().transpose(0, 1).flip(-1) for w in reversed(weights)))
     as_hidden, as_maps = native_training._as_hidden, native_training._as_maps
     written = (as_hidden(hidden, 2), as_maps(content_rows, 2), as_hidden(grad_hidden, 2),
                as_maps(grad_rows, 2))
-    forward = content.detach(), gate_bias[:, :, None], weights[0].detach()
+    forward = (content.detach(), gate_bias[:, :, None],
+               native.Convolutions.of(*(w.detach() for w in weights)))
     native_kernel.backward(grad_content, grad, forward, adjoints, written, plus_grad)
     close = {"atol": 1e-5, "rtol": 1e-5}
     torch.testing.assert_close(hidden[..., :length], F.leaky_relu(before, 0.01), **close)

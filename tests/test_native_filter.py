@@ -60,7 +60,7 @@ def test_the_kernel_gives_f_s_logits(heads, width, size, length, broadcast, nati
     scores, residual, addend, weights = case(heads, width, size, 3, length, broadcast)
     content = scores.clone()
     ours = scores.clone()
-    native_kernel.add(ours, ours, residual, addend, weights)  # content is scores
+    native_kernel.add(ours, ours, residual, addend, native.Convolutions.of(*weights))
     expected = reference(scores, content, residual, addend, weights)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
@@ -74,7 +74,8 @@ def test_the_kernel_gives_the_attention_s_probabilities(first_row, length, scale
     if scale > 1:  # exp over a wide range: f off, so the logits carry no rounding to amplify
         weights = tuple(torch.zeros_like(weight) for weight in weights)
     ours = scores.clone()
-    native_kernel.add(ours, scores, residual, addend, weights, True, first_row)
+    laid_out = native.Convolutions.of(*weights)
+    native_kernel.add(ours, scores, residual, addend, laid_out, True, first_row)
     expected = reference(scores, scores, residual, addend, weights, True, first_row)
     torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-5)
     if first_row is not None:  # keys after the query: exactly 0
@@ -145,7 +146,8 @@ def test_several_threads_give_one_thread_s_numbers(batch, causal, native_kernel)
         for count in (1, 4):
             torch.set_num_threads(count)
             ours = scores.clone()
-            native_kernel.add(ours, ours, residual, addend, weights, True, 3 if causal else None)
+            laid_out = native.Convolutions.of(*weights)
+            native_kernel.add(ours, ours, residual, addend, laid_out, True, 3 if causal else None)
             results.append(ours)
     finally:
         torch.set_num_threads(threads)

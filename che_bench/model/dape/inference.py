@@ -27,7 +27,7 @@ from che_bench.model.dape.kernel import (
     _taps_matrix,
     batch_free_addend,
 )
-from che_bench.model.dape.native import native_filter, usable
+from che_bench.model.dape.native import Convolutions, native_filter, usable
 
 Tile = _Chunk
 
@@ -72,7 +72,7 @@ class TileFilter:
         self.buffers = _ChunkBuffers(residual, self.tiles)
         self.native = native_filter() if weight1.dtype == torch.float32 else None
         if self.native is not None:
-            self.native_weights = weight1[:, :heads], weight2
+            self.native_weights = Convolutions.of(weight1[:, :heads], weight2)
             # The kernel reads the residual along the keys with unit stride (FIRE's bias,
             # for one, comes permuted): this member's, copied once.
             own = residual[member : member + 1] if residual.shape[0] > 1 else residual

@@ -21,6 +21,7 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -57,6 +58,19 @@ _PART_AXES = {
     "in_sum": (None, 1),
     "hidden_sum": (None, 1),
 }
+
+
+class Convolutions(NamedTuple):
+    """f's two convolutions' weights as the kernel reads them: input channel, tap, output
+    channel (a tap's weights of a block of outputs side by side), contiguous; ``of`` lays
+    out ``[D, H, k]`` and ``[H, D, k]`` weights once, not at every call."""
+
+    first: torch.Tensor
+    second: torch.Tensor
+
+    @classmethod
+    def of(cls, first: torch.Tensor, second: torch.Tensor) -> Convolutions:
+        return cls(*(weight.permute(1, 2, 0).contiguous() for weight in (first, second)))
 
 
 #: ``enum base`` of fused_filter.c: what a row's second convolution is added to.
@@ -111,7 +125,7 @@ class NativeFilter:
         content: torch.Tensor,
         residual: torch.Tensor | None,
         addend: torch.Tensor,
-        weights: tuple[torch.Tensor, torch.Tensor],
+        weights: Convolutions,
         softmax: bool = False,
         first_row: int | None = None,
         onto_content: bool = False,
@@ -119,7 +133,7 @@ class NativeFilter:
         """``scores += residual + f(content)`` in place for float32 ``[b, H, r, T]`` scores
         and content (unit stride along T), ``residual`` ``[H or 1, r or 1, T or 1]`` (or
         None), the first convolution's batch-free ``addend`` ``[D, r or 1, T or 1]`` and
-        ``weights``, ``[D, H, k]`` and ``[H, D, k]``; ``onto_content``: ``scores = content +
+        f's ``weights``; ``onto_content``: ``scores = content +
         (residual + f(content))``, scores written, not read. With ``softmax`` the logits then
         become the attention's probabilities, causal when ``first_row`` (the query index of
         the tile's first row) is given. With several torch threads, parts of the tile run on
@@ -131,8 +145,8 @@ class NativeFilter:
         self,
         grad_content: torch.Tensor,
         grad: torch.Tensor,
-        forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-        adjoints: tuple[torch.Tensor, torch.Tensor],
+        forward: tuple[torch.Tensor, torch.Tensor, Convolutions],
+        adjoints: Convolutions,
         written: tuple[torch.Tensor, ...],
         plus_grad: bool = False,
     ) -> None:
@@ -140,9 +154,9 @@ class NativeFilter:
         the logits: ``grad_content`` = f's gradient of the content (written over; plus
         ``grad`` with ``plus_grad``: the scores' whole gradient when they are f's content), with
         ``adjoints`` the weights of the two convolutions' adjoints, ``[D, H, k]`` and
-        ``[H, D, k]``. The activated hidden map is recomputed row by row from ``forward``:
-        the forward's content ``[b, H, r, T]``, its addend (as ``add``) and its first
-        convolution's content weights ``[D, H, k]``. ``written`` receives, zero-padded to
+        ``[H, D, k]`` originally. The activated hidden map is recomputed row by row from
+        ``forward``: the forward's content ``[b, H, r, T]``, its addend (as ``add``) and f's
+        weights. ``written`` receives, zero-padded to
         S >= T + k // 2 keys (unit stride along them) as ``weight_grads`` takes them: that
         hidden map ``[D, b, r, S]``, the content ``[b, H, r, S]``, the gradient of the hidden
         map before its activation ``[D, b, r, S]`` and ``grad`` ``[b, H, r, S]``."""
@@ -181,24 +195,23 @@ class NativeFilter:
     def _run(
         self,
         maps: Mapping[str, torch.Tensor | None],
-        weights: tuple[torch.Tensor, torch.Tensor],
+        weights: Convolutions,
         softmax: bool = False,
         first_row: int | None = None,
         base: int = _OUT_BASE,
-        source_weights: torch.Tensor | None = None,
     ) -> None:
         """One kernel call per part of the tile (``_parts``)."""
         out = maps["out"]
         assert out is not None
-        prepared = _Prepared.of(self.library, maps, weights, softmax, base, source_weights)
+        prepared = _Prepared.of(self.library, maps, weights, softmax, base, None)
         prepared.launch(slice(0, out.shape[0]), slice(0, out.shape[2]), first_row)
 
     def backward_rows(
         self,
         grad_content: torch.Tensor,
         grad: torch.Tensor,
-        forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-        adjoints: tuple[torch.Tensor, torch.Tensor],
+        forward: tuple[torch.Tensor, torch.Tensor, Convolutions],
+        adjoints: Convolutions,
         written: tuple[torch.Tensor, ...],
         plus_grad: bool = False,
         sums: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -209,14 +222,15 @@ class NativeFilter:
         ``sums``, when given, receive added over the sequences ``grad`` (``[H, R, T]``) and
         the gradient of the hidden map before its activation (``[D, R, T]``): the batch-free
         residual's and addend's gradients."""
-        content, addend, weight1 = forward
+        content, addend, forward_weights = forward
         names = "gate", "source_copy", "hidden_out", "in_copy"
         maps = {"out": grad_content, "in": grad, "source": content, "addend": addend}
         if sums is not None:
             maps |= {"in_sum": sums[0], "hidden_sum": sums[1]}
         base = _INPUT_BASE if plus_grad else _NO_BASE
         rows = dict(zip(names, written, strict=True))
-        prepared = _Prepared.of(self.library, maps | rows, adjoints, False, base, weight1)
+        source_weights = forward_weights.first
+        prepared = _Prepared.of(self.library, maps | rows, adjoints, False, base, source_weights)
         return functools.partial(prepared.launch, first_row=None, local=frozenset(names))
 
 
@@ -235,7 +249,7 @@ class _Prepared:
         cls,
         library: ctypes.CDLL,
         maps: Mapping[str, torch.Tensor | None],
-        weights: tuple[torch.Tensor, torch.Tensor],
+        weights: Convolutions,
         softmax: bool,
         base: int,
         source_weights: torch.Tensor | None,
@@ -243,15 +257,11 @@ class _Prepared:
         out = maps["out"]
         assert out is not None
         _, heads, _, length = out.shape
-        width, _, kernel = weights[0].shape
+        _, kernel, width = weights.first.shape
         written = [maps.get(name) for name in ("hidden_out", "in_copy", "source_copy")]
         span = next((rows.shape[-1] for rows in written if rows is not None), length)
         call = _FilterRows(heads=heads, length=length, width=width, kernel=kernel, span=span)
-        # The kernel's weights: input channel, tap, output channel (a tap's outputs together).
-        laid_out = tuple(
-            weight.permute(1, 2, 0).contiguous()
-            for weight in (source_weights if source_weights is not None else weights[0], *weights)
-        )
+        laid_out = (weights.first if source_weights is None else source_weights, *weights)
         call.w0, call.w1, call.w2 = (weight.data_ptr() for weight in laid_out)
         call.base, call.normalise = base, softmax
         located = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from che_bench.model.dape.kernel import _adjoint, _cache_chunks, batch_free_addend, bias_gradients
-from che_bench.model.dape.native import NativeFilter
+from che_bench.model.dape.native import Convolutions, NativeFilter
 
 
 def span_of(length: int, kernel: int, lanes: int) -> int:
@@ -57,7 +57,7 @@ def member_forward(
     heads = content.shape[1]
     addend = batch_free_addend(bias, weight1, bias1, heads)
     terms = None if residual is None else residual[0].contiguous()  # unit stride along T
-    convolutions = weight1[:, :heads], weight2
+    convolutions = Convolutions.of(weight1[:, :heads], weight2)
     native.add(out, content, terms, addend, convolutions, onto_content=residual is not None)
     return addend
 
@@ -95,7 +95,8 @@ def member_backward(
     grad_weight2 = grad.new_zeros(heads, width, kernel)
     grad_conv1 = grad.new_zeros(heads, width, kernel)  # transposed, as weight_grads sums it
     conv1 = weight1[:, :heads]
-    adjoints = _adjoint(weight2), _adjoint(conv1)
+    forward_weights = Convolutions.of(conv1, weight2)
+    adjoints = Convolutions.of(_adjoint(weight2), _adjoint(conv1))
     chunks = _cache_chunks(content.shape, width)
     span = span_of(length, kernel, native.lanes)
     largest = chunks[0].columns // length  # rows
@@ -113,7 +114,7 @@ def member_backward(
     backward = native.backward_rows(
         grad_content,
         grad,
-        (content, addend, conv1),
+        (content, addend, forward_weights),
         adjoints,
         written,
         plus_grad,
