@@ -186,7 +186,7 @@ def padded(rows, span, lanes):
 @pytest.mark.parametrize("length", [1, 16, 41])
 @pytest.mark.parametrize("plus_grad", [False, True])
 def test_the_kernel_s_backward_is_f_s(heads, width, size, length, plus_grad, native_kernel):
-    """native.backward and weight_grads against autograd: the recomputed hidden map, its
+    """native.backward_rows and weight_grads against autograd: the recomputed hidden map, its
     pre-activation's gradient, the content's (plus the logits' with ``plus_grad``) and both
     weights', from the content and the logits' gradient."""
     generator = torch.Generator().manual_seed(size)
@@ -209,7 +209,9 @@ def test_the_kernel_s_backward_is_f_s(heads, width, size, length, plus_grad, nat
                as_maps(grad_rows, 2))
     forward = (content.detach(), gate_bias[:, :, None],
                native.Convolutions.of(*(w.detach() for w in weights)))
-    native_kernel.backward(grad_content, grad, forward, adjoints, written, plus_grad)
+    backward = native_kernel.backward_rows(grad_content, grad, forward, adjoints, written,
+                                           plus_grad)
+    backward(slice(0, 2), slice(0, 3))
     close = {"atol": 1e-5, "rtol": 1e-5}
     torch.testing.assert_close(hidden[..., :length], F.leaky_relu(before, 0.01), **close)
     torch.testing.assert_close(grad_hidden[..., :length], before.grad, **close)

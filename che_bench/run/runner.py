@@ -54,7 +54,7 @@ def software_versions(config: RunConfig | None = None) -> dict[str, str]:
     """The software a run used: che-bench, torch, numpy, Python, the platform and the plugins
     that registered ``config``'s task, encoding or model (``plugin NAME``: version); the
     CPU it ran on (``cpu``, ``cpu_capability``: ``che_bench.cpu.cpu_facts``); and, for DAPE,
-    how its filter evaluates on a CPU (``dape_filter``: ``native.describe``); and how the
+    how its filter runs on a CPU (``dape_filter``: ``native.describe``); and how the
     compiled kernels its model uses run (``architectures.native_kernels``)."""
     from che_bench.encodings.base import ENCODINGS
     from che_bench.model.architectures import ARCHITECTURES

@@ -8,14 +8,14 @@
  * row stays in cache between the two convolutions and the activation is applied in
  * registers. The products are register blocks of OUT channels x BLOCK vectors of keys; each
  * output sums channel by channel, tap by tap within a channel, started from the addend
- * (Conv1) or the residual (Conv2).
+ * (Conv1) or the residual (Conv2). At evaluation the row's logits can become its attention
+ * probabilities (softmax over the keys, those after the query hidden when causal) while
+ * they are in cache.
  *
  * The backward through the hidden map is the same computation with the adjoint weights
- * (dape_filter_rows). For training, a call can also write the row's hidden map and its
- * input out, zero-padded (or compute only those); the gradients of both convolutions' weights
- * are then long dot products over the padded rows (dape_filter_weight_grads). At evaluation the row's
- * logits can become its attention probabilities (softmax over the keys, those after the
- * query hidden when causal) while they are in cache. */
+ * (dape_filter_rows), after the row's hidden map is recomputed; it writes that map, its
+ * gradient and their inputs out as zero-padded rows, and the gradients of both convolutions'
+ * weights are long dot products over those rows (dape_filter_weight_grads). */
 #include <stdlib.h>
 #include <string.h>
 #ifdef __AVX512F__

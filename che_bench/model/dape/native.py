@@ -141,34 +141,12 @@ class NativeFilter:
         maps = {"out": scores, "in": content, "residual": residual, "addend": addend}
         self._run(maps, weights, softmax, first_row, _INPUT_BASE if onto_content else _OUT_BASE)
 
-    def backward(
-        self,
-        grad_content: torch.Tensor,
-        grad: torch.Tensor,
-        forward: tuple[torch.Tensor, torch.Tensor, Convolutions],
-        adjoints: Convolutions,
-        written: tuple[torch.Tensor, ...],
-        plus_grad: bool = False,
-    ) -> None:
-        """The backward of f through its content for ``[b, H, r, T]`` gradients ``grad`` of
-        the logits: ``grad_content`` = f's gradient of the content (written over; plus
-        ``grad`` with ``plus_grad``: the scores' whole gradient when they are f's content), with
-        ``adjoints`` the weights of the two convolutions' adjoints, ``[D, H, k]`` and
-        ``[H, D, k]`` originally. The activated hidden map is recomputed row by row from
-        ``forward``: the forward's content ``[b, H, r, T]``, its addend (as ``add``) and f's
-        weights. ``written`` receives, zero-padded to
-        S >= T + k // 2 keys (unit stride along them) as ``weight_grads`` takes them: that
-        hidden map ``[D, b, r, S]``, the content ``[b, H, r, S]``, the gradient of the hidden
-        map before its activation ``[D, b, r, S]`` and ``grad`` ``[b, H, r, S]``."""
-        chunk = self.backward_rows(grad_content, grad, forward, adjoints, written, plus_grad)
-        chunk(slice(0, grad.shape[0]), slice(0, grad.shape[2]))
-
     def weight_grads(
         self, out: torch.Tensor, small: torch.Tensor, big: torch.Tensor, direction: int
     ) -> None:
         """``out[n, m, s] += sum_{r, p} small[r, n, p] big[r, m, p + direction (s - k // 2)]``
         for a contiguous ``out`` ``[N, M, k]`` and rows ``[rows, N | M, S]`` written by
-        ``add`` or ``backward`` (S a multiple of ``lanes``, unit stride along it); ``big``
+        ``backward_rows`` (S a multiple of ``lanes``, unit stride along it); ``big``
         must read 0 for k // 2 floats before its first row and after its last. Parts of the
         big channels run on the torch threads (the same numbers on any number)."""
         smalls, bigs, kernel = out.shape
@@ -216,12 +194,20 @@ class NativeFilter:
         plus_grad: bool = False,
         sums: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> Callable[[slice, slice], None]:
-        """``backward`` for whole ``[B, H, R, T]`` maps, prepared once, as a function of a
-        chunk (sequences, query rows) of them: each chunk writes its rows at the start of
-        ``written`` (as the chunk's own maps, ``[D, b, r, S]`` and ``[b, H, r, S]``).
-        ``sums``, when given, receive added over the sequences ``grad`` (``[H, R, T]``) and
-        the gradient of the hidden map before its activation (``[D, R, T]``): the batch-free
-        residual's and addend's gradients."""
+        """The backward of f through its content for ``[B, H, R, T]`` gradients ``grad`` of
+        the logits, prepared once, as a function of a chunk (sequences, query rows) of them:
+        ``grad_content`` = f's gradient of the content (written over; plus ``grad`` with
+        ``plus_grad``: the scores' whole gradient when they are f's content), with
+        ``adjoints`` the weights of the two convolutions' adjoints (``[D, H, k]`` and
+        ``[H, D, k]`` before they were laid out). The activated hidden map is recomputed row
+        by row from ``forward``: the forward's content ``[B, H, R, T]``, its addend (as
+        ``add``) and f's weights. Each chunk writes at the start of ``written``, as its own
+        maps zero-padded to S >= T + k // 2 keys (unit stride along them), as
+        ``weight_grads`` takes them: that hidden map ``[D, b, r, S]``, the content ``[b, H,
+        r, S]``, the gradient of the hidden map before its activation ``[D, b, r, S]`` and
+        ``grad`` ``[b, H, r, S]``. ``sums``, when given, receive added over the sequences
+        ``grad`` (``[H, R, T]``) and that gradient of the hidden map (``[D, R, T]``): the
+        batch-free residual's and addend's gradients."""
         content, addend, forward_weights = forward
         names = "gate", "source_copy", "hidden_out", "in_copy"
         maps = {"out": grad_content, "in": grad, "source": content, "addend": addend}
