@@ -3,7 +3,8 @@
 filter (``ScoreFilter`` into a fresh map, then a fresh softmax) bit for bit, with the native
 kernel within float32 rounding; both within float32 rounding of a plain conv2d form, for every
 encoding, k = 1, 3, 5, 7, causal or not, packs of several members. Also the training path's
-gradients against the conv2d form and the benchmark's filter rates."""
+gradients against the conv2d form (kernels wider than short rows too) and the benchmark's
+filter rates."""
 
 from __future__ import annotations
 
@@ -99,6 +100,26 @@ def test_training_gradients_at_kernel_seven_match_the_conv2d_form(kernel, tril):
     for mine, theirs in zip(torch.autograd.grad(ours, inputs, upstream),
                             torch.autograd.grad(reference, inputs, upstream), strict=True):
         torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", [9, 11])
+@pytest.mark.parametrize("length", [1, 2, 4, 6])
+def test_kernels_wider_than_the_row_match_the_conv2d_form(kernel, length,
+                                                          filter_implementation):
+    """Short training rows, where some taps' shifted keys lie wholly past the row's ends."""
+    torch.manual_seed(kernel)
+    processor = DapeProcessor(3, kernel, width=5, with_bias=True)
+    scores = torch.randn(1, 2, 3, length, length, requires_grad=True)
+    bias = torch.randn(1, 1, 3, length, length, requires_grad=True)
+    inputs, upstream = [scores, bias, *processor.parameters()], torch.randn_like(scores)
+    ours, reference = processor(scores, bias), conv2d_reference(processor, scores, bias)
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+    for mine, theirs in zip(torch.autograd.grad(ours, inputs, upstream),
+                            torch.autograd.grad(reference, inputs, upstream), strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():
+        tiled = tiled_logits(processor, scores.detach(), bias.detach())
+    torch.testing.assert_close(tiled, reference.detach(), atol=1e-5, rtol=1e-5)
 
 
 def evaluate(model, inputs, draws, capture=False):

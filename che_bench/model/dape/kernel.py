@@ -32,12 +32,13 @@ def _key_windows(x: torch.Tensor, kernel: int, out: torch.Tensor | None = None) 
     windows[centre] = source
     for s in range(kernel):
         offset = s - centre
+        inside = max(0, length - abs(offset))  # keys whose shifted key lies in the row
         if offset > 0:
-            windows[s, ..., : length - offset] = source[..., offset:]
-            windows[s, ..., length - offset :] = 0.0
+            windows[s, ..., :inside] = source[..., offset : offset + inside]
+            windows[s, ..., inside:] = 0.0
         elif offset < 0:
-            windows[s, ..., -offset:] = source[..., : length + offset]
-            windows[s, ..., :-offset] = 0.0
+            windows[s, ..., length - inside :] = source[..., :inside]
+            windows[s, ..., : length - inside] = 0.0
     return out
 
 
@@ -57,10 +58,11 @@ def _add_taps(out: torch.Tensor, taps: torch.Tensor, accumulate: bool = True) ->
         out.copy_(taps[centre])
     for s in range(taps.shape[0]):
         offset = s - centre
+        inside = max(0, length - abs(offset))  # keys whose shifted key lies in the row
         if offset > 0:
-            out[..., : length - offset] += taps[s, ..., offset:]
+            out[..., :inside] += taps[s, ..., offset : offset + inside]
         elif offset < 0:
-            out[..., -offset:] += taps[s, ..., : length + offset]
+            out[..., length - inside :] += taps[s, ..., :inside]
 
 
 def _im2col_matrix(weight: torch.Tensor) -> torch.Tensor:
