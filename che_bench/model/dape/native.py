@@ -139,7 +139,9 @@ class NativeFilter:
         the tile's first row) is given. With several torch threads, parts of the tile run on
         as many threads (the same numbers: rows are independent)."""
         maps = {"out": scores, "in": content, "residual": residual, "addend": addend}
-        self._run(maps, weights, softmax, first_row, _INPUT_BASE if onto_content else _OUT_BASE)
+        base = _INPUT_BASE if onto_content else _OUT_BASE
+        prepared = _Prepared.of(self.library, maps, weights, softmax, base, None)
+        prepared.launch(slice(0, scores.shape[0]), slice(0, scores.shape[2]), first_row)
 
     def weight_grads(
         self, out: torch.Tensor, small: torch.Tensor, big: torch.Tensor, direction: int
@@ -169,20 +171,6 @@ class NativeFilter:
                 raise ValueError(f"DAPE's native weight gradients take no {kernel}-tap kernel")
 
         native_build.run_parts(run, native_build.split(bigs, torch.get_num_threads()))
-
-    def _run(
-        self,
-        maps: Mapping[str, torch.Tensor | None],
-        weights: Convolutions,
-        softmax: bool = False,
-        first_row: int | None = None,
-        base: int = _OUT_BASE,
-    ) -> None:
-        """One kernel call per part of the tile (``_parts``)."""
-        out = maps["out"]
-        assert out is not None
-        prepared = _Prepared.of(self.library, maps, weights, softmax, base, None)
-        prepared.launch(slice(0, out.shape[0]), slice(0, out.shape[2]), first_row)
 
     def backward_rows(
         self,

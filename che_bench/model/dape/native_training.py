@@ -24,9 +24,9 @@ def _padded_rows(
 ) -> torch.Tensor:
     """A ``[*leading, channels, span]`` buffer of rows; each ``leading[0]`` slice has ``lanes``
     zeros before and after it: what the weights' gradients read past the ends of its rows."""
-    members, *rest = leading
+    buffers, *rest = leading
     size = channels * span * int(torch.Size(rest).numel())
-    flat = like.new_empty(members, size + 2 * lanes)
+    flat = like.new_empty(buffers, size + 2 * lanes)
     flat[:, :lanes] = 0.0
     flat[:, -lanes:] = 0.0
     return flat[:, lanes:-lanes].view(*leading, channels, span)

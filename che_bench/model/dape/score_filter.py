@@ -47,8 +47,8 @@ class ScoreFilter(torch.autograd.Function):
         own = content is None  # f's content is the scores
         content = scores if own else content
         native = None
-        if grad_enabled and usable(scores, content):
-            native = _training_kernel(content, weight1)
+        if grad_enabled and usable(scores, content) and weight1.dtype == torch.float32:
+            native = training_kernel(weight1.shape[-1])
         fused = native is not None and own
         out = torch.empty_like(scores) if fused else scores + residual
         kept = _kept_maps(content, weight1) if grad_enabled and native is None else None
@@ -125,13 +125,6 @@ def _member_gradients(grad, saved, needs, native, plus_grad) -> tuple[list, torc
         for values in grads
     ]
     return stacked, summed
-
-
-def _training_kernel(maps: torch.Tensor, weight1: torch.Tensor) -> NativeFilter | None:
-    """``training_kernel`` for float32 ``[M, B, H, R, T]`` maps and ``weight1``, else None."""
-    if maps.dtype != torch.float32 or weight1.dtype != torch.float32:
-        return None
-    return training_kernel(weight1.shape[-1])
 
 
 def _kept_maps(
