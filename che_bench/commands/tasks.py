@@ -10,7 +10,7 @@ import numpy as np
 from che_bench.commands.key_values import parse_key_values
 from che_bench.errors import CheBenchError
 from che_bench.reports.text_tables import Column, fit_table, wrap
-from che_bench.tasks import get_task, list_tasks
+from che_bench.tasks import TASKS, get_task, list_tasks
 from che_bench.tasks.base import MASKED
 
 #: The columns of ``che-bench tasks``.
@@ -46,7 +46,7 @@ def list_handler(args: argparse.Namespace) -> int:
     ]
     rows = [
         (
-            name,
+            " ".join([name, *(_shown(key, value) for key, value in listed.items())]),
             task.level,
             task.input_size,
             task.output_size,
@@ -55,11 +55,21 @@ def list_handler(args: argparse.Namespace) -> int:
             "yes" if task.permutation_invariant else "no",
             task.min_length,
         )
-        for name, task in ((name, get_task(name)) for name in list_tasks())
+        for name in list_tasks()
+        for listed in ({}, *TASKS.get(name).listed_params)
+        for task in (get_task(name, **listed),)
     ]
-    title = wrap("che-bench tasks (reference parameters)")
+    title = wrap(
+        "che-bench tasks (reference parameters; a parametrised task also with its published "
+        "settings, named by the parameters that differ: a text value alone, others as KEY=VALUE)"
+    )
     print("\n".join([*title, "", *fit_table(columns, rows)]))
     return 0
+
+
+def _shown(key: str, value: object) -> str:
+    """A listed parameter as the task column shows it: a text value alone (``S5``)."""
+    return value if isinstance(value, str) else f"{key}={value}"
 
 
 def sample_handler(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""The task registry: the 15 CHE tasks plus the recall probes, and the tasks of plugins.
+"""The task registry: the 15 CHE tasks, the recall probes, the state-tracking tasks (group word
+problems, flip-flop) and the tasks of plugins.
 
 Adding a task = one ``Task`` subclass in the module of its level + one entry in the list
 below (a plugin decorates its class with ``@register_task`` instead).
@@ -25,9 +26,11 @@ from che_bench.tasks.dcf import (
     SolveEquation,
     StackManipulation,
 )
+from che_bench.tasks.flip_flop import FlipFlop
 from che_bench.tasks.mqar import MultiQueryAssociativeRecall
 from che_bench.tasks.recall import AssociativeRecall, Induction
 from che_bench.tasks.regular import CycleNavigation, EvenPairs, ModularArithmetic, ParityCheck
+from che_bench.tasks.word_problems import WordProblem
 
 __all__ = [
     "LEVELS",
@@ -41,7 +44,8 @@ __all__ = [
     "single_class",
 ]
 
-# The CHE tasks in the order of the CHE tables, then the recall probes. Other spellings are
+# The CHE tasks in the order of the CHE tables, then the recall probes, then the state-tracking
+# tasks (regular languages, after CHE's regular rows in the tables). Other spellings are
 # aliases (compared normalised: lower case, words joined by "_"). The paper label "MODULAR
 # ARITHMETIC" (without "(SIMPLE)") names the *bracket* task in the papers' tables but
 # normalises to the canonical ``modular_arithmetic`` (the simple one), so it is deliberately
@@ -65,6 +69,8 @@ for _task, _aliases in (
     (AssociativeRecall, ("recall", "recall_single")),
     (Induction, ("induction_trigger",)),
     (MultiQueryAssociativeRecall, ("multi_query_associative_recall", "multiquery_ar")),
+    (WordProblem, ("word_problems", "group_word_problem")),
+    (FlipFlop, ("flipflop", "flip_flop_language_modeling", "ffl")),
 ):
     register_task(*_aliases)(_task)
 

@@ -66,6 +66,9 @@ class Task(abc.ABC):
     #: What the length ``n`` of this task counts, for axis labels (refined per instance like
     #: ``output_length_formula``).
     length_label: str = "length n"
+    #: Parameter sets ``che-bench tasks`` lists after the reference one (a parametrised
+    #: task's published settings), each given by the parameters that differ from the defaults.
+    listed_params: ClassVar[tuple[dict[str, Any], ...]] = ()
 
     @property
     def chance(self) -> float:
