@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -12,14 +13,30 @@ from che_bench.commands.key_values import parse_key_values
 from che_bench.tasks import get_task, list_tasks
 
 
-def test_tasks_lists_all_eighteen_with_their_formulas(capsys):
+def test_tasks_lists_all_twenty_with_their_formulas(capsys):
     assert main(["tasks"]) == 0
     out = capsys.readouterr().out
     for name in list_tasks():
         assert name in out
-    assert len(list_tasks()) == 18
-    for formula in ("n+1", "2n", "ceil(n/2)", "0.39%", "n (in place)"):
+    assert len(list_tasks()) == 20
+    for formula in ("n+1", "2n", "ceil(n/2)", "0.39%", "n (in place)", "2n (in place)"):
         assert formula in out
+
+
+def test_tasks_lists_the_published_settings_of_a_parametrised_task(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(["tasks"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 100
+    rows = {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", line) for line in lines)}
+    # level, in size, out size (the group's order), out length, chance, perm-inv, min n
+    assert rows["word_problem S3"] == ["regular", "6", "6", "n (in place)", "16.67%", "no", "1"]
+    assert rows["word_problem A4_x_Z5"][1:5] == ["60", "60", "n (in place)", "1.67%"]
+    assert rows["word_problem S5 tokens m=4"][1:3] == ["121", "120"]  # + the separator
+    assert rows["word_problem identity"][1:5] == ["60", "2", "n (in place)", "50.00%"]
+    assert rows["flip_flop p_ignore=0.98"] == [
+        "regular", "5", "2", "2n (in place)", "50.00%", "no", "2"
+    ]
 
 
 def test_sample_jsonl_matches_the_sampler_and_the_oracle(capsys):
