@@ -255,7 +255,8 @@ SETTINGS: tuple[Setting, ...] = (
         SWITCH,
         "decoder-style attention: each position sees only itself and earlier ones; "
         "--no-causal: bidirectional (default: the task's, bidirectional for the CHE "
-        "encoder's tasks, causal for mqar, Zoology's causal task)",
+        "encoder's tasks, causal for mqar, word_problem and flip_flop, as their sources train "
+        "them)",
         in_id=IN_ID_UNLESS_DEFAULT,
         default=False,
         task_default="causal",
