@@ -255,8 +255,7 @@ SETTINGS: tuple[Setting, ...] = (
         SWITCH,
         "decoder-style attention: each position sees only itself and earlier ones; "
         "--no-causal: bidirectional (default: the task's, bidirectional for the CHE "
-        "encoder's tasks, causal for mqar, word_problem and flip_flop, as their sources train "
-        "them)",
+        "encoder's tasks, causal for mqar, word_problem and flip_flop, as in their sources)",
         in_id=IN_ID_UNLESS_DEFAULT,
         default=False,
         task_default="causal",

@@ -182,7 +182,8 @@ def test_chance_is_that_of_the_run_s_own_task_parameters(tmp_path):
 
 
 def test_chance_is_one_over_the_classes_as_the_protocol_page_says():
-    # The list of docs/protocol.md: 20% for these, 33.3% for these, 50% for every other CHE task.
+    # The list of docs/protocol.md: 20% for these, 33.3% for these, 50% for every other CHE task
+    # (the recall probes and the group word problems have more classes).
     readme = " ".join((REPOSITORY / "docs" / "protocol.md").read_text().split())
     stated = {20.0: ["modular-arithmetic", "cycle navigation", "solve equation", "bucket sort"],
               33.3: ["stack manipulation", "binary addition", "binary multiplication"]}
@@ -191,7 +192,7 @@ def test_chance_is_one_over_the_classes_as_the_protocol_page_says():
             assert word in readme
     for name in list_tasks():
         task = get_task(name)
-        if task.level == "recall":
+        if task.level == "recall" or name == "word_problem":
             continue
         expected = next((c for c, words in stated.items()
                          if any(w.replace("-", "_").replace(" ", "_") in name for w in words)), 50.0)

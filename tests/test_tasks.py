@@ -70,13 +70,14 @@ def test_worked_examples(name, params, tokens, target, mask):
     assert got_mask == (mask if mask is not None else [1] * len(target))
 
 
-def test_registry_lists_the_eighteen_tasks_in_table_order():
+def test_registry_lists_the_twenty_tasks_in_table_order():
     names = list_tasks()
-    assert len(names) == 18
+    assert len(names) == 20
     assert names[:4] == ["even_pairs", "modular_arithmetic", "parity_check", "cycle_navigation"]
-    assert names[-3:] == ["associative_recall", "induction", "mqar"]
+    assert names[-5:] == ["associative_recall", "induction", "mqar", "word_problem", "flip_flop"]
+    # The state-tracking tasks are regular languages (a finite group; a one-bit memory).
     assert [get_task(name).level for name in names] == (
-        ["regular"] * 4 + ["dcf"] * 4 + ["cs"] * 7 + ["recall"] * 3
+        ["regular"] * 4 + ["dcf"] * 4 + ["cs"] * 7 + ["recall"] * 3 + ["regular"] * 2
     )
 
 
@@ -91,6 +92,9 @@ def test_registry_lists_the_eighteen_tasks_in_table_order():
         ("binary-addition", "binary_addition"),
         ("recall_single", "associative_recall"),
         ("induction_trigger", "induction"),
+        ("word problems", "word_problem"),
+        ("flipflop", "flip_flop"),
+        ("FFL", "flip_flop"),
     ],
 )
 def test_aliases_resolve(alias, name):
@@ -105,7 +109,7 @@ SIZES = {
     "duplicate_string": (2, 2, 20), "missing_duplicate_string": (4, 2, 1), "odds_first": (2, 2, 10),
     "binary_addition": (3, 3, 11), "binary_multiplication": (3, 3, 10), "compute_sqrt": (2, 2, 5),
     "bucket_sort": (5, 5, 10), "associative_recall": (513, 256, 1), "induction": (17, 16, 1),
-    "mqar": (64, 32, 10),
+    "mqar": (64, 32, 10), "word_problem": (60, 60, 10), "flip_flop": (5, 2, 20),
 }
 
 
