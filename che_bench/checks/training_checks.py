@@ -202,7 +202,7 @@ def resume_cases(subject: str, configs: Sequence[RunConfig], device: torch.devic
     ]
     gaps = [math.inf, math.inf]
     if not errors:
-        gaps = [_largest_gap(resumed, uninterrupted, reading) for reading in ("loss", "accuracy")]
+        gaps = [largest_gap(resumed, uninterrupted, reading) for reading in ("loss", "accuracy")]
     what = f"largest difference, stopped after step {stop_at} and resumed vs uninterrupted"
     error = "; ".join(dict.fromkeys(errors))
     return [
@@ -211,7 +211,7 @@ def resume_cases(subject: str, configs: Sequence[RunConfig], device: torch.devic
     ]
 
 
-def _largest_gap(got: Sequence[RunResult], expected: Sequence[RunResult], reading: str) -> float:
+def largest_gap(got: Sequence[RunResult], expected: Sequence[RunResult], reading: str) -> float:
     """The largest difference of a training curve's ``reading`` ("loss": every history row;
     "accuracy": the history's and every test length's) between two runs of each member."""
     pairs: list[tuple[float, float]] = []
