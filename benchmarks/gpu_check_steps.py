@@ -76,7 +76,7 @@ def _preset(name: str, rehearse: bool) -> str:
     return "smoke" if rehearse else protocol_preset(name)
 
 
-def _configs(name: str, task: str, members: int, rehearse: bool, **changes: Any) -> list[RunConfig]:
+def _configs(name: str, task: str, members: int, rehearse: bool) -> list[RunConfig]:
     """``members`` runs (seeds 0..) of architecture ``name`` on ``task`` under its protocol's
     preset (the transformer: the cell's encoding and kernel); tiny when rehearsing."""
     pe, kernel = CELL[1:] if name == TRANSFORMER else (None, None)
@@ -92,7 +92,6 @@ def _configs(name: str, task: str, members: int, rehearse: bool, **changes: Any)
             seed=seed,
             length_seed=0,
             **options,
-            **changes,
         )
         for seed in range(members)
     ]
