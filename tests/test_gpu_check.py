@@ -122,3 +122,30 @@ def test_a_bad_timeout_is_refused(gpu_check):
         gpu_check.parse_timeouts(["selftests=10"])
     assert gpu_check.parse_timeouts(["pack=90", "selftest=120.5"]) == {
         "pack": 90.0, "selftest": 120.5}
+
+
+def test_the_environment_names_the_gpu_its_driver_and_cuda(gpu_check, monkeypatch, tmp_path):
+    """The environment step on a (faked) GPU machine: the GPU as torch sees it, the driver as
+    nvidia-smi gives it, and both in the Markdown summary."""
+    import gpu_check_environment
+    import torch
+
+    properties = types.SimpleNamespace(name="NVIDIA H200", total_memory=143 * 2**30, major=9,
+                                       minor=0, multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
+    real_output = gpu_check_environment._output
+    monkeypatch.setattr(gpu_check_environment, "_output", lambda command: (
+        "NVIDIA H200, 580.159.03, 143771 MiB" if command[0] == "nvidia-smi"
+        else real_output(command)))
+    facts = gpu_check_environment.environment("cuda", False, 30, lambda partial: None)
+    assert facts["passed"] and facts["driver"] == "580.159.03"
+    assert (facts["gpu"], facts["compute_capability"], facts["multiprocessors"]) == (
+        "NVIDIA H200", "9.0", 132)
+    step = {"step": "environment", "status": "passed", "seconds": 1.0, "result": facts}
+    summary = {"device": "cuda", "rehearsal": False, "budget_s": 460, "started": "now",
+               "seconds": 1.0, "passed": True, "steps": [step]}
+    gpu_check.write_summaries(summary, tmp_path)
+    text = (tmp_path / "gpu_check.md").read_text()
+    assert "- device: NVIDIA H200, 143.0 GiB, compute capability 9.0" in text
+    assert "- driver: 580.159.03; CUDA (torch's build): " in text
