@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -264,7 +265,7 @@ def cuda_tests(device: str, rehearse: bool, timeout_s: float, record: Record) ->
         deselect,
         *files,
     ]
-    record({"command": " ".join(command)})
+    record({"command": shlex.join(command)})
     paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}  # this che-bench
     try:  # ends before the step's own timeout, so that its output is kept
@@ -279,14 +280,14 @@ def cuda_tests(device: str, rehearse: bool, timeout_s: float, record: Record) ->
     except subprocess.TimeoutExpired as exc:
         output = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
         return {
-            "command": " ".join(command),
+            "command": shlex.join(command),
             "passed": False,
             "summary": "timed out",
             "output_tail": output[-3000:],
         }
     lines = done.stdout.strip().splitlines()
     return {
-        "command": " ".join(command),
+        "command": shlex.join(command),
         "returncode": done.returncode,
         "summary": lines[-1] if lines else "",
         "passed": done.returncode == 0,
