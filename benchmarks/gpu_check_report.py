@@ -126,8 +126,11 @@ def _training_speed(result: dict) -> list[str]:
 
 def _evaluation(result: dict) -> list[str]:
     return [
-        "Peak: GPU memory allocated above what was allocated before the evaluation; budget: "
-        "what the memory planner gives the forward's row chunks or sub-batches.",
+        "Peak: the GPU memory allocated above what was allocated before the evaluation; "
+        "budget: what the memory planner gives the forward's row chunks or sub-batches (on a "
+        "GPU half its free memory); planned: the planner's estimate of what the forward "
+        "holds at once (its maps or states, capped by the budget; weights and activations "
+        "outside them not counted).",
         "",
         *_table(
             [
@@ -137,6 +140,8 @@ def _evaluation(result: dict) -> list[str]:
                 "sequences",
                 "ms",
                 "peak MiB",
+                "planned MiB",
+                "peak / planned",
                 "budget MiB",
                 "error",
             ],
@@ -148,6 +153,8 @@ def _evaluation(result: dict) -> list[str]:
                     row.get("sequences"),
                     row.get("ms"),
                     row.get("peak_mib"),
+                    row.get("planned_mib"),
+                    _ratio(row.get("peak_mib"), row.get("planned_mib")),
                     row.get("budget_mib"),
                     row.get("error", ""),
                 ]
@@ -155,6 +162,10 @@ def _evaluation(result: dict) -> list[str]:
             ],
         ),
     ]
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    return None if value is None or not reference else value / reference
 
 
 def _pairs(result: dict, keys: Sequence[str]) -> list[str]:

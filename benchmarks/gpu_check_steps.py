@@ -32,6 +32,7 @@ from che_bench.errors import one_line
 from che_bench.eval.evaluation import length_accuracies, use_evaluation_budget
 from che_bench.model.architectures import TRANSFORMER
 from che_bench.model.base import BenchModel
+from che_bench.model.encoder import Encoder
 from che_bench.run.device import configure_numerics, resolve_device
 from che_bench.run.packing import AUTO, resolve_width, training_bytes_per_member
 from che_bench.run.runner import build_pack_model
@@ -178,7 +179,8 @@ def training_speed(device: str, rehearse: bool, timeout_s: float, record: Record
 
 def _evaluate(model: BenchModel, config: RunConfig, n: int, device: torch.device) -> dict:
     """One evaluation at length ``n`` (``config.eval_samples`` sequences) of ``model`` under
-    the evaluation's memory budget, after a warm-up at a short length: ms, peak, budget."""
+    the evaluation's memory budget, after a warm-up at a short length: ms, peak, the budget
+    and what the planner plans in it (``_planned_bytes``)."""
     model.eval()
     use_evaluation_budget(model, device)
     task = model.task
@@ -194,7 +196,26 @@ def _evaluate(model: BenchModel, config: RunConfig, n: int, device: torch.device
         "ms": 1e3 * (time.perf_counter() - started),
         "peak_mib": _peak_mib(device, baseline),
         "budget_mib": model.memory_budget_bytes / MIB,
+        "planned_mib": _mib(_planned_bytes(model, n, config.eval_samples, device)),
     }
+
+
+def _mib(size: int | None) -> float | None:
+    return None if size is None else size / MIB
+
+
+def _planned_bytes(model: BenchModel, n: int, sequences: int, device: torch.device) -> int | None:
+    """The memory planner's estimate of what a forward at length ``n`` holds at once: its
+    smallest unit (``query_row_bytes``: one query row of one sequence for the transformer's
+    maps, one sequence's states for the others) times the units of ``sequences`` sequences,
+    capped by the budget (the forward splits beyond it); None for a model that plans
+    nothing."""
+    task = model.task
+    unit = model.query_row_bytes(task.input_length(n), device)
+    if unit == 0:
+        return None
+    rows = task.model_length(n) if isinstance(model, Encoder) else 1
+    return min(model.memory_budget_bytes, unit * sequences * rows)
 
 
 def evaluation(device: str, rehearse: bool, timeout_s: float, record: Record) -> dict:
