@@ -26,6 +26,16 @@ from che_bench.model.encoder import build_model
 from che_bench.tasks import get_task
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread, as the selftest command's default: its tiny models ran several
+    times slower with two on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def two_encodings(monkeypatch):
     """Checks (a) and (b) over two encodings only (one with a per-member bias), to stay fast."""
