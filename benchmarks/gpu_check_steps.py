@@ -307,11 +307,15 @@ def cuda_tests(device: str, rehearse: bool, timeout_s: float, record: Record) ->
             "output_tail": output[-3000:],
         }
     lines = done.stdout.strip().splitlines()
+    summary = lines[-1] if lines else ""
+    # Every test skipped (no GPU seen) is no verdict: "not run", not "passed".
+    ran = done.returncode != 0 or " passed" in summary
     return {
         "command": shlex.join(command),
         "returncode": done.returncode,
-        "summary": lines[-1] if lines else "",
-        "passed": done.returncode == 0,
+        "summary": summary,
+        "passed": done.returncode == 0 if ran else None,
+        **({} if ran else {"note": "no cuda test ran: each was skipped (see the summary)"}),
         "output_tail": (done.stdout + done.stderr)[-3000:],
     }
 

@@ -40,7 +40,8 @@ def test_the_rehearsal_runs_every_step_on_the_cpu_and_writes_both_summaries(tmp_
     summary = json.loads((out / "gpu_check.json").read_text())
     steps = {step["step"]: step for step in summary["steps"]}
     assert list(steps) == STEP_NAMES and summary["rehearsal"] and summary["passed"]
-    assert all(step["status"] == "passed" for step in steps.values()), steps
+    # No GPU here: every cuda test skips, which is no verdict.
+    assert [step["status"] for step in steps.values()] == ["passed"] * 5 + ["not run", "passed"]
     results = {name: step["result"] for name, step in steps.items()}
     assert results["environment"]["torch"] and results["environment"]["missing"] == []
     assert results["selftest"]["checks"] == ["h"] and results["selftest"]["cases"]
@@ -53,12 +54,13 @@ def test_the_rehearsal_runs_every_step_on_the_cpu_and_writes_both_summaries(tmp_
     assert evaluated == [(name, members) for name in built_in_architectures()
                          for members in (1, 4)]
     assert results["deterministic"]["largest_loss_difference"] == 0.0
-    assert "skipped" in results["cuda_tests"]["summary"]  # no GPU here: every cuda test skips
+    assert "skipped" in results["cuda_tests"]["summary"] and results["cuda_tests"]["note"]
     assert "test_cuda.py" in results["cuda_tests"]["command"]
     assert results["pack"]["members"] == 3 and results["pack"]["eval_ms"] > 0
     text = (out / "gpu_check.md").read_text()
     assert text.startswith("# che-bench GPU check (REHEARSAL")
-    assert all(f"## {name}: passed" in text for name in STEP_NAMES)
+    assert all(f"## {name}: passed" in text for name in STEP_NAMES if name != "cuda_tests")
+    assert "## cuda_tests: not run" in text
     assert "| transformer kerple + DAPE V2 k=3 | missing_duplicate_string |" in text
 
 

@@ -20,10 +20,10 @@ from che_bench.cli import main
 from che_bench.encodings import get_encoding_class
 from che_bench.model.architectures import ARCHITECTURES, get_architecture
 from che_bench.model.dape import DapeProcessor, processor
-from che_bench.model.state_tracking import delta_rule
-from che_bench.train.optimizer import PackOptimizer
 from che_bench.model.encoder import build_model
+from che_bench.model.state_tracking import delta_rule
 from che_bench.tasks import get_task
+from che_bench.train.optimizer import PackOptimizer
 
 
 @pytest.fixture(autouse=True)
@@ -219,7 +219,7 @@ def test_evaluation_catches_a_chunkwise_delta_rule_that_drops_its_carry(monkeypa
 
     def carry_dropped(q, k, v, beta, gate):
         scores, _, u = (x.unbind(1) for x in delta_rule._in_chunk(q, k, v, beta, gate)[:3])
-        return torch.stack([chunk @ fresh for chunk, fresh in zip(scores, u)], dim=1)
+        return torch.stack([chunk @ fresh for chunk, fresh in zip(scores, u, strict=True)], dim=1)
 
     monkeypatch.setattr(delta_rule, "_chunkwise", carry_dropped)
     cases = evaluation_checks.check_evaluation(CPU, quick=True)
