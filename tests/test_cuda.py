@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from che_bench.checks import selftest
+from che_bench.checks import selftest, training_checks
 from che_bench.config import make_config
 from che_bench.encodings import list_encodings
 from che_bench.model.encoder import build_model
@@ -82,7 +82,7 @@ def test_a_pack_out_of_memory_under_a_cap_splits_and_completes():
 
 
 def test_deterministic_mode_repeats_on_cuda():
-    assert all(case.passed for case in selftest.check_determinism(CUDA, quick=False))
+    assert all(case.passed for case in training_checks.check_determinism(CUDA, quick=False))
     config = make_config("reverse_string", "cope", 3, "smoke", steps=30, test_lengths="41,60")
     first, second = (execute_run(config, device="cuda", progress=False, deterministic=True)
                      for _ in range(2))

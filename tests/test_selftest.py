@@ -8,20 +8,40 @@ import json
 import pytest
 import torch
 
-from che_bench.checks import architecture_check, selftest, speed
+from che_bench.checks import (
+    architecture_check,
+    evaluation_checks,
+    pack_checks,
+    selftest,
+    speed,
+    training_checks,
+)
 from che_bench.cli import main
 from che_bench.encodings import get_encoding_class
 from che_bench.model.architectures import ARCHITECTURES, get_architecture
-from che_bench.model.dape import DapeProcessor
+from che_bench.model.dape import DapeProcessor, processor
 from che_bench.model.encoder import build_model
+from che_bench.model.state_tracking import delta_rule
 from che_bench.tasks import get_task
+from che_bench.train.optimizer import PackOptimizer
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread, as the selftest command's default: its tiny models ran several
+    times slower with two on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
 def two_encodings(monkeypatch):
     """Checks (a) and (b) over two encodings only (one with a per-member bias), to stay fast."""
     chosen = [get_encoding_class("none"), get_encoding_class("kerple")]
-    monkeypatch.setattr(selftest, "list_encodings", lambda: chosen)
+    for module in (selftest, pack_checks):
+        monkeypatch.setattr(module, "list_encodings", lambda: chosen)
 
 
 def perturbed_dape(model, device):
@@ -40,7 +60,8 @@ def test_device_dape_on_a_cpu_is_the_gpus_convolution_in_every_layer():
 
 def test_agreement_passes_on_cpu_and_catches_a_different_device(two_encodings, monkeypatch):
     cases = selftest.check_agreement(torch.device("cpu"), quick=True)
-    assert len(cases) == 2 * 3 * 2 and all(case.passed for case in cases)
+    # Two encodings x DAPE none/1/3, and DAPE V2 k = 5, 7 and causal k = 3: two cases each.
+    assert len(cases) == (2 * 3 + 3) * 2 and all(case.passed for case in cases)
     # The GPU's DAPE implementation runs in the "device" copy: not bit-identical, close.
     assert any(case.measured > 0 for case in cases if case.subject.endswith("k=3"))
     monkeypatch.setattr(selftest, "use_device_dape", perturbed_dape)
@@ -55,7 +76,7 @@ def test_selftest_command_writes_every_check_and_labels_estimates(two_encodings,
     assert main(["selftest", "--device", "cpu", "--quick", "--json", str(report_path)]) == 0
     report = json.loads(report_path.read_text())
     assert report["passed"] and report["device"].startswith("cpu")
-    assert {case["check"] for case in report["cases"]} == {"a", "b", "c", "e", "f"}
+    assert {case["check"] for case in report["cases"]} == {"a", "b", "c", "e", "f", "g", "h"}
     kinds = {figure["name"]: figure["kind"] for figure in report["measurements"]}
     assert kinds["one paper run, training"] == "estimate"
     assert all(kind == "measured" for name, kind in kinds.items() if name.startswith("step"))
@@ -64,6 +85,7 @@ def test_selftest_command_writes_every_check_and_labels_estimates(two_encodings,
 
 
 def test_selftest_command_exits_1_on_a_disagreement(two_encodings, tmp_path, monkeypatch):
+    monkeypatch.setattr(selftest, "CHECKS", selftest.CHECKS[:1])  # (a) alone, to stay fast
     monkeypatch.setattr(selftest, "use_device_dape", perturbed_dape)
     monkeypatch.setattr(selftest, "measure_speed", lambda device, quick: [])
     report_path = tmp_path / "selftest.json"
@@ -129,3 +151,91 @@ def test_a_device_path_that_fails_fails_its_architecture(monkeypatch):
     cases = architecture_check.check_architectures(torch.device("cpu"), quick=True)
     assert [case.passed for case in cases] == [True, True, False, False]
     assert cases[2].error == "cudnn RNN backward can only be called in training mode"
+
+
+CPU = torch.device("cpu")
+
+
+def test_wide_and_causal_dape_kernels_are_compared(two_encodings, monkeypatch):
+    """Issue 44, item 13: (a) compares DAPE V2 k = 5 and 7 and causal k = 3 too; a GPU
+    convolution that reverses the taps of kernels wider than 3 (a planted bug only they show)
+    fails those cases and only those."""
+    real = processor._filter_by_convolution
+
+    def reversed_wide_taps(content, bias, weight1, bias1, weight2):
+        if weight1.shape[-1] >= 5:
+            weight1, weight2 = weight1.flip(-1), weight2.flip(-1)
+        return real(content, bias, weight1, bias1, weight2)
+
+    subjects = {case.subject for case in selftest.check_agreement(CPU, quick=True)}
+    assert {"kerple k=5", "kerple k=7", "kerple k=3 causal"} <= subjects
+    monkeypatch.setattr(processor, "_filter_by_convolution", reversed_wide_taps)
+    cases = selftest.check_agreement(CPU, quick=True)
+    assert {case.subject for case in cases if not case.passed} == {"kerple k=5", "kerple k=7"}
+
+
+def test_every_architecture_s_pack_is_compared_and_a_mixed_pack_fails(two_encodings, monkeypatch):
+    """Issue 44, item 13: (b) packs every built-in architecture, not the transformer alone; a
+    pack whose members are not the models alone (planted: stacked in reverse) fails."""
+    cases = pack_checks.check_packs(CPU, quick=True)
+    assert all(case.passed for case in cases), [case for case in cases if not case.passed]
+    others = [get_architecture(name).label for name in architecture_check.built_in_architectures()
+              if name != "transformer"]
+    assert [case.subject for case in cases[-2 * len(others)::2]] == others
+    real = pack_checks.stack_members
+    monkeypatch.setattr(pack_checks, "stack_members", lambda models: real(models[::-1]))
+    assert not any(case.passed for case in pack_checks.check_packs(CPU, quick=True))
+
+
+def test_evaluation_on_the_device_is_compared_for_every_architecture():
+    """Issue 44, item 13: (g) evaluates the transformer in row chunks with every DAPE setting
+    and every other built-in architecture past the state-tracking forms' chunks."""
+    cases = evaluation_checks.check_evaluation(CPU, quick=True)
+    assert all(case.passed for case in cases), [case for case in cases if not case.passed]
+    labels = [get_architecture(name).label for name in architecture_check.built_in_architectures()]
+    assert [case.subject for case in cases[6:]] == labels[1:]
+    assert cases[5].subject == "transformer kerple k=3 causal, 4 row chunks"
+    # n = 40 of reverse_string: 80 model tokens, past the 64-token chunks of the GPU's forms.
+    assert get_task("reverse_string").model_length(evaluation_checks.QUICK_LENGTH) > 64
+
+
+def test_evaluation_catches_a_causal_mask_that_loses_its_row_chunk_s_offset(monkeypatch):
+    """A planted bug of the GPU's path: DAPE's key mask of every row chunk starts at row 0."""
+    real = DapeProcessor.forward
+
+    def offset_lost(self, scores, bias=None, rows=None):
+        return real(self, scores, bias, None if rows is None else slice(0, rows.stop - rows.start))
+
+    monkeypatch.setattr(DapeProcessor, "forward", offset_lost)
+    cases = evaluation_checks.check_evaluation(CPU, quick=True)
+    assert [case.subject for case in cases if not case.passed] == [
+        "transformer kerple k=3 causal, 4 row chunks"]
+
+
+def test_evaluation_catches_a_chunkwise_delta_rule_that_drops_its_carry(monkeypatch):
+    """A planted bug of the GPU's path (issue 44, item 1d's kind): the chunkwise delta rule
+    starts every chunk from a zero state. On a CPU only the gated rule and the product take
+    that form for the device (DeltaNet's CPU path is chunkwise too: it agrees with itself)."""
+
+    def carry_dropped(q, k, v, beta, gate):
+        scores, _, u = (x.unbind(1) for x in delta_rule._in_chunk(q, k, v, beta, gate)[:3])
+        return torch.stack([chunk @ fresh for chunk, fresh in zip(scores, u, strict=True)], dim=1)
+
+    monkeypatch.setattr(delta_rule, "_chunkwise", carry_dropped)
+    cases = evaluation_checks.check_evaluation(CPU, quick=True)
+    assert [case.subject for case in cases if not case.passed] == ["Gated DeltaNet", "DeltaProduct"]
+
+
+def test_a_resumed_pack_is_compared_bit_for_bit_and_a_lost_adam_state_fails(monkeypatch):
+    """Issue 44, item 13: (h) stops a pack after a checkpoint and resumes it on the device;
+    a resume that loses the optimizer's state (planted) fails."""
+    cases = training_checks.check_resume(CPU, quick=True)
+    assert [case.passed for case in cases] == [True, True]
+    monkeypatch.setattr(PackOptimizer, "load_member_state", lambda self, member, state: None)
+    cases = training_checks.check_resume(CPU, quick=True)
+    assert not cases[0].passed and cases[0].measured > 0
+
+
+def test_only_the_chosen_checks_run(monkeypatch):
+    report = selftest.run_selftest(CPU, quick=True, only={"h"})
+    assert {case.check for case in report.cases} == {"h"} and not report.measurements

@@ -72,15 +72,16 @@ def small_options(name: str, quick: bool) -> dict[str, Any]:
     return options
 
 
-def build_small(name: str, task: Task, quick: bool) -> BenchModel:
+def build_small(name: str, task: Task, quick: bool, seed: int = 0) -> BenchModel:
     """``name`` with ``small_options``, or with only its dropout off where it refuses them
-    (an option's tiny size may not suit another's default)."""
-    torch.manual_seed(0)
+    (an option's tiny size may not suit another's default), initialised after
+    ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
     options = small_options(name, quick)
     try:
         return build_architecture(name, task, **options)
     except CheBenchError:
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         dropout = {key: value for key, value in options.items() if "dropout" in key}
         return build_architecture(name, task, **dropout)
 

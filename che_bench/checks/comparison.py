@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from che_bench.model.base import BenchModel
+from che_bench.model.dape import DapeProcessor
 from che_bench.settings import BY_NAME
 from che_bench.tasks import Task, get_task
 from che_bench.train.metrics import token_loss
@@ -20,6 +21,8 @@ from che_bench.train.step import teacher_targets
 #: two implementations or devices (TF32 off): rounding differences only.
 LOGITS_TOLERANCE = 1e-4
 GRADIENT_TOLERANCE = 1e-3
+#: DAPE kernels of the transformer's checks: none, DAPE (1), DAPE V2 (3).
+KERNELS = (None, 1, 3)
 #: Layers of the quick checks' models: the smoke preset's width, but two layers, so that a
 #: layer's output feeds another.
 QUICK_LAYERS = 2
@@ -106,3 +109,10 @@ def sample_batch(
     task = get_task(task_name)
     sample = task.sample(length, batch, np.random.default_rng(seed))
     return task, torch.from_numpy(sample.inputs.copy()), torch.from_numpy(sample.targets.copy())
+
+
+def use_device_dape(model: BenchModel, device: torch.device) -> None:
+    """Make ``model``'s DAPE use ``device``'s implementation, the GPU's on a CPU too."""
+    for module in model.modules():
+        if isinstance(module, DapeProcessor):
+            module.implementation = "auto" if device.type == "cuda" else "convolution"

@@ -25,17 +25,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "selftest",
         help="check that a device (a new GPU box) computes what the CPU does",
         description="(a) logits and gradients on the device vs the CPU for every encoding x "
-        "DAPE kernel none/1/3, (b) a pack of 4 vs its members alone, (c) a 100-step loss "
-        "curve vs the CPU's, (d) step times of the paper-size model and estimated run and "
-        "table-cell times, (e) --deterministic twice, (f) a few training steps of every "
-        "built-in architecture on the device's own code path (a one-member LSTM: cuDNN's "
-        "kernel) vs the CPU's batched loop. Exit 1 if any check disagrees.",
+        "DAPE kernel none/1/3 and DAPE V2 k = 5, 7 and causal, (b) packs vs their members "
+        "alone for every built-in architecture, (c) a 100-step loss curve vs the CPU's, (d) "
+        "step times of the paper-size model and estimated run and table-cell times, (e) "
+        "--deterministic twice, (f) a few training steps of every built-in architecture on "
+        "the device's own code path (a one-member LSTM: cuDNN's kernel) vs the CPU's batched "
+        "loop, (g) evaluation at n = 500 on the device vs the CPU (the transformer's row "
+        "chunks with DAPE, cuDNN's LSTM inference, greedy decoding, the state-tracking "
+        "models' chunked forms), (h) a pack stopped after a checkpoint and resumed on the "
+        "device vs the uninterrupted pack. Exit 1 if any check disagrees.",
     )
     add_runtime_arguments(parser, ("device", "threads"))
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="small models and fewer cases (about a minute on a CPU)",
+        help="small models, short lengths and fewer cases (about a minute on a CPU)",
     )
     parser.add_argument(
         "--json",
