@@ -133,7 +133,7 @@ def check_encoding_options_take_effect(
     def build(**changed: Any) -> Encoder:
         torch.manual_seed(0)
         task = get_task(TASK)
-        return build_model(task, pe, None, **TINY_ENCODER, causal=causal, **options, **changed)
+        return build_model(task, pe, None, **TINY_ENCODER, causal=causal, **options | changed)
 
     base = build()
     encoding = base.encoding
