@@ -17,6 +17,12 @@ from che_bench.errors import one_line
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    _register_check_encoding(subparsers)
+    _register_check_task(subparsers)
+    _register_check_model(subparsers)
+
+
+def _register_check_encoding(subparsers: argparse._SubParsersAction) -> None:
     encoding = subparsers.add_parser(
         "check-encoding",
         help="check that an encoding works as che-bench needs (exit 1 if not)",
@@ -47,6 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_runtime_arguments(encoding, ("threads",))
     encoding.set_defaults(handler=check_encoding_command)
 
+
+def _register_check_task(subparsers: argparse._SubParsersAction) -> None:
     task = subparsers.add_parser(
         "check-task",
         help="check that a task works as che-bench needs (exit 1 if not)",
@@ -64,6 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     task.set_defaults(handler=check_task_command)
 
+
+def _register_check_model(subparsers: argparse._SubParsersAction) -> None:
     model = subparsers.add_parser(
         "check-model",
         help="check that an architecture works as che-bench needs (exit 1 if not)",
