@@ -2,11 +2,13 @@
 
 ``che-bench check-encoding NAME`` / ``check-task NAME`` run them (plugins included), and the
 project's tests run the same functions over every built-in. The encoding checks are here (the
-checks of the attention hooks alone, bias shape and translation invariance, are in
-``che_bench.checks.conformance_hooks``), the task checks in ``che_bench.checks.task_checks``.
-Each check returns its failures, one line each (what, where, expected vs got); an empty list is
-a pass. Models are tiny, so a
-whole encoding or task checks in well under a minute on a laptop CPU.
+checks of the attention hooks alone, dtypes, bias shape, reference bias and translation
+invariance, are in ``che_bench.checks.conformance_hooks``; option effects in
+``che_bench.checks.option_effects``), the task checks in ``che_bench.checks.task_checks``.
+Every encoding check takes ``causal``: with it, the encoding is checked in a causal model
+(``check-encoding --causal``, which adds the causal check of its logits). Each check returns
+its failures, one line each (what, where, expected vs got); an empty list is a pass. Models
+are tiny, so a whole encoding or task checks in well under a minute on a laptop CPU.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from che_bench.checks.conformance_hooks import (
     differ,
     dtype_problem,
 )
+from che_bench.checks.guarded import guarded
 from che_bench.checks.model_declarations import causal_failures, in_place_task
 from che_bench.checks.option_effects import TINY_ENCODER, check_encoding_options_take_effect
 from che_bench.checks.task_checks import TASK_CHECKS
@@ -358,7 +361,7 @@ def run_encoding_check(
     inside it is one failure line, which names the hook method at fault when one returns
     another dtype than its inputs' (``dtype_problem``)."""
     given = dict(options or {})
-    return _guarded(
+    return guarded(
         check,
         lambda: encoding_checks(causal)[check](pe, given, causal=causal),
         lambda: dtype_problem(pe, given),
@@ -367,30 +370,4 @@ def run_encoding_check(
 
 def run_task_check(check: str, task: Task) -> list[str]:
     """The failures of one task check; an exception inside it is one failure line."""
-    return _guarded(check, lambda: TASK_CHECKS[check](task))
-
-
-def _guarded(
-    check: str, run: Callable[[], list[str]], diagnose: Callable[[], str | None] | None = None
-) -> list[str]:
-    """``run()`` on one torch thread (these tiny models slow down many-fold with more on a
-    busy machine), leaving the caller's global RNG and thread count as they were; an
-    exception is one line, with ``diagnose()``'s finding (if any) on what caused it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            return run()
-    except Exception as exc:
-        line = f"{check}: expected to run, got {type(exc).__name__}: {one_line(exc)}"
-        cause = _diagnosis(diagnose)
-        return [line if cause is None else f"{line} ({cause})"]
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _diagnosis(diagnose: Callable[[], str | None] | None) -> str | None:
-    try:
-        return None if diagnose is None else diagnose()
-    except Exception:  # the diagnosis itself failed: the error line stands alone
-        return None
+    return guarded(check, lambda: TASK_CHECKS[check](task))

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from che_bench.checks.conformance import _guarded
 from che_bench.checks.conformance_hooks import differ
+from che_bench.checks.guarded import guarded
 from che_bench.checks.model_declarations import (
     check_causal_outputs,
     check_meta_device,
@@ -376,4 +376,4 @@ def run_model_check(check: str, arch: str, options: dict[str, Any] | None = None
     """The failures of one model check of ``arch`` with ``check_options(arch, options)``; an
     exception inside it is one failure line."""
     resolved = check_options(arch, options)
-    return _guarded(check, lambda: MODEL_CHECKS[check](arch, resolved))
+    return guarded(check, lambda: MODEL_CHECKS[check](arch, resolved))
