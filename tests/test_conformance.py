@@ -23,6 +23,12 @@ def test_every_built_in_encoding_conforms(name, check):
     assert conformance.run_encoding_check(check, name) == []
 
 
+@pytest.mark.parametrize("check", ["causal", "translation", "reference", "bias"])
+@pytest.mark.parametrize("name", ENCODINGS_BUILT_IN)
+def test_every_built_in_encoding_passes_the_hook_checks_in_a_causal_model(name, check):
+    assert conformance.run_encoding_check(check, name, causal=True) == []
+
+
 @pytest.mark.parametrize("check", list(conformance.TASK_CHECKS))
 @pytest.mark.parametrize("name", TASKS_BUILT_IN)
 def test_every_built_in_task_conforms(name, check):

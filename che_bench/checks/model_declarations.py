@@ -80,10 +80,10 @@ def in_place_task() -> str | None:
     return next((name for name in list_tasks() if get_task(name).output_layout == "in_place"), None)
 
 
-def causal_failures(model: BenchModel, task: Task, label: str) -> list[str]:
+def causal_failures(model: BenchModel, task: Task, label: str, cut: bool = True) -> list[str]:
     """The logits of ``model`` (in evaluation, on in-place ``task``) at positions
-    0..CAUSAL_CUT are the same when the tokens after CAUSAL_CUT change and when the input
-    stops after CAUSAL_CUT; ``label`` says where, in the failure lines."""
+    0..CAUSAL_CUT are the same when the tokens after CAUSAL_CUT change and (if ``cut``) when
+    the input stops after CAUSAL_CUT; ``label`` says where, in the failure lines."""
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randint(0, task.input_size, (2, CAUSAL_LENGTH), generator=generator)
     changed = inputs.clone()
@@ -94,10 +94,11 @@ def causal_failures(model: BenchModel, task: Task, label: str) -> list[str]:
         model.seed_draws(list(range(model.members)))
         whole = model(inputs, evaluating=True)[:, :, seen]
         failures = []
-        for variant, other in (
+        variants = [
             ("tokens after it changed", changed),
             ("the input cut after it", inputs[:, seen]),
-        ):
+        ]
+        for variant, other in variants[: 2 if cut else 1]:
             model.seed_draws(list(range(model.members)))
             logits = model(other, evaluating=True)[:, :, seen]
             if not torch.allclose(logits, whole, rtol=1e-5, atol=1e-5):
