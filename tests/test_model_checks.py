@@ -334,3 +334,31 @@ def test_a_chunked_scan_that_drops_its_carry_fails_the_reference_check(scratch_r
         "reference forward (reverse_string n=500, 1000 tokens)"]
     assert "expected the fast forward's logits without gradients to equal reference_forward's, " \
            "got max |difference|" in failures[0]
+
+
+def test_the_recurrent_baselines_are_checked_causal_but_the_tape_rnn(monkeypatch):
+    """The Tape-RNN's jumps move by the input's length, so its outputs depend on how long the
+    input is: it does not declare causal outputs, and would fail the check if it did."""
+    from che_bench.model.architectures import build_architecture
+    from che_bench.model.recurrent.tape_rnn import TapeMemory
+    from che_bench.tasks import get_task
+
+    def declared(name):
+        options = model_checks.check_options(name)
+        return build_architecture(name, get_task("mqar"), **options).causal_outputs
+
+    assert [name for name in RECURRENT if not declared(name)] == ["tape_rnn"]
+    monkeypatch.setattr(TapeMemory, "causal", True)
+    [failure] = model_checks.run_model_check("causal", "tape_rnn")
+    assert "unchanged with the input cut after it, got others from position 1" in failure
+
+
+def test_mamba_declares_its_mixers_plain_recurrence_as_its_reference():
+    """So check-model's reference check compares Mamba's chunked scan (test_mamba runs it)."""
+    from che_bench.model.architectures import build_architecture
+    from che_bench.tasks import get_task
+
+    model = build_architecture("mamba", get_task("reverse_string"), width=8, d_state=2).eval()
+    inputs = torch.randint(0, 2, (2, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(model.reference_forward(inputs), model(inputs))

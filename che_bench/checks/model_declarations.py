@@ -124,7 +124,7 @@ def check_causal_outputs(arch: str, options: dict[str, Any]) -> list[str]:
     except CheBenchError:
         _model(arch, options, get_task(REFERENCE_TASK))  # an error not about the task: raised
         return []  # an in-place task refused (computation tokens): nothing to check
-    if not type(model).causal_outputs:
+    if not model.causal_outputs:
         return []
     return causal_failures(model, task, "the model declares causal_outputs")
 
