@@ -8,8 +8,8 @@ training mode, with the same random draws), unless the class names it in ``inert
 (``BenchModel.inert_options``: by default the evaluation memory budget). The other value is
 the first of ``other_values`` the class accepts; an option the class lists in
 ``option_choices`` is set to each of its choices instead, and each must be accepted. A string
-option (or a sequence holding strings) with no declared choices is a failure: the check cannot
-make up a value for it, so the class must list them.
+option (or a sequence with no number in it) with no declared choices is a failure: the check
+cannot make up a value for it, so the class must list them.
 """
 
 from __future__ import annotations
@@ -60,10 +60,8 @@ def other_values(value: Any) -> list[Any]:
 
 def needs_choices(value: Any) -> bool:
     """Whether ``value`` is one whose alternatives only its class knows: a string, or a
-    sequence holding one."""
-    if isinstance(value, str):
-        return True
-    return isinstance(value, (tuple, list)) and any(isinstance(item, str) for item in value)
+    sequence with no number for ``other_values`` to change (empty, or of strings)."""
+    return isinstance(value, (str, tuple, list)) and not other_values(value)
 
 
 def option_failures(
