@@ -353,12 +353,15 @@ def test_the_recurrent_baselines_are_checked_causal_but_the_tape_rnn(monkeypatch
     assert "unchanged with the input cut after it, got others from position 1" in failure
 
 
-def test_mamba_declares_its_mixers_plain_recurrence_as_its_reference():
-    """So check-model's reference check compares Mamba's chunked scan (test_mamba runs it)."""
+@pytest.mark.parametrize("name", ["mamba", "deltanet", "gated_deltanet", "deltaproduct"])
+def test_state_tracking_models_declare_their_plain_recurrence_as_reference(name):
+    """So check-model's reference check compares their chunked (and native) kernels with it
+    (test_mamba and test_deltanet run the check)."""
     from che_bench.model.architectures import build_architecture
     from che_bench.tasks import get_task
 
-    model = build_architecture("mamba", get_task("reverse_string"), width=8, d_state=2).eval()
+    model = build_architecture(name, get_task("reverse_string"), width=8, **(
+        {"d_state": 2} if name == "mamba" else {"heads": 2})).eval()
     inputs = torch.randint(0, 2, (2, 5))
     with torch.no_grad():
         torch.testing.assert_close(model.reference_forward(inputs), model(inputs))
