@@ -353,10 +353,10 @@ def test_the_recurrent_baselines_are_checked_causal_but_the_tape_rnn(monkeypatch
     assert "unchanged with the input cut after it, got others from position 1" in failure
 
 
-@pytest.mark.parametrize("name", ["mamba", "deltanet", "gated_deltanet", "deltaproduct"])
+@pytest.mark.parametrize("name", ["mamba", "deltanet", "gated_deltanet", "deltaproduct", "mlstm"])
 def test_state_tracking_models_declare_their_plain_recurrence_as_reference(name):
     """So check-model's reference check compares their chunked (and native) kernels with it
-    (test_mamba and test_deltanet run the check)."""
+    (test_mamba, test_deltanet and test_xlstm run the check)."""
     from che_bench.model.architectures import build_architecture
     from che_bench.tasks import get_task
 

@@ -25,8 +25,9 @@ CAUSAL_LENGTH, CAUSAL_CUT = 24, 9
 REFERENCE_TASK, REFERENCE_LENGTHS = "reverse_string", (1, 40, 200, 500)
 #: The reference agrees with the fast forward to float32 rounding over up to 1000 tokens:
 #: within a relative REFERENCE_RTOL and REFERENCE_ATOL times the largest value compared
-#: (at least 1).
-REFERENCE_RTOL, REFERENCE_ATOL = 1e-3, 1e-4
+#: (at least 1). mLSTM's gradients at 1000 tokens differ by 1.4e-4 of their largest in
+#: float32 and by 2e-13 in float64: rounding, which this leaves room for.
+REFERENCE_RTOL, REFERENCE_ATOL = 1e-3, 1e-3
 
 
 def _model(arch: str, options: dict[str, Any], task: Task, members: int = 1) -> BenchModel:
