@@ -29,6 +29,11 @@ class DistancePenalty(AttentionHook):
         # [M, 1, H, R, T]: a member axis of M (learned per member), 1 if shared by all.
         return -self.slope[:, None, :, None, None] * distance**self.power
 
+    def reference_bias(self, query, key, ctx):
+        # The same bias for one query and one key, [M, 1, H], straight from the formula:
+        # check-encoding compares bias() with it at every (query, key).
+        return -self.slope[:, None, :] * abs(query - key) ** self.power
+
 
 @register("my_alias")  # a name already taken is an error
 class MyEncoding(PositionalEncoding):

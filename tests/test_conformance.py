@@ -23,6 +23,12 @@ def test_every_built_in_encoding_conforms(name, check):
     assert conformance.run_encoding_check(check, name) == []
 
 
+@pytest.mark.parametrize("check", ["causal", "translation", "reference", "bias"])
+@pytest.mark.parametrize("name", ENCODINGS_BUILT_IN)
+def test_every_built_in_encoding_passes_the_hook_checks_in_a_causal_model(name, check):
+    assert conformance.run_encoding_check(check, name, causal=True) == []
+
+
 @pytest.mark.parametrize("check", list(conformance.TASK_CHECKS))
 @pytest.mark.parametrize("name", TASKS_BUILT_IN)
 def test_every_built_in_task_conforms(name, check):
@@ -61,7 +67,9 @@ def test_a_broken_encoding_fails_with_one_line_per_fault(scratch_registries, cap
 
 def test_a_correct_encoding_passes(capsys):
     assert main(["check-encoding", "alibi", "--pe-option", "alibi_mode=symmetric"]) == 0
-    assert "encoding alibi: all 10 checks passed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "encoding alibi: all 13 checks passed" in out
+    assert "speed: " in out and " ms per training step (" in out
 
 
 def test_a_task_whose_oracle_disagrees_is_named_with_its_length(scratch_registries, capsys):
@@ -190,3 +198,119 @@ def test_a_crash_keeps_the_line_that_says_what_went_wrong():
     assert conformance.run_task_check("seed", task) == [
         ("seed: expected to run, got RuntimeError: Error(s) in loading state_dict for Encoder: "
          "size mismatch for e.left: [1, 4]")]
+
+
+class OffsetSlopeHook(AttentionHook):
+    """bias[i, j] = -0.1 * (j - i) for keys on the right and -0.3 * (i - j) on the left, from
+    ``scale``; ``transposed`` plants the bug of a map with i and j swapped (same shape)."""
+
+    def __init__(self, scale=1.0, transposed=False, dtype=torch.float32):
+        super().__init__()
+        self.scale, self.transposed, self.dtype = scale, transposed, dtype
+
+    def _value(self, offset):
+        return torch.where(offset > 0, -0.1 * offset, 0.3 * offset) * self.scale
+
+    def bias(self, rows, length, ctx):
+        positions = torch.arange(length, dtype=self.dtype)
+        offset = positions[None, :] - positions[rows, None]  # j - i
+        if self.transposed:  # i - j: the map of j - i transposed
+            offset = positions[rows, None] - positions[None, :]
+        return self._value(offset)[None, None, None].expand(1, 1, 4, -1, -1)
+
+    def reference_bias(self, query, key, ctx):
+        return self._value(torch.tensor(float(key - query))).expand(1, 1, 4)
+
+
+def slope_encoding(name, *, uses_scale=True, transposed=False, dtype=torch.float32):
+    """Register a relative encoding of ``OffsetSlopeHook``s with an option ``scale``."""
+
+    class Encoding(PositionalEncoding):
+        description, kind, carries_bias = "an asymmetric slope", "relative", True
+
+        def __init__(self, *, dim, heads, layers, train_max_tokens, members=1, scale=1.0):
+            super().__init__(dim=dim, heads=heads, layers=layers,
+                             train_max_tokens=train_max_tokens, members=members)
+            used = scale if uses_scale else 1.0
+            self.hooks = torch.nn.ModuleList(
+                OffsetSlopeHook(used, transposed, dtype) for _ in range(layers))
+            self.resolved_options = {"scale": scale}
+
+    Encoding.name = name
+    register(Encoding)
+
+
+def test_a_clean_bias_encoding_passes_every_check(scratch_registries):
+    slope_encoding("test_slope")
+    for check in conformance.ENCODING_CHECKS:
+        assert conformance.run_encoding_check(check, "test_slope") == [], check
+
+
+def test_an_encoding_option_that_changes_nothing_fails(scratch_registries):
+    slope_encoding("test_ignored_scale", uses_scale=False)
+    assert conformance.run_encoding_check("option_effects", "test_ignored_scale") == [
+        "options take effect: expected scale=2.0 (instead of 1.0) to change the parameters or "
+        "the logits, got the same ones (an option that changes neither, such as a memory "
+        "budget, belongs in the encoding class's inert_options)"]
+
+
+def test_a_transposed_bias_of_the_right_shape_fails_its_reference(scratch_registries):
+    slope_encoding("test_transposed", transposed=True)
+    assert conformance.run_encoding_check("bias", "test_transposed") == []  # the right shape
+    failures = conformance.run_encoding_check("reference", "test_transposed")
+    assert failures[0] == (
+        "reference bias (layer 0, rows 0:24 of 24 keys): expected bias() to equal "
+        "reference_bias(i, j) at every query i and key j, got max |difference| 4.6 "
+        "(first at i=0, j=1)")
+    assert failures[1].startswith("reference bias (layer 0, rows 5:9 of 24 keys)")
+
+
+def test_a_float64_bias_is_named_by_every_check_it_breaks(scratch_registries):
+    slope_encoding("test_float64", dtype=torch.float64)
+    cause = "layer 0's OffsetSlopeHook.bias returns torch.float64"
+    assert conformance.run_encoding_check("dtypes", "test_float64") == [
+        f"dtypes: expected torch.float32 (the inputs' dtype) from every hook, got {cause}"]
+    [crash] = conformance.run_encoding_check("shapes", "test_float64")
+    assert crash.startswith("shapes: expected to run, got RuntimeError: ")
+    assert crash.endswith(f"({cause})") and "\n" not in crash
+
+
+class LengthScaledEmbedding(PositionalEncoding):
+    """An absolute encoding of position / T: in a causal model the output at t depends on
+    how long the sequence is (``per_length`` False: position / T_train_max, causal)."""
+
+    name, description, kind, adds_to_embedding = "test_length_scaled", "i / T", "absolute", True
+    per_length = True
+
+    def embed(self, x, draws=None):
+        positions = torch.arange(x.shape[-2], dtype=x.dtype)
+        scale = x.shape[-2] if self.per_length else self.train_max_tokens
+        return x + (positions / scale)[:, None]
+
+
+def test_an_encoding_that_reads_the_sequence_s_length_fails_the_causal_mode(scratch_registries):
+    register(LengthScaledEmbedding)
+    [failure] = conformance.run_encoding_check("causal", "test_length_scaled", causal=True)
+    assert failure.startswith(
+        "causal outputs (test_length_scaled, mqar n=24): expected the logits up to position 9 "
+        "unchanged with the input cut after it, got others from position 1")  # 0 / T is 0
+
+    class PerTrainingLength(LengthScaledEmbedding):
+        name, per_length = "test_train_length_scaled", False
+
+    register(PerTrainingLength)
+    assert conformance.run_encoding_check("causal", "test_train_length_scaled", causal=True) == []
+    assert "causal" not in conformance.encoding_checks(False)
+
+
+def test_check_encoding_causal_and_its_speed_line_at_the_run_s_threads(monkeypatch, capsys):
+    from che_bench.checks import speed
+
+    measured = []
+    monkeypatch.setattr(speed, "step_seconds", lambda configs, device, repeats, warm_up=1: (
+        measured.append((configs[0].causal, torch.get_num_threads())) or 0.05))
+    assert main(["check-encoding", "alibi", "--causal", "--threads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "ok   causal" in out and "encoding alibi (causal): all 14 checks passed" in out
+    assert measured == [(True, 2)]
+    assert "speed: 50.0 ms per training step (reverse_string, batch 32, n = 40, cpu, 2 threads)" in out

@@ -266,8 +266,27 @@ def test_the_documented_one_module_plugin_passes_every_check(monkeypatch, capsys
     assert main(["--plugin", "my_plugin", "check-encoding", "my_pe", "--pe-option", "power=0.5"]) == 0
     assert main(["check-task", "every_other", "--param", "vocab_size=3"]) == 0
     out = capsys.readouterr().out
-    assert "encoding my_pe: all 10 checks passed" in out and "task every_other: all 5 checks passed" in out
+    assert "encoding my_pe: all 13 checks passed" in out and "task every_other: all 5 checks passed" in out
     assert main(["check-encoding", "my_alias", "--pe-option", "power=true"]) == 2
     assert capsys.readouterr().err == (
         "che-bench: error: encoding 'my_pe': power must be in (0, 2], got True\n")
     assert get_task("every_other").output_length(5) == 3
+
+
+def test_the_example_gru_is_checked_causal_and_on_the_meta_device(example_on_path, monkeypatch):
+    """The example plugin declares its GRU causal: check-model checks it on an in-place task;
+    the same model reading the next input fails."""
+    from che_bench.checks import model_checks
+
+    plugins.add_modules(["che_bench_loglength"])
+    gru = ARCHITECTURES.get("gru").build
+    assert gru.causal_outputs
+    for check in ("causal", "device"):
+        assert model_checks.run_model_check(check, "gru", {"hidden_size": 4}) == []
+    member_inputs = gru.member_inputs
+    monkeypatch.setattr(gru, "member_inputs", lambda self, inputs: member_inputs(
+        self, inputs.roll(-1, dims=-1)))  # position t reads token t + 1
+    [failure, _] = model_checks.run_model_check("causal", "gru", {"hidden_size": 4})
+    assert failure.startswith("causal outputs (the model declares causal_outputs, mqar n=24): "
+                              "expected the logits up to position 9 unchanged with tokens after "
+                              "it changed, got others from position 9")

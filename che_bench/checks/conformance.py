@@ -2,11 +2,13 @@
 
 ``che-bench check-encoding NAME`` / ``check-task NAME`` run them (plugins included), and the
 project's tests run the same functions over every built-in. The encoding checks are here (the
-checks of the attention hooks alone, bias shape and translation invariance, are in
-``che_bench.checks.conformance_hooks``), the task checks in ``che_bench.checks.task_checks``.
-Each check returns its failures, one line each (what, where, expected vs got); an empty list is
-a pass. Models are tiny, so a
-whole encoding or task checks in well under a minute on a laptop CPU.
+checks of the attention hooks alone, dtypes, bias shape, reference bias and translation
+invariance, are in ``che_bench.checks.conformance_hooks``; option effects in
+``che_bench.checks.option_effects``), the task checks in ``che_bench.checks.task_checks``.
+Every encoding check takes ``causal``: with it, the encoding is checked in a causal model
+(``check-encoding --causal``, which adds the causal check of its logits). Each check returns
+its failures, one line each (what, where, expected vs got); an empty list is a pass. Models
+are tiny, so a whole encoding or task checks in well under a minute on a laptop CPU.
 """
 
 from __future__ import annotations
@@ -23,9 +25,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from che_bench.checks.conformance_hooks import (
     check_bias_shape,
+    check_dtypes,
+    check_reference_bias,
     check_translation_invariance,
     differ,
+    dtype_problem,
 )
+from che_bench.checks.guarded import guarded
+from che_bench.checks.model_declarations import causal_failures, in_place_task
+from che_bench.checks.option_effects import TINY_ENCODER, check_encoding_options_take_effect
 from che_bench.checks.task_checks import TASK_CHECKS
 from che_bench.errors import one_line
 from che_bench.model.encoder import Encoder, build_model
@@ -33,7 +41,7 @@ from che_bench.model.packs import member_state_dict, stack_members
 from che_bench.tasks import Task, get_task
 
 #: A tiny encoder: the checks are about the encoding, not the model's size.
-TINY = {"layers": 2, "dim": 16, "heads": 4, "ffn": 32}
+TINY = TINY_ENCODER
 #: Training lengths (the model trains on <= 40) and test lengths, up to the protocol's 500.
 TRAIN_LENGTHS = (1, 20, 40)
 TEST_LENGTHS = (41, 200, 500)
@@ -65,12 +73,12 @@ def _inputs(task: str, n: int, batch: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(get_task(task).sample(n, batch, np.random.default_rng(seed)).inputs)
 
 
-def check_shapes_and_finite(pe: str, options: dict[str, Any]) -> list[str]:
+def check_shapes_and_finite(pe: str, options: dict[str, Any], causal: bool = False) -> list[str]:
     """Logits of shape [members, batch, output_length(n), classes], finite, at the training
     lengths and at test lengths up to 500 (1500 tokens), training and evaluation mode."""
     failures = []
     task = get_task(LONG_TASK)
-    model = _model(pe, None, options, task=LONG_TASK)
+    model = _model(pe, None, options, task=LONG_TASK, causal=causal)
     for n in TRAIN_LENGTHS + TEST_LENGTHS:
         mode = "train" if n in TRAIN_LENGTHS else "eval"
         model.train(mode == "train")
@@ -91,14 +99,19 @@ def check_shapes_and_finite(pe: str, options: dict[str, Any]) -> list[str]:
 
 
 def check_pack_equals_members(
-    pe: str, options: dict[str, Any], kernels: tuple[int | None, ...] = KERNELS
+    pe: str,
+    options: dict[str, Any],
+    causal: bool = False,
+    kernels: tuple[int | None, ...] = KERNELS,
 ) -> list[str]:
     """A pack of 3 members computes, per member, what that member computes alone (shared and
     per-member inputs, each member with its own random draws), and gives back each member's
     weights; with DAPE kernels none, 1 and 3."""
     failures = []
     for kernel in kernels:
-        members = [_model(pe, kernel, options, seed=seed).eval() for seed in (3, 4, 5)]
+        members = [
+            _model(pe, kernel, options, seed=seed, causal=causal).eval() for seed in (3, 4, 5)
+        ]
         pack = stack_members(members).eval()
         shared = _inputs(SHORT_TASK, 9, 3)
         own = torch.stack([_inputs(SHORT_TASK, 9, 3, seed=seed) for seed in (0, 1, 2)])
@@ -128,13 +141,15 @@ def check_pack_equals_members(
     return failures
 
 
-def check_chunked_equals_unchunked(pe: str, options: dict[str, Any]) -> list[str]:
+def check_chunked_equals_unchunked(
+    pe: str, options: dict[str, Any], causal: bool = False
+) -> list[str]:
     """Evaluation split into query-row chunks and sub-batches (small memory budgets) gives the
     logits of one unchunked pass, beyond the training lengths; kernels none, 1 and 3."""
     failures = []
     inputs = _inputs(LONG_TASK, 17, 3)  # 51 tokens, past the 40 the model trained on
     for kernel in KERNELS:
-        model = _model(pe, kernel, options, task=LONG_TASK).eval()
+        model = _model(pe, kernel, options, task=LONG_TASK, causal=causal).eval()
         with torch.no_grad():
             model.seed_draws([7])
             whole = model(inputs)
@@ -150,14 +165,16 @@ def check_chunked_equals_unchunked(pe: str, options: dict[str, Any]) -> list[str
     return failures
 
 
-def check_state_dict_round_trip(pe: str, options: dict[str, Any]) -> list[str]:
+def check_state_dict_round_trip(
+    pe: str, options: dict[str, Any], causal: bool = False
+) -> list[str]:
     """Weights saved as a kept model is (tensors only, loaded with ``weights_only``) load into a
     freshly built model, which then computes the same logits."""
-    model = _model(pe, None, options, seed=0).eval()
+    model = _model(pe, None, options, seed=0, causal=causal).eval()
     buffer = io.BytesIO()
     torch.save(member_state_dict(model, 0), buffer)
     buffer.seek(0)
-    restored = _model(pe, None, options, seed=1).eval()
+    restored = _model(pe, None, options, seed=1, causal=causal).eval()
     try:
         restored.load_state_dict(torch.load(buffer, weights_only=True))
     except Exception as exc:
@@ -178,10 +195,10 @@ def check_state_dict_round_trip(pe: str, options: dict[str, Any]) -> list[str]:
     )
 
 
-def check_options_recorded(pe: str, options: dict[str, Any]) -> list[str]:
+def check_options_recorded(pe: str, options: dict[str, Any], causal: bool = False) -> list[str]:
     """``options()`` names every option the encoding takes, as JSON, and building with the
     recorded options gives the same options back."""
-    encoding = _model(pe, None, options).encoding
+    encoding = _model(pe, None, options, causal=causal).encoding
     recorded = encoding.options()
     failures = []
     missing = sorted(set(encoding.option_names()) - set(recorded))
@@ -194,7 +211,7 @@ def check_options_recorded(pe: str, options: dict[str, Any]) -> list[str]:
     except TypeError as exc:
         return [*failures, f"options recorded: expected JSON values, got {exc}"]
     given = {key: value for key, value in recorded.items() if key in encoding.option_names()}
-    rebuilt = _model(pe, None, given).encoding.options()
+    rebuilt = _model(pe, None, given, causal=causal).encoding.options()
     if rebuilt != recorded:
         failures.append(
             f"options recorded: expected {recorded} when built with them, got {rebuilt}"
@@ -202,13 +219,13 @@ def check_options_recorded(pe: str, options: dict[str, Any]) -> list[str]:
     return failures
 
 
-def check_training_step(pe: str, options: dict[str, Any]) -> list[str]:
+def check_training_step(pe: str, options: dict[str, Any], causal: bool = False) -> list[str]:
     """A training step alone and with DAPE (kernel 1) and DAPE V2 (kernel 3) on top: finite
     logits and a finite gradient for every parameter of the encoding (n = 40), then finite
     logits at evaluation (n = 100; the shapes check covers n = 500)."""
     failures = []
     for kernel in KERNELS:
-        model = _model(pe, kernel, options, task=LONG_TASK)
+        model = _model(pe, kernel, options, task=LONG_TASK, causal=causal)
         logits = model(_inputs(LONG_TASK, 40, 2))
         logits.float().logsumexp(-1).mean().backward()
         bad = [
@@ -232,12 +249,12 @@ def check_training_step(pe: str, options: dict[str, Any]) -> list[str]:
     return failures
 
 
-def check_memory_budget(pe: str, options: dict[str, Any]) -> list[str]:
+def check_memory_budget(pe: str, options: dict[str, Any], causal: bool = False) -> list[str]:
     """At n = 500 (1500 tokens) under a small evaluation budget, no tensor made during the
     forward pass is larger than the budget (a full [B, H, T, T] score map is 34x larger):
     the encoding's hooks work on the query rows they are given and declare the maps they
     hold (``score_maps``)."""
-    model = _model(pe, None, options, task=LONG_TASK).eval()
+    model = _model(pe, None, options, task=LONG_TASK, causal=causal).eval()
     model.set_memory_budget(SMALL_BUDGET_BYTES)
     with torch.no_grad(), _largest_tensor() as largest:
         model(_inputs(LONG_TASK, 500, 4))
@@ -250,11 +267,11 @@ def check_memory_budget(pe: str, options: dict[str, Any]) -> list[str]:
     ]
 
 
-def check_draws_reproducible(pe: str, options: dict[str, Any]) -> list[str]:
+def check_draws_reproducible(pe: str, options: dict[str, Any], causal: bool = False) -> list[str]:
     """The same draw seed gives the same logits; for a randomized encoding another seed gives
     other logits (its positions are drawn), in training and at evaluation."""
     failures = []
-    model = _model(pe, None, options).eval()
+    model = _model(pe, None, options, causal=causal).eval()
     randomized = model.encoding.randomized
     inputs = _inputs(SHORT_TASK, 30, 2)
     for mode, evaluating in (("training draws", False), ("evaluation", True)):
@@ -278,18 +295,42 @@ def check_draws_reproducible(pe: str, options: dict[str, Any]) -> list[str]:
     return failures
 
 
+def check_causal_logits(pe: str, options: dict[str, Any], causal: bool = True) -> list[str]:
+    """In a causal model on an in-place task, the logits up to position t are the same when
+    the tokens after t change and when the input stops at t (an encoding that reads the
+    sequence's length, or the future, fails here). An encoding that draws its positions at
+    evaluation draws them for the whole length by design: only the first is compared."""
+    name = in_place_task()
+    if name is None:
+        return []
+    model = _model(pe, None, options, task=name, causal=True)
+    drawing = model.encoding.draws_active(True)
+    return causal_failures(model, get_task(name), pe, cut=not drawing)
+
+
 ENCODING_CHECKS: dict[str, Check] = {
     "shapes": check_shapes_and_finite,
+    "dtypes": check_dtypes,
     "bias": check_bias_shape,
+    "reference": check_reference_bias,
     "translation": check_translation_invariance,
     "pack": check_pack_equals_members,
     "chunks": check_chunked_equals_unchunked,
     "state_dict": check_state_dict_round_trip,
     "options": check_options_recorded,
+    "option_effects": check_encoding_options_take_effect,
     "training": check_training_step,
     "memory": check_memory_budget,
     "draws": check_draws_reproducible,
 }
+#: The checks of ``check-encoding --causal``: the encoding in a causal model, and its logits
+#: causal.
+CAUSAL_ENCODING_CHECKS: dict[str, Check] = {**ENCODING_CHECKS, "causal": check_causal_logits}
+
+
+def encoding_checks(causal: bool) -> dict[str, Check]:
+    """The checks of an encoding in a bidirectional or a causal model."""
+    return CAUSAL_ENCODING_CHECKS if causal else ENCODING_CHECKS
 
 
 class _LargestTensor(TorchDispatchMode):
@@ -316,25 +357,20 @@ def _largest_tensor() -> Iterator[dict[str, Any]]:
         yield record
 
 
-def run_encoding_check(check: str, pe: str, options: dict[str, Any] | None = None) -> list[str]:
-    """The failures of one encoding check; an exception inside it is one failure line."""
-    return _guarded(check, lambda: ENCODING_CHECKS[check](pe, dict(options or {})))
+def run_encoding_check(
+    check: str, pe: str, options: dict[str, Any] | None = None, causal: bool = False
+) -> list[str]:
+    """The failures of one encoding check (in a causal model if ``causal``); an exception
+    inside it is one failure line, which names the hook method at fault when one returns
+    another dtype than its inputs' (``dtype_problem``)."""
+    given = dict(options or {})
+    return guarded(
+        check,
+        lambda: encoding_checks(causal)[check](pe, given, causal=causal),
+        lambda: dtype_problem(pe, given),
+    )
 
 
 def run_task_check(check: str, task: Task) -> list[str]:
     """The failures of one task check; an exception inside it is one failure line."""
-    return _guarded(check, lambda: TASK_CHECKS[check](task))
-
-
-def _guarded(check: str, run: Callable[[], list[str]]) -> list[str]:
-    """``run()`` on one torch thread (these tiny models slow down many-fold with more on a
-    busy machine), leaving the caller's global RNG and thread count as they were."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            return run()
-    except Exception as exc:
-        return [f"{check}: expected to run, got {type(exc).__name__}: {one_line(exc)}"]
-    finally:
-        torch.set_num_threads(threads)
+    return guarded(check, lambda: TASK_CHECKS[check](task))

@@ -1,10 +1,12 @@
 """Conformance checks of what an encoding's attention hooks promise
-(``che_bench.checks.conformance`` runs them with the others): the bias has the shape the
-attention and DAPE take, and a ``relative`` encoding's logits depend on offsets, not on
-absolute positions.
+(``che_bench.checks.conformance`` runs them with the others): every hook returns the inputs'
+dtype, the bias has the shape the attention and DAPE take and equals the hook's slow
+``reference_bias`` where it declares one, and a ``relative`` encoding's logits depend on
+offsets, not on absolute positions.
 
-Both work on the hooks alone, with random queries and keys, so a failure points at the hook
-and not at a model built on top of it.
+They work on the hooks alone, with random queries and keys, so a failure points at the hook
+and not at a model built on top of it. In a causal model (``causal``) the logits of a key
+after its query are never used, so they are not compared.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 import torch
 
 from che_bench.encodings import build_encoding
-from che_bench.encodings.base import Draws, PositionalEncoding
+from che_bench.encodings.base import AttentionHook, Draws, PositionalEncoding
 
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 #: Hook sizes: three members (so a bias must say whether it is per member), four heads.
@@ -37,6 +39,11 @@ def differ(got: torch.Tensor, expected: torch.Tensor) -> str | None:
     return f"max |difference| {(got - expected).abs().max().item():.3g}"
 
 
+def _future(rows: slice, length: int) -> torch.Tensor:
+    """``[R, T]``: True where key j lies after query i (never used in a causal model)."""
+    return torch.arange(length)[None, :] > torch.arange(length)[rows, None]
+
+
 def _encoding(pe: str, options: dict[str, Any], members: int) -> PositionalEncoding:
     torch.manual_seed(0)
     encoding = build_encoding(
@@ -57,17 +64,13 @@ def _queries_and_keys(members: int) -> tuple[torch.Tensor, torch.Tensor]:
     return q, k
 
 
-def check_bias_shape(pe: str, options: dict[str, Any]) -> list[str]:
+def check_bias_shape(pe: str, options: dict[str, Any], causal: bool = False) -> list[str]:
     """Every hook's ``bias(rows, T, ctx)`` is ``[M or 1, 1, H, R, T]`` (M members, H heads, R
     query rows) when the encoding class sets ``carries_bias`` (what che-bench reads: DAPE
     takes the bias as H extra channels), and None when it does not; with three members,
     whole and part row chunks, and the training draws of a randomized encoding."""
     encoding = _encoding(pe, options, MEMBERS)
-    draws = (
-        encoding.sample_draws(LENGTH, [torch.Generator().manual_seed(2)] * MEMBERS)
-        if encoding.draws_active(False)
-        else Draws()
-    )
+    draws = _training_draws(encoding)
     q, k = _queries_and_keys(MEMBERS)
     failures = []
     with torch.no_grad():
@@ -102,7 +105,9 @@ def _bias_problem(bias: torch.Tensor | None, carries_bias: bool, rows: int) -> s
     return None
 
 
-def check_translation_invariance(pe: str, options: dict[str, Any]) -> list[str]:
+def check_translation_invariance(
+    pe: str, options: dict[str, Any], causal: bool = False
+) -> list[str]:
     """For a ``relative`` encoding: the logits (scores plus bias) of query i and key j depend
     on their contents and j - i only. Queries and keys moved SHIFT positions later give the
     same logits, at lengths inside the training range (without random draws); and the
@@ -126,6 +131,9 @@ def check_translation_invariance(pe: str, options: dict[str, Any]) -> list[str]:
         for layer, hook in enumerate(encoding.layer_hooks()):
             here = _logits(hook, q, k)[..., : LENGTH - SHIFT, : LENGTH - SHIFT]
             later = _logits(hook, *shifted)[..., SHIFT:, SHIFT:]
+            if causal:
+                future = _future(slice(0, LENGTH - SHIFT), LENGTH - SHIFT)
+                here, later = here.masked_fill(future, 0), later.masked_fill(future, 0)
             difference = differ(later, here)
             if difference:
                 failures.append(
@@ -142,3 +150,103 @@ def _logits(hook: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     scores = hook.scores(q, k, rows, ctx)
     bias = hook.bias(rows, LENGTH, ctx)
     return scores if bias is None else scores + bias
+
+
+def check_reference_bias(pe: str, options: dict[str, Any], causal: bool = False) -> list[str]:
+    """Where a hook declares ``reference_bias(i, j, ctx)`` (its bias computed straight from
+    the formula, one query and key at a time): ``bias(rows, T, ctx)`` equals it at every
+    (i, j), with three members, whole and part row chunks, and the training draws of a
+    randomized encoding (a map of the right shape with i and j swapped fails here)."""
+    encoding = _encoding(pe, options, MEMBERS)
+    draws = _training_draws(encoding)
+    q, k = _queries_and_keys(MEMBERS)
+    failures = []
+    with torch.no_grad():
+        for layer, hook in enumerate(encoding.layer_hooks()):
+            _, _, ctx = hook.prepare(q, k, draws.layer(layer))
+            reference = _reference_map(hook, ctx)
+            if reference is None:
+                continue
+            for rows in ROW_CHUNKS:
+                problem = _reference_problem(hook.bias(rows, LENGTH, ctx), reference, rows, causal)
+                if problem:
+                    failures.append(
+                        f"reference bias (layer {layer}, rows {rows.start}:{rows.stop} of "
+                        f"{LENGTH} keys): expected bias() to equal reference_bias(i, j) at "
+                        f"every query i and key j, got {problem}"
+                    )
+    return failures
+
+
+def _reference_map(hook: AttentionHook, ctx: Any) -> torch.Tensor | None:
+    """``[M or 1, 1, H, T, T]`` from ``reference_bias(i, j, ctx)`` at every query i and key
+    j (None: the hook declares no reference)."""
+    if hook.reference_bias(0, 0, ctx) is None:
+        return None
+    rows = []
+    for i in range(LENGTH):
+        row = [hook.reference_bias(i, j, ctx) for j in range(LENGTH)]
+        rows.append(torch.stack([value for value in row if value is not None], -1))
+    return torch.stack(rows, -2)
+
+
+def _reference_problem(
+    bias: torch.Tensor | None, reference: torch.Tensor, rows: slice, causal: bool
+) -> str | None:
+    if bias is None:
+        return "None from bias()"
+    expected = reference[..., rows, :]
+    try:
+        got, expected = torch.broadcast_tensors(bias, expected)
+    except RuntimeError:
+        return f"shape {list(bias.shape)} against the reference's {list(expected.shape)}"
+    if causal:
+        future = _future(rows, LENGTH)
+        got, expected = got.masked_fill(future, 0), expected.masked_fill(future, 0)
+    difference = differ(got, expected)
+    if difference is None:
+        return None
+    far = (got - expected).abs().amax(dim=(0, 1, 2)) > TOLERANCE["atol"]
+    i, j = (int(index) for index in far.nonzero()[0])
+    return f"{difference} (first at i={rows.start + i}, j={j})"
+
+
+def _training_draws(encoding: PositionalEncoding) -> Draws:
+    """The training draws of a randomized encoding (one generator per member), else none."""
+    if not encoding.draws_active(False):
+        return Draws()
+    return encoding.sample_draws(LENGTH, [torch.Generator().manual_seed(2)] * encoding.members)
+
+
+def dtype_problem(pe: str, options: dict[str, Any]) -> str | None:
+    """None when ``embed`` and every hook's ``prepare``, ``scores`` and ``bias`` return the
+    dtype of their float32 inputs, else which method of which layer returns what."""
+    encoding = _encoding(pe, options, 1)
+    q, k = _queries_and_keys(1)
+    with torch.no_grad():
+        embedded = encoding.embed(torch.randn(1, 2, LENGTH, HEADS * HEAD_DIM))
+        if embedded.dtype != q.dtype:
+            return f"{type(encoding).__name__}.embed returns {embedded.dtype}"
+        for layer, hook in enumerate(encoding.layer_hooks()):
+            name = f"layer {layer}'s {type(hook).__name__}"
+            prepared_q, prepared_k, ctx = hook.prepare(q, k, None)
+            rows = slice(0, LENGTH)
+            returned = {
+                "prepare (q)": prepared_q,
+                "prepare (k)": prepared_k,
+                "scores": hook.scores(prepared_q, prepared_k, rows, ctx),
+                "bias": hook.bias(rows, LENGTH, ctx),
+            }
+            for method, tensor in returned.items():
+                if tensor is not None and tensor.dtype != q.dtype:
+                    return f"{name}.{method} returns {tensor.dtype}"
+    return None
+
+
+def check_dtypes(pe: str, options: dict[str, Any], causal: bool = False) -> list[str]:
+    """``embed`` and every hook method return float32 for float32 inputs (``dtype_problem``):
+    a float64 bias fails here, named, rather than deep inside the attention."""
+    problem = dtype_problem(pe, options)
+    if problem is None:
+        return []
+    return [f"dtypes: expected {torch.float32} (the inputs' dtype) from every hook, got {problem}"]

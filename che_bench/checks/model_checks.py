@@ -18,8 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from che_bench.checks.conformance import _guarded
 from che_bench.checks.conformance_hooks import differ
+from che_bench.checks.guarded import guarded
+from che_bench.checks.model_declarations import (
+    check_causal_outputs,
+    check_meta_device,
+    check_reference_forward,
+    in_place_task,
+)
 from che_bench.checks.option_effects import check_options_take_effect
 from che_bench.errors import CheBenchError, one_line
 from che_bench.model.architectures import (
@@ -31,7 +37,7 @@ from che_bench.model.architectures import (
 from che_bench.model.base import BenchModel
 from che_bench.model.packs import member_state_dict, stack_members
 from che_bench.model.recurrent import ARCHITECTURES as RECURRENT
-from che_bench.tasks import Task, get_task, list_tasks
+from che_bench.tasks import Task, get_task
 from che_bench.train.metrics import token_loss
 from che_bench.train.optimizer import PackOptimizer
 from che_bench.train.step import training_step
@@ -88,11 +94,6 @@ def _inputs(task: Task, n: int, batch: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(task.sample(n, batch, np.random.default_rng(seed)).inputs.copy())
 
 
-def _in_place_task() -> str | None:
-    """The first registered task whose outputs sit at its inputs (``output_layout``)."""
-    return next((name for name in list_tasks() if get_task(name).output_layout == "in_place"), None)
-
-
 def _lengths(task: Task) -> list[int]:
     """The training and test lengths, raised to the task's minimum, within its maximum."""
     lengths = [max(n, task.min_length) for n in TRAIN_LENGTHS + TEST_LENGTHS]
@@ -105,7 +106,7 @@ def check_shapes_and_finite(arch: str, options: dict[str, Any]) -> list[str]:
     the longest-input task and on an in-place task (unless the model refuses that one with a
     CheBenchError, as computation tokens do)."""
     failures = []
-    for task_name in dict.fromkeys(filter(None, (LONG_TASK, _in_place_task()))):
+    for task_name in dict.fromkeys(filter(None, (LONG_TASK, in_place_task()))):
         task = get_task(task_name)
         try:
             model = _model(arch, options, task=task_name)
@@ -365,6 +366,9 @@ MODEL_CHECKS: dict[str, Check] = {
     "training": check_training_reduces_loss,
     "seed": check_seed_reproducible,
     "batch": check_batch_independent,
+    "device": check_meta_device,
+    "causal": check_causal_outputs,
+    "reference": check_reference_forward,
 }
 
 
@@ -372,4 +376,4 @@ def run_model_check(check: str, arch: str, options: dict[str, Any] | None = None
     """The failures of one model check of ``arch`` with ``check_options(arch, options)``; an
     exception inside it is one failure line."""
     resolved = check_options(arch, options)
-    return _guarded(check, lambda: MODEL_CHECKS[check](arch, resolved))
+    return guarded(check, lambda: MODEL_CHECKS[check](arch, resolved))

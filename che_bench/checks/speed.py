@@ -98,25 +98,41 @@ def step_seconds(
     return median_seconds(step, repeats)
 
 
-def model_speed_line(arch: str, options: dict[str, Any], device: torch.device) -> str:
-    """``check-model``'s speed line: the measured time of one training step of ``arch`` built
-    with ``options`` (over its defaults, as a run builds it) on ``TASK`` at the quick
-    preset's batch size and longest training length, and the quick preset's training time at
-    that speed (at most: shorter lengths are faster; evaluation not included)."""
+def model_speed_line(arch: str, options: dict[str, Any], device: torch.device, threads: int) -> str:
+    """``check-model``'s speed line (``speed_line``) for ``arch`` built with ``options`` (over
+    its defaults, as a run builds it)."""
     config = make_config(TASK, preset=ESTIMATE_PRESET, arch=arch, arch_options=options, seed=0)
-    seconds = step_seconds([config], device, repeats=3)
+    return speed_line(config, device, threads)
+
+
+def encoding_speed_line(
+    pe: str, options: dict[str, Any], causal: bool, device: torch.device, threads: int
+) -> str:
+    """``check-encoding``'s speed line (``speed_line``): the transformer with encoding ``pe``
+    (``options``) at the preset's size, causal or not."""
+    config = make_config(TASK, pe, None, ESTIMATE_PRESET, seed=0, pe_options=options, causal=causal)
+    return speed_line(config, device, threads)
+
+
+def speed_line(config: RunConfig, device: torch.device, threads: int) -> str:
+    """The measured time of one training step of ``config``'s model on ``TASK`` at the quick
+    preset's batch size and longest training length, on ``threads`` torch threads (a run's:
+    ``--threads``, 1 by default), and the quick preset's training time at that speed (at
+    most: shorter lengths are faster; evaluation not included)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        seconds = step_seconds([config], device, repeats=3)
+    finally:
+        torch.set_num_threads(before)
+    plural = "s" if threads != 1 else ""
     return (
         f"speed: {1e3 * seconds:.1f} ms per training step ({TASK}, batch {config.batch_size}, "
-        f"n = {config.train_max_length}, {device.type}, {_threads()}); "
+        f"n = {config.train_max_length}, {device.type}, {threads} thread{plural}); "
         f"the {ESTIMATE_PRESET} preset's {config.steps:,} steps: about "
         f"{duration_text(config.steps * seconds)} of training (at most: shorter lengths are "
         "faster; evaluation not included)"
     )
-
-
-def _threads() -> str:
-    threads = torch.get_num_threads()
-    return f"{threads} thread{'s' if threads != 1 else ''}"
 
 
 def measure_speed(device: torch.device, quick: bool) -> list[Measurement]:

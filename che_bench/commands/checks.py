@@ -8,22 +8,33 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
+from che_bench.commands.common import add_runtime_arguments, runtime_options_from_args
 from che_bench.commands.key_values import parse_key_values
 from che_bench.errors import one_line
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    _register_check_encoding(subparsers)
+    _register_check_task(subparsers)
+    _register_check_model(subparsers)
+
+
+def _register_check_encoding(subparsers: argparse._SubParsersAction) -> None:
     encoding = subparsers.add_parser(
         "check-encoding",
         help="check that an encoding works as che-bench needs (exit 1 if not)",
         description="Shapes and finite outputs at training lengths and test lengths up to 500, "
-        "the bias shape [M or 1, 1, H, R, T] (and None without carries_bias), translation "
-        "invariance of a relative encoding's logits and embeddings, "
-        "a pack of 3 equals its members alone, row-chunked evaluation equals unchunked, "
-        "state_dict round trip, options recorded, a training step alone and with DAPE kernels 1 "
-        "and 3, the memory "
-        "budget at n = 500, random draws reproducible per seed. One line per failure.",
+        "every hook returns float32 for float32 inputs, the bias shape [M or 1, 1, H, R, T] "
+        "(and None without carries_bias), the bias equal to the hook's reference_bias where "
+        "it declares one, translation invariance of a relative encoding's logits and "
+        "embeddings, a pack of 3 equals its members alone, row-chunked evaluation equals "
+        "unchunked, state_dict round trip, options recorded, every option takes effect, a "
+        "training step alone and with DAPE kernels 1 and 3, the memory budget at n = 500, "
+        "random draws reproducible per seed; with --causal all of them in a causal model, "
+        "and its logits causal. One line per failure, then the measured step time.",
     )
     encoding.add_argument("name", help="encoding name (see `che-bench encodings`)")
     encoding.add_argument(
@@ -33,8 +44,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="encoding option to check with (repeatable)",
     )
+    encoding.add_argument(
+        "--causal",
+        action="store_true",
+        help="check the encoding in a causal (decoder-style) model, and that its logits at "
+        "position t do not depend on what follows t",
+    )
+    add_runtime_arguments(encoding, ("threads",))
     encoding.set_defaults(handler=check_encoding_command)
 
+
+def _register_check_task(subparsers: argparse._SubParsersAction) -> None:
     task = subparsers.add_parser(
         "check-task",
         help="check that a task works as che-bench needs (exit 1 if not)",
@@ -52,6 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     task.set_defaults(handler=check_task_command)
 
+
+def _register_check_model(subparsers: argparse._SubParsersAction) -> None:
     model = subparsers.add_parser(
         "check-model",
         help="check that an architecture works as che-bench needs (exit 1 if not)",
@@ -59,9 +81,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "shapes and finite outputs at training lengths and test lengths up to 500 (and on an "
         "in-place task), a pack of 3 equals its members alone and gives back each member's "
         "weights, state_dict round trip, options recorded (describe, build_options, build_key), "
+        "every option takes effect (option_choices for strings), "
         "100 training steps reduce the loss, same seed same weights, logits independent of the "
-        "batch. Built-in baselines are checked at tiny sizes, a plugin's model with its "
-        "defaults. One line per failure.",
+        "batch, training and evaluation on the meta device (as on a GPU), causal outputs "
+        "(causal_outputs) and forward equal to reference_forward where the model declares "
+        "them. Built-in baselines are checked at tiny sizes, a plugin's model with its "
+        "defaults. One line per failure, then the measured step time.",
     )
     model.add_argument("name", help="architecture name (see `che-bench models`)")
     model.add_argument(
@@ -71,6 +96,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="architecture option to check with (repeatable)",
     )
+    add_runtime_arguments(model, ("threads",))
     model.set_defaults(handler=check_model_command)
 
 
@@ -80,13 +106,20 @@ def check_encoding_command(args: argparse.Namespace) -> int:
 
     name = canonical_encoding_name(args.name)
     options = parse_key_values(args.pe_option, "--pe-option")
+    threads = _threads(args)
     # Bad options are a usage error (exit 2), not a failed check.
     build_encoding(name, dim=16, heads=4, layers=1, train_max_tokens=40, **options)
-    return _report(
-        f"encoding {name}",
-        conformance.ENCODING_CHECKS,
-        lambda check: conformance.run_encoding_check(check, name, options),
+    status = _report(
+        f"encoding {name}{' (causal)' if args.causal else ''}",
+        conformance.encoding_checks(args.causal),
+        lambda check: conformance.run_encoding_check(check, name, options, causal=args.causal),
     )
+    print(
+        _speed_line(
+            lambda speed, cpu: speed.encoding_speed_line(name, options, args.causal, cpu, threads)
+        )
+    )
+    return status
 
 
 def check_task_command(args: argparse.Namespace) -> int:
@@ -111,24 +144,31 @@ def check_model_command(args: argparse.Namespace) -> int:
     options = model_checks.check_options(name, given)
     # Bad options are a usage error (exit 2), not a failed check.
     build_architecture(name, get_task(model_checks.SHORT_TASK), **options)
+    threads = _threads(args)
     status = _report(
         f"architecture {name}",
         model_checks.MODEL_CHECKS,
         lambda check: model_checks.run_model_check(check, name, options),
     )
-    print(_speed_line(name, given))
+    # A run's model: the options given over the defaults, not the checks' tiny sizes.
+    print(_speed_line(lambda speed, cpu: speed.model_speed_line(name, given, cpu, threads)))
     return status
 
 
-def _speed_line(name: str, options: dict) -> str:
-    """The step time of a run's model (the options given over the defaults, not the checks'
-    tiny sizes), or why it could not be measured."""
+def _threads(args: argparse.Namespace) -> int:
+    """The torch threads a run given ``--threads`` would use (checked; 1 by default)."""
+    return runtime_options_from_args(args).threads or 1
+
+
+def _speed_line(measure: Callable[[ModuleType, Any], str]) -> str:
+    """``measure(che_bench.checks.speed, the CPU)``: the step time of a run's model, or why it
+    could not be measured."""
     import torch
 
     from che_bench.checks import speed
 
     try:
-        return speed.model_speed_line(name, options, torch.device("cpu"))
+        return measure(speed, torch.device("cpu"))
     except Exception as exc:  # a model that cannot train fails its checks already
         return f"speed: not measured ({type(exc).__name__}: {one_line(exc)})"
 

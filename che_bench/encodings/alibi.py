@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -79,6 +80,20 @@ class ALiBiHook(AttentionHook):
         )
         return toeplitz_rows(per_offset, rows, length)[:, None]
 
+    def reference_bias(
+        self, query: int, key: int, ctx: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """``-m_h * dist(query, key)``, ``[M or 1, 1, H]``, one pair at a time (the check's
+        reference for ``bias``)."""
+        left, right = ctx
+        if key < query:
+            value = -self.left_slopes * (left[:, query - key - 1, None] - self.left_offset)
+        elif key > query:
+            value = -self.right_slopes * right[:, key - query - 1, None]
+        else:
+            value = torch.zeros(left.shape[0], len(self.left_slopes), device=left.device)
+        return value[:, None]
+
 
 @register()
 class ALiBiEncoding(PositionalEncoding):
@@ -92,6 +107,7 @@ class ALiBiEncoding(PositionalEncoding):
     description = "ALiBi distance penalty, bidirectional with a half-slope left offset."
     kind = "relative"
     carries_bias = True
+    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"alibi_mode": MODES}
 
     def __init__(
         self,
@@ -124,6 +140,7 @@ class RandomALiBiEncoding(RandomizedLayers, PositionalEncoding):
     description = "Randomized ALiBi (distances replaced by a sorted draw from [1, L))."
     kind = "relative"
     carries_bias = True
+    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"alibi_mode": MODES}
 
     def __init__(
         self,

@@ -107,6 +107,13 @@ class AttentionHook(nn.Module):
         channels; ``check-encoding`` checks that the two agree)."""
         return None
 
+    def reference_bias(self, query: int, key: int, ctx: Any) -> torch.Tensor | None:
+        """The bias of query ``query`` over key ``key`` computed straight from its formula,
+        one pair at a time: ``[M or 1, 1, H]``, or None (the default): no reference.
+        ``check-encoding`` compares ``bias`` with it at every (query, key): declare it to have
+        a map with the right shape but the wrong (i, j) caught (transposed, say)."""
+        return None
+
 
 class PositionalEncoding(nn.Module):
     """One encoding family. Subclasses set the class attributes and build ``hooks``.
@@ -126,6 +133,12 @@ class PositionalEncoding(nn.Module):
     carries_bias: ClassVar[bool] = False
     #: Absolute encodings add to the embeddings, which are then dropped out (reference).
     adds_to_embedding: ClassVar[bool] = False
+    #: Options that change neither the parameters nor the logits (``check-encoding`` checks
+    #: that every other option changes one of them).
+    inert_options: ClassVar[frozenset[str]] = frozenset()
+    #: Every value an option takes, where ``check-encoding`` cannot make one up (a string):
+    #: ``{"alibi_mode": ("symmetric", "causal")}``; each must build and change the logits.
+    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {}
 
     def __init__(
         self, *, dim: int, heads: int, layers: int, train_max_tokens: int, members: int = 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import torch
 from torch import nn
 
@@ -75,6 +77,7 @@ class _KerpleEncoding(PositionalEncoding):
 
     kind = "relative"
     carries_bias = True
+    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"kerple_bidir": BIDIRECTIONAL}
     kernel: str
 
     def __init__(

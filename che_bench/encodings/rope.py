@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import torch
 from torch import nn
 
@@ -77,6 +79,7 @@ class RotaryEncoding(PositionalEncoding):
     name = "rope"
     description = "Rotary position embedding of q and k (scores depend on i - j)."
     kind = "relative"
+    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"rope_pairing": PAIRINGS}
 
     def __init__(
         self,
@@ -111,6 +114,7 @@ class RandomRotaryEncoding(RandomizedLayers, PositionalEncoding):
     name = "random_rope"
     description = "Randomized RoPE (sorted positions drawn from [0, L), per layer)."
     kind = "relative"
+    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"rope_pairing": PAIRINGS}
 
     def __init__(
         self,

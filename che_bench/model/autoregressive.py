@@ -196,6 +196,10 @@ class AutoregressiveTransformer(BenchModel):
         "dropout": 0.1,
         "memory_budget_bytes": 1 << 30,
     }
+    #: A few of the encodings it takes, for ``check-model``'s option check.
+    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "pe": ("none", "sin_cos", "rope", "alibi")
+    }
     presets = CHE_PRESETS  # CHE trains every model of its paper alike
 
     def __init__(self, task: Task, members: int = 1, **options: Any) -> None:

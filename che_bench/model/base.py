@@ -42,7 +42,12 @@ class BenchModel(nn.Module):
     (run settings it trains with under a preset, where they differ from the transformer's,
     e.g. ``{"paper": {"steps": 1_000_000}}``) and ``inert_options`` (the options of
     ``defaults`` that change neither its parameters nor its outputs, such as an evaluation
-    memory budget; ``check-model`` checks that every other option changes one of them)."""
+    memory budget; ``check-model`` checks that every other option changes one of them),
+    ``option_choices`` (the values an option takes that ``check-model`` cannot guess, a
+    string's above all: it builds the model with each and checks that each changes it) and
+    ``causal_outputs`` (the logits at position t read the inputs up to t only; checked on an
+    in-place task). A model whose fast ``forward`` (a chunked scan, say) has a plain, slow
+    form overrides ``reference_forward``: ``check-model`` compares the two."""
 
     name: ClassVar[str] = ""
     label: ClassVar[str | None] = None
@@ -51,6 +56,14 @@ class BenchModel(nn.Module):
     #: Options that change neither parameters nor outputs (by default the evaluation memory
     #: budget, an option named as the attribute that holds it).
     inert_options: ClassVar[frozenset[str]] = frozenset({"memory_budget_bytes"})
+    #: Every value an option takes, where ``check-model`` cannot make one up (a string, a
+    #: list of strings): ``{"gate": ("sigmoid", "exp")}``. Each must build and change the
+    #: parameters or the logits of a model built with the default.
+    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    #: True when the logits at position t depend on the inputs up to t only (a recurrence
+    #: read left to right, not told the input's length); ``check-model`` then checks it on
+    #: an in-place task. A class attribute, or set per model where options decide it.
+    causal_outputs: bool = False
     #: True for a model trained with teacher forcing: the training step then passes the
     #: targets (``forward(inputs, draws, targets=...)``, ``[M, B, L]``); evaluation never does.
     uses_targets: ClassVar[bool] = False
@@ -155,6 +168,15 @@ class BenchModel(nn.Module):
     def query_row_bytes(self, input_tokens: int, device: torch.device | None = None) -> int:
         """The least memory a forward pass can be split down to (0: it is not split)."""
         return 0
+
+    # -- the slow form ----------------------------------------------------------------------
+
+    def reference_forward(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        """The logits of ``forward(inputs)`` computed the plain, slow way (a recurrence one
+        token at a time, where ``forward`` runs a chunked scan), or None: the model declares
+        none (the default). ``check-model`` compares the two, values and every parameter's
+        gradient, at lengths up to 500, in evaluation mode (no dropout) with gradients on."""
+        return None
 
     # -- optimisation -----------------------------------------------------------------------
 

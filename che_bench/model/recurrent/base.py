@@ -140,6 +140,9 @@ class RecurrentModel(BenchModel):
         self.architecture, self.members, self.fused = architecture, members, fused
         self.memory_budget_bytes = memory_budget_bytes
         self.computation_steps = computation_steps
+        # Read left to right (with computation tokens an in-place task is refused), unless
+        # the memory is told the input's length (the tape's jumps).
+        self.causal_outputs = getattr(memory, "causal", True)
         self._sizes = sizes
         #: What the builder was given besides task and members (to build a pack alike).
         self.build_options = build_options

@@ -55,6 +55,9 @@ class TapeMemory(nn.Module):
     driven by the cell's output (``hidden_size``) through a write MLP of ``mlp_layers``
     hidden sizes."""
 
+    #: Its jumps move by the input's length: an output depends on how long the input is.
+    causal = False
+
     def __init__(
         self,
         members: int,

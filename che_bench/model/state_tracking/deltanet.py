@@ -32,6 +32,7 @@ gate's ``A_log``, ``dt_bias`` follow fla's Gated DeltaNet (Mamba-2's): ``A ~ U(0
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -42,6 +43,7 @@ from che_bench.members import MemberLinear, init_members_, per_member
 from che_bench.model.base import positive_int, switch
 from che_bench.model.state_tracking.delta_rule import chunk_limit, delta_product
 from che_bench.model.state_tracking.delta_rule_native import native_delta_rule
+from che_bench.model.state_tracking.delta_rule_recurrent import recurrent_delta_product
 from che_bench.model.state_tracking.layers import MemberCausalConv1d, MemberRMSNorm
 from che_bench.model.state_tracking.position_wise import (
     EVERY_POSITION,
@@ -120,9 +122,11 @@ class DeltaMixer(nn.Module):
         """The mixer's output at every position."""
         return self.output(*self.recurrence(x), EVERY_POSITION)
 
-    def recurrence(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def recurrence(
+        self, x: torch.Tensor, rule: Callable[..., torch.Tensor] = delta_product
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The delta product's outputs ``[M, B, T, H, d]`` and the output gate's input (steps
-        1-3 and the rule of step 4)."""
+        1-3 and the rule of step 4, ``rule``: the fast kernels, or the plain recurrence)."""
         members, batch, steps, _ = x.shape
         heads, d = self.heads, self.head_dim
         qkv, beta, gate_in, out_gate = self.project(x).split(
@@ -138,7 +142,7 @@ class DeltaMixer(nn.Module):
         if self.forget_gate:
             rate = F.softplus(gate_in + per_member(self.dt_bias, 4))
             log_decay = (-per_member(self.a_log, 4).exp() * rate).transpose(2, 3)
-        return delta_product(q, k, v, beta, log_decay).transpose(2, 3), out_gate
+        return rule(q, k, v, beta, log_decay).transpose(2, 3), out_gate
 
     def output(self, o: torch.Tensor, out_gate: torch.Tensor, ops: PositionWise) -> torch.Tensor:
         """The position-wise output stage (step 4): the per-head norm, the output gate, W_o."""
@@ -267,6 +271,19 @@ class DeltaRuleModel(StateTrackingModel):
 
     def last_block(self, block: nn.Module, x: torch.Tensor, read: int) -> torch.Tensor:
         return block(x, read)
+
+    def reference_forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The logits with every mixer's rule run as its plain recurrence, one token at a
+        time (``recurrent_delta_product``), every block at every position: what
+        ``check-model`` compares the chunked and native kernels with."""
+        tokens, read = self.with_output_tokens(self.member_inputs(inputs))
+        x = self.embedding(tokens)
+        for block in self.blocks:
+            assert isinstance(block, DeltaBlock)
+            o, out_gate = block.mixer.recurrence(block.mixer_norm(x), recurrent_delta_product)
+            x = block.position_wise(x, o, out_gate, EVERY_POSITION)
+        x = read_out_positions(x, read)
+        return self.head(x if self.norm is None else self.norm(x))
 
     def init_embedding(self, weight: torch.Tensor) -> None:
         nn.init.normal_(weight, std=INIT_STD)

@@ -38,6 +38,8 @@ from torch.autograd.function import once_differentiable
 from che_bench.members import MemberLinear, init_members_, per_member
 from che_bench.model.base import positive_int, switch
 from che_bench.model.state_tracking.layers import MemberCausalConv1d, MemberRMSNorm
+from che_bench.model.state_tracking.mamba_recurrent import mixer_recurrent
+from che_bench.model.state_tracking.position_wise import read_out_positions
 from che_bench.model.state_tracking.stack import COMMON_DEFAULTS, StateTrackingModel
 
 #: Tokens per chunk of the scan on a GPU, and on a CPU: a chunk's states
@@ -353,6 +355,16 @@ class Mamba(StateTrackingModel):
 
     def make_final_norm(self) -> nn.Module | None:
         return None
+
+    def reference_forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The logits with every block's mixer run as its plain recurrence, one token at a
+        time (``mixer_recurrent``): what ``check-model`` compares the chunked scan with."""
+        tokens, read = self.with_output_tokens(self.member_inputs(inputs))
+        x = self.embedding(tokens)
+        for block in self.blocks:
+            assert isinstance(block, MambaBlock)
+            x = x + mixer_recurrent(block.mixer, block.norm(x))
+        return self.head(read_out_positions(x, read))
 
     def extra_floats(self, tokens: int) -> int:
         """The scan's chunk on the model's device: its transitions, inputs and states,

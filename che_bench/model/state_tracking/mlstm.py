@@ -15,6 +15,7 @@ pre-activations ``[i~; f~] = W_g [q; k; v] + b_g``, one pair per head; ``h~`` th
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -25,6 +26,7 @@ from che_bench.errors import CheBenchError
 from che_bench.members import MemberLinear, init_members_
 from che_bench.model.base import positive_int
 from che_bench.model.state_tracking.layers import MemberCausalConv1d
+from che_bench.model.state_tracking.position_wise import read_out_positions
 from che_bench.model.state_tracking.stack import COMMON_DEFAULTS
 from che_bench.model.state_tracking.xlstm import (
     HeadwiseLinear,
@@ -179,7 +181,11 @@ class MLSTMLayer(nn.Module):
         nn.init.normal_(bias[: self.heads], std=0.1)
         bias[self.heads :] = torch.linspace(3.0, 6.0, self.heads)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cell: Callable[..., torch.Tensor] = mlstm_chunkwise
+    ) -> torch.Tensor:
+        """The layer's output; ``cell`` the mLSTM's form (the chunkwise one, or the plain
+        recurrence of ``reference_forward``)."""
         members, batch, steps, _ = x.shape
         x_m, z = self.up(x).split(self.inner, dim=-1)
         x_c = F.silu(self.conv(x_m))
@@ -187,7 +193,7 @@ class MLSTMLayer(nn.Module):
         igate, fgate = self._gates(x_c, x_m).transpose(-1, -2).chunk(2, -2)
         shape = (members, batch, steps, self.heads, -1)
         q, k, v = (part.view(shape).transpose(2, 3) for part in (q, k, v))
-        h = mlstm_chunkwise(q, k, v, igate, fgate)
+        h = cell(q, k, v, igate, fgate)
         h = head_norm(h.transpose(2, 3), self.norm_weight)
         return self.down((h + self.skip[:, None, None] * x_c) * F.silu(z))
 
@@ -222,8 +228,10 @@ class MLSTMBlock(nn.Module):
         self.norm = ScaledLayerNorm(members, width)
         self.layer = MLSTMLayer(members, width, heads, blocks, conv)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.layer(self.norm(x))
+    def forward(
+        self, x: torch.Tensor, cell: Callable[..., torch.Tensor] = mlstm_chunkwise
+    ) -> torch.Tensor:
+        return x + self.layer(self.norm(x), cell)
 
 
 class MLSTM(XLSTMModel):
@@ -259,6 +267,18 @@ class MLSTM(XLSTMModel):
         return MLSTMBlock(
             self.members, self.width, self.heads, self.layers, settings["conv_kernel"]
         )
+
+    def reference_forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The logits with every layer's mLSTM run as its plain recurrence, one token at a
+        time (``mlstm_recurrent``): what ``check-model`` compares the chunkwise form with."""
+        from che_bench.model.state_tracking.mlstm_recurrent import mlstm_recurrent
+
+        tokens, read = self.with_output_tokens(self.member_inputs(inputs))
+        x = self.embedding(tokens)
+        for block in self.blocks:
+            x = block(x, mlstm_recurrent)
+        x = read_out_positions(x, read)
+        return self.head(x if self.norm is None else self.norm(x))
 
     def extra_floats(self, tokens: int) -> int:
         """The chunkwise form's [C, C] matrices and [d, d] states, per chunk and head."""

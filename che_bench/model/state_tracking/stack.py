@@ -49,6 +49,7 @@ class StateTrackingModel(BenchModel):
     #: Activations a forward pass holds per token, in multiples of the width (the memory
     #: budget's estimate of one sequence; ``extra_floats`` adds what grows faster than T).
     activation_widths: ClassVar[int] = 16
+    causal_outputs = True
 
     def __init__(self, task: Task, members: int = 1, **options: Any) -> None:
         super().__init__()

@@ -37,6 +37,7 @@ class GRU(BenchModel):
     name = "gru"
     label = "GRU"
     defaults = {"hidden_size": 64}  # noqa: RUF012  (BenchModel declares it a ClassVar)
+    causal_outputs = True  # the output at t reads inputs 0..t only (check-model checks it)
 
     def __init__(self, task: Task, members: int = 1, hidden_size: int = 64) -> None:
         super().__init__()

@@ -31,7 +31,7 @@ def test_the_docstring_examples():
 def test_the_conformance_checks_pass():
     for check in conformance.TASK_CHECKS:
         assert conformance.run_task_check(check, get_task("majority")) == []
-    for check in ("pack", "chunks", "options", "draws"):
+    for check in ("pack", "chunks", "options", "option_effects", "dtypes", "draws"):
         assert conformance.run_encoding_check(check, "log_length_nope", {"normalise": True}) == []
 
 
@@ -47,7 +47,7 @@ def test_a_run_records_the_plugin(tmp_path, capsys):
 
 def test_the_model_passes_check_model(capsys):
     assert main(["check-model", "gru"]) == 0
-    assert "architecture gru: all 8 checks passed" in capsys.readouterr().out
+    assert "architecture gru: all 11 checks passed" in capsys.readouterr().out
     assert model_checks.run_model_check("shapes", "gru", {"hidden_size": 8}) == []
 
 
