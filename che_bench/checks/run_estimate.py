@@ -62,11 +62,12 @@ class RunEstimate:
 
     def line(self) -> str:
         packs = f" in {self.packs} packs, one after another" if self.packs > 1 else ""
+        train_s, eval_s = round(self.train_s), round(self.eval_s)  # the total: their sum
         return (
-            f"expected: about {duration_text(self.train_s + self.eval_s)}{packs} at this "
-            f"machine's present speed (training {duration_text(self.train_s)}: "
+            f"expected: about {duration_text(train_s + eval_s)}{packs} at this "
+            f"machine's present speed (training {duration_text(train_s)}: "
             f"{self.steps:,} steps at {1e3 * self.step_s:,.0f} ms, timed at n = "
-            f"{self.train_length}; evaluation {duration_text(self.eval_s)}, timed at n = "
+            f"{self.train_length}; evaluation {duration_text(eval_s)}, timed at n = "
             f"{self.eval_length})"
         )
 
