@@ -73,6 +73,7 @@ def test_a_repeat_is_bit_for_bit_only_when_every_recorded_bit_agrees(reference):
     assert [(d.split, d.length) for d in comparison.lengths] == [("test", 341), ("train", 40)]
     measured = copy.deepcopy(reference)
     measured.weights_sha256 = "0" * 64
+    assert not compare(reference, measured).identical  # the weights alone
     measured.losses[4] = (500, measured.losses[4][1] + 1e-12)
     measured.versions["torch"] = "2.12.0+cpu"
     comparison = compare(reference, measured)
