@@ -39,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from che_bench.checks.portable_reference import weights_digest
 from che_bench.cpu import PORTABLE_ENVIRONMENT, cpu_model
 
 #: The environment of each mode (unset variables are removed from the child's environment).
@@ -77,17 +78,6 @@ def mkl_branch() -> str:
     return MKL_BRANCHES.get(code, str(code))
 
 
-def weights_digest(path: Path) -> str:
-    import torch
-
-    state = torch.load(path, map_location="cpu", weights_only=True)["state"]
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        digest.update(name.encode())
-        digest.update(state[name].contiguous().numpy().tobytes())
-    return digest.hexdigest()[:12]
-
-
 def child(steps: int, portable: bool) -> None:
     """Train the runs in this process and print one JSON line."""
     import torch
@@ -111,7 +101,7 @@ def child(steps: int, portable: bool) -> None:
             cpu_s = time.process_time() - started
             curve = json.dumps([row["loss"] for row in result.history]).encode()
             out[name] = {
-                "weights": weights_digest(Path(models) / f"{config.run_id()}.pt"),
+                "weights": weights_digest(Path(models) / f"{config.run_id()}.pt")[:12],
                 "losses": hashlib.sha256(curve).hexdigest()[:12],
                 "final_loss": result.history[-1]["loss"],
                 "score": result.score,

@@ -64,6 +64,34 @@ def cpu_model(cpuinfo: Path = CPUINFO) -> str:
     return platform.processor() or UNKNOWN
 
 
+def cpu_description(cpuinfo: Path = CPUINFO) -> str:
+    """The CPU's model name with what tells CPUs of one name apart: its family and model
+    numbers and its widest vector instructions (``cpuinfo``'s first processor; the model
+    name alone where Linux does not describe it)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if not key.strip():
+                break  # the first processor's description ends at its blank line
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = set(fields.get("flags", "").split())
+    vectors = next(
+        (name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags),
+        None,
+    )
+    facts = [
+        f"family {fields['cpu family']}, model {fields['model']}"
+        if "cpu family" in fields and "model" in fields
+        else None,
+        vectors,
+    ]
+    known = [fact for fact in facts if fact]
+    return cpu_model(cpuinfo) + (f" ({'; '.join(known)})" if known else "")
+
+
 def cpu_capability() -> str:
     """The instruction set torch's own CPU kernels use in this process (``DEFAULT``,
     ``AVX2``, ``AVX512``, ...)."""

@@ -123,7 +123,7 @@ def test_cublas_workspace_is_set_before_the_first_cuda_work(restore_numerics, mo
     deterministic run sets it before the ``--pack auto`` probe (its first CUDA work), and the
     self-test before its first check."""
     from che_bench.checks import selftest
-    from che_bench.run import runner
+    from che_bench.run import packing, runner
 
     seen = {}
 
@@ -137,7 +137,7 @@ def test_cublas_workspace_is_set_before_the_first_cuda_work(restore_numerics, mo
         return record
 
     config = make_config("parity_check", "none", None, "smoke")
-    monkeypatch.setattr(runner, "resolve_width", probe("pack probe"))
+    monkeypatch.setattr(packing, "resolve_width", probe("pack probe"))
     with pytest.raises(Stop):
         runner.execute_runs([config], device="cpu", deterministic=True, pack="auto")
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")

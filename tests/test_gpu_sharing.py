@@ -163,7 +163,7 @@ def test_the_probe_runs_under_the_runs_numerics(monkeypatch):
     monkeypatch.setattr(runner, "configure_numerics", lambda tf32, deterministic=False, *more: (
         events.append(("numerics", tf32, deterministic))))
     monkeypatch.setattr(runner, "prepare_deterministic_cublas", lambda: None)
-    monkeypatch.setattr(runner, "resolve_width", lambda pack, config, device: (
+    monkeypatch.setattr(packing, "resolve_width", lambda pack, config, device: (
         events.append(("probe",)) or 1))
     monkeypatch.setattr(runner, "execute_pack", execute_pack)
     options = RuntimeOptions(device="cpu", tf32=True, deterministic=True)

@@ -74,16 +74,21 @@ def median_seconds(call: Callable[[], object], repeats: int) -> float:
 
 
 def step_seconds(
-    configs: Sequence[RunConfig], device: torch.device, repeats: int, warm_up: int = 1
+    configs: Sequence[RunConfig],
+    device: torch.device,
+    repeats: int,
+    warm_up: int = 1,
+    length: int | None = None,
 ) -> float:
-    """Median seconds of one training step of the pack ``configs`` at n = 40, after
-    ``warm_up`` untimed steps."""
+    """Median seconds of one training step of the pack ``configs`` at ``length`` (default
+    the longest training length), after ``warm_up`` untimed steps."""
     task = configs[0].build_task()
     model = build_pack_model(task, configs).to(device).train()
     optimizer = pack_optimizer(model, configs)
     projected = projected_modules(model)
     rngs = [np.random.default_rng(config.data_seed) for config in configs]
-    samples = [task.sample(configs[0].train_max_length, configs[0].batch_size, rng) for rng in rngs]
+    length = configs[0].train_max_length if length is None else length
+    samples = [task.sample(length, configs[0].batch_size, rng) for rng in rngs]
     inputs = torch.from_numpy(np.stack([s.inputs for s in samples])).to(device)
     targets = torch.from_numpy(np.stack([s.targets for s in samples])).to(device)
     micro_batches = micro_batches_for(len(configs), device)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from che_bench.commands.common import (
     add_keep_model_argument,
@@ -25,6 +26,9 @@ from che_bench.config import RunConfig, make_config
 from che_bench.errors import CheBenchError
 from che_bench.protocol import PRESETS, format_lengths
 from che_bench.reports.text_tables import print_wrapped
+
+if TYPE_CHECKING:  # imported when the command runs: torch loads only then
+    from che_bench.run.options import RuntimeOptions
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -156,12 +160,36 @@ def run_command(args: argparse.Namespace) -> int:
         store,
         partial(InProcessBackend, options),
         pack=width,
-        view=RunView(store.path, configs[0]),
+        view=RunView(store.path, configs[0], expect=partial(print_estimate, options, width)),
     )
     if args.samples is not None:
         _write_run_samples(args, store, outcome.run_ids)
     _print_table(store, outcome.run_ids)
     return 1 if outcome.failed else 0
+
+
+def print_estimate(options: RuntimeOptions, width: int | str, todo: Sequence[RunConfig]) -> None:
+    """The expected time of the runs ``todo`` (``che_bench.checks.run_estimate``), timed under
+    the numerics they will run with, on standard error."""
+    from che_bench.checks.run_estimate import estimate_runs
+    from che_bench.run.device import (
+        check_portable_device,
+        configure_numerics,
+        prepare_deterministic_cublas,
+        resolve_device,
+    )
+    from che_bench.run.packing import packs_on
+
+    device = resolve_device(options.device)
+    check_portable_device(device, options.portable_cpu)
+    if options.deterministic:
+        prepare_deterministic_cublas()  # before the timing starts cuBLAS
+    configure_numerics(options.tf32, options.deterministic, options.portable_cpu)
+    try:
+        line = estimate_runs(packs_on(todo, width, device), device, options.checkpoint_dir).line()
+    except Exception as exc:  # the estimate is advice: the run goes on, and says why
+        line = f"expected: not estimated ({type(exc).__name__}: {exc})"
+    print_wrapped(line, file=sys.stderr)
 
 
 def _run_directories(args: argparse.Namespace, store) -> dict[str, Path | None]:
@@ -188,13 +216,21 @@ def _print_table(store, run_ids: list[str]) -> None:
 
 class RunView:
     """How ``che-bench run`` reports its sweep (``che_bench.run.sweep_views.SweepView``): the runs
-    already complete, the runs starting (on standard error), then one line per result."""
+    already complete, the runs starting and what they are expected to take (on standard
+    error), then one line per result."""
 
-    def __init__(self, store_path: Path, cell: RunConfig) -> None:
+    def __init__(
+        self,
+        store_path: Path,
+        cell: RunConfig,
+        expect: Callable[[Sequence[RunConfig]], None] | None = None,
+    ) -> None:
         from che_bench.reports.labels import run_encoding_label
 
         self.store_path = store_path
         self.label = f"{cell.task} / {run_encoding_label(cell.to_dict())}"
+        #: Says, once the runs are announced, what they are expected to take.
+        self.expect = expect
 
     def start(self, already_complete: Sequence[str], todo: Sequence[RunConfig]) -> None:
         if already_complete:
@@ -213,6 +249,8 @@ class RunView:
             f"test lengths {format_lengths(first.test_lengths)}",
             file=sys.stderr,
         )
+        if self.expect is not None:
+            self.expect(todo)
 
     def __enter__(self) -> RunView:
         return self

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from che_bench.commands import portable_reference
 from che_bench.commands.common import (
     add_runtime_arguments,
     runtime_options_from_args,
@@ -47,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help="write the full report here (to attach to a bug report)",
     )
+    portable_reference.add_argument(parser)
     parser.set_defaults(handler=selftest_command)
 
 
@@ -56,6 +58,8 @@ def selftest_command(args: argparse.Namespace) -> int:
     from che_bench.checks.selftest import run_selftest
     from che_bench.run.device import resolve_device
 
+    if args.portable_reference:
+        return portable_reference.portable_reference_command(args)
     options = runtime_options_from_args(args)
     device = resolve_device(options.device)
     use_threads(options)

@@ -10,10 +10,12 @@ run's numerics); on a CPU, ``CPU_AUTO_WIDTH`` (packing there gains nothing measu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
-from che_bench.config import RunConfig
+from che_bench.config import RunConfig, group_into_packs
 from che_bench.device_memory import free_gpu_memory, release_memory
 from che_bench.errors import CheBenchError
 
@@ -95,3 +97,15 @@ def resolve_width(width: int | str, config: RunConfig, device: torch.device) -> 
         return 1
     usable = int(free_gpu_memory(device) * GPU_MEMORY_SHARE)
     return max(1, min(MAX_AUTO_WIDTH, usable // per_member))
+
+
+def packs_on(
+    configs: Sequence[RunConfig], width: int | str, device: torch.device
+) -> list[list[RunConfig]]:
+    """``configs`` in the packs they train in on ``device``, one after another: each table
+    cell (``group_into_packs``) cut into packs of ``resolve_width(width, ...)`` members."""
+    packs = []
+    for cell in group_into_packs(configs, None):
+        members = resolve_width(width, cell[0], device)
+        packs += [cell[start : start + members] for start in range(0, len(cell), members)]
+    return packs

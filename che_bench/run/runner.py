@@ -22,7 +22,7 @@ import torch
 
 import che_bench
 from che_bench import plugins
-from che_bench.config import RunConfig, group_into_packs
+from che_bench.config import RunConfig
 from che_bench.cpu import cpu_facts
 from che_bench.device_memory import release_memory
 from che_bench.errors import CheBenchError
@@ -42,7 +42,7 @@ from che_bench.run.device import (
 )
 from che_bench.run.kept_models import save_model
 from che_bench.run.options import RuntimeOptions, runtime_options
-from che_bench.run.packing import resolve_width
+from che_bench.run.packing import packs_on
 from che_bench.run.trackers import Trackers
 from che_bench.tasks.base import Task
 from che_bench.train.checkpoints import checkpoint_step
@@ -372,11 +372,9 @@ def execute_runs(
     configure_numerics(options.tf32, options.deterministic, options.portable_cpu)
     hooks = {} if on_step is None else {"on_step": on_step}
     results: dict[str, RunResult] = {}
-    for cell in group_into_packs(configs, None):
-        width = resolve_width(pack, cell[0], torch_device)
-        for start in range(0, len(cell), width):
-            for result in execute_pack(cell[start : start + width], options, **hooks):
-                results[result.run_id] = result
+    for members in packs_on(configs, pack, torch_device):
+        for result in execute_pack(members, options, **hooks):
+            results[result.run_id] = result
     return [results[config.run_id()] for config in configs]
 
 
