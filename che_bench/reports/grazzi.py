@@ -104,7 +104,8 @@ def protocol_differences(settings: dict[str, Any]) -> list[str]:
     differences = [] if settings["preset"] == PRESET else [f"preset {settings['preset']}"]
     file = THEIR_FILES.get((settings["task"], settings.get("arch", TRANSFORMER)))
     protocols = [preset] if file is None else [preset, {**preset, **file}]
-    differences += min((_training_differences(settings, p) for p in protocols), key=len)
+    fewest: list[str] = min((_training_differences(settings, p) for p in protocols), key=len)
+    differences += fewest
     if settings.get("arch", TRANSFORMER) == TRANSFORMER:
         model = settings["model_options"]
         differences += [f"{n} {model[n]}" for n in MODEL_SETTINGS if model.get(n) != preset[n]]

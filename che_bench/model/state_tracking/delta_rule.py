@@ -82,7 +82,8 @@ def delta_product(
     chunkwise form, whose roundings its committed results have."""
     steps = q.shape[-2]
     n = k.shape[-2] // steps if steps else 1
-    if chunk is None and (n > 1 or log_decay is not None):
+    # The device first: the kernel is compiled on first use, for a CPU only.
+    if chunk is None and (n > 1 or log_decay is not None) and q.device.type == "cpu":
         native = native_delta_rule()
         if native is not None and native.usable(q, k, v):
             return native.apply(q, k, v, beta, log_decay)
