@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from che_bench.encodings.common import running_sum
 from che_bench.errors import CheBenchError
 from che_bench.members import MemberLinear, init_members_
 from che_bench.model.base import positive_int
@@ -81,7 +82,7 @@ def mlstm_chunkwise(
     at the chunk's start b, carried chunk to chunk). Memory and work O(T chunk) per head
     instead of O(T^2). ``m_t = F_t + max_{s<=t} (i~_s - F_s)``, a running maximum."""
     steps, size = q.shape[-2:]
-    cumulative = F.logsigmoid(fgate).cumsum(-1)
+    cumulative = running_sum(F.logsigmoid(fgate), from_the_right=False)
     stabiliser = cumulative + (igate - cumulative).cummax(-1).values
     chunk = max(1, min(chunk, steps))
     chunks = -(-steps // chunk)
