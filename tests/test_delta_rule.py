@@ -82,6 +82,23 @@ def test_a_strong_gate_stays_finite_in_value_and_gradient(delta_rule_implementat
     torch.testing.assert_close(out, recurrent_delta_product(q, k, v, beta, log_decay))
 
 
+@pytest.mark.parametrize("steps, n, chunk", [(130, 1, 64), (29, 1, 8), (29, 2, 8)])
+def test_a_strong_gate_past_one_padded_chunk_has_the_recurrence_s_gradients(steps, n, chunk):
+    """Decays of e^-3 per token over chunks whose last one is padded (130 tokens: 3 chunks
+    of 44; 29: 4 of 8): the in-chunk log-decay passes -88, and the padding (gate 0, k = v =
+    beta = 0) must neither overflow nor feed a NaN into the gradients (mLSTM's padding did,
+    issue 44)."""
+    q, k, v, beta, _ = rule_inputs(steps, n, seed=4)
+    log_decay = -3 - torch.rand(2, 2, steps, generator=torch.Generator().manual_seed(5))
+    args = [x.requires_grad_() for x in (q, k, v, beta, log_decay)]
+    weights = torch.randn(q.shape, generator=torch.Generator().manual_seed(6))
+    fast = torch.autograd.grad((delta_product(*args, chunk=chunk) * weights).sum(), args)
+    slow = torch.autograd.grad((recurrent_delta_product(*args) * weights).sum(), args)
+    for one, two in zip(fast, slow, strict=True):
+        assert torch.isfinite(one).all()
+        torch.testing.assert_close(one, two, atol=2e-5, rtol=1e-4)
+
+
 def test_chunks_split_a_length_with_the_least_padding():
     assert [chunk_length(t) for t in (1, 41, 64, 65, 500)] == [1, 41, 64, 33, 63]
     assert chunk_length(41, limit=16) == 14

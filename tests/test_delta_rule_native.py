@@ -10,11 +10,13 @@ import torch
 
 from che_bench import cpu
 from che_bench.config import make_config
-from che_bench.model.state_tracking import delta_rule_native
+from che_bench.model.state_tracking import delta_rule, delta_rule_native
 from che_bench.model.state_tracking.delta_rule import delta_product
 from che_bench.model.state_tracking.delta_rule_recurrent import recurrent_delta_product
 from che_bench.run.runner import software_versions
 from tests.test_delta_rule import rule_inputs
+
+CPU = torch.device("cpu")
 
 
 def gradients(rule, args, weights):
@@ -90,7 +92,7 @@ def test_the_switch_and_the_portable_mode_turn_it_off(monkeypatch):
     delta_rule_native.native_delta_rule.cache_clear()
     try:
         assert delta_rule_native.native_delta_rule() is None
-        assert delta_rule_native.describe() == "chunkwise"
+        assert delta_rule_native.describe(CPU) == "chunkwise"
     finally:
         delta_rule_native.native_delta_rule.cache_clear()
     assert cpu.PORTABLE_ENVIRONMENT[delta_rule_native.SWITCH] == "0"
@@ -98,12 +100,38 @@ def test_the_switch_and_the_portable_mode_turn_it_off(monkeypatch):
 
 def test_a_run_records_how_its_delta_rule_ran(delta_rule_implementation):
     for arch in ("gated_deltanet", "deltaproduct"):
-        recorded = software_versions(make_config("parity_check", None, None, "smoke", arch=arch))
+        recorded = software_versions(
+            make_config("parity_check", None, None, "smoke", arch=arch), CPU
+        )
         assert recorded["delta_rule"].startswith(delta_rule_implementation)
-    deltanet = software_versions(make_config("parity_check", None, None, "smoke", arch="deltanet"))
-    assert "delta_rule" not in deltanet
+    deltanet = make_config("parity_check", None, None, "smoke", arch="deltanet")
+    assert "delta_rule" not in software_versions(deltanet, CPU)
     plain = {"householder": 1, "forget_gate": False}  # DeltaNet's plain rule: chunkwise
     plain_product = make_config("parity_check", None, None, "smoke", arch="deltaproduct",
                                 arch_options=plain)  # fmt: skip
-    assert "delta_rule" not in software_versions(plain_product)
-    assert "delta_rule" not in software_versions(make_config("parity_check", "kerple", 3, "smoke"))
+    assert "delta_rule" not in software_versions(plain_product, CPU)
+    dape = make_config("parity_check", "kerple", 3, "smoke")
+    assert "delta_rule" not in software_versions(dape, CPU)
+
+
+def never_compiled():
+    pytest.fail("the delta rule's native kernel was loaded for a tensor off the CPU")
+
+
+def test_a_gpu_run_records_the_chunkwise_form_and_compiles_nothing(monkeypatch):
+    """Issue 44: a GPU run compiled the CPU kernel for its record and recorded it as what ran;
+    off the CPU the chunkwise form runs. A run of unknown device records no kernel."""
+    monkeypatch.setattr(delta_rule_native, "native_delta_rule", never_compiled)
+    for arch in ("gated_deltanet", "deltaproduct"):
+        config = make_config("parity_check", None, None, "smoke", arch=arch)
+        assert software_versions(config, torch.device("cuda"))["delta_rule"] == "chunkwise"
+        assert "delta_rule" not in software_versions(config)
+
+
+def test_a_forward_off_the_cpu_never_loads_the_native_kernel(monkeypatch):
+    """Issue 44: the first CUDA forward of Gated DeltaNet compiled the CPU kernel (a minute)
+    before looking at the device; on the meta device it must not even be asked for."""
+    monkeypatch.setattr(delta_rule, "native_delta_rule", never_compiled)
+    for n, gated in ((1, True), (2, False)):
+        args = [None if x is None else x.to("meta") for x in rule_inputs(20, n, gated)]
+        assert delta_product(*args).shape == (2, 2, 20, 4)

@@ -1,6 +1,7 @@
 """``--deterministic``: the numerics switches it selects (checked on a CPU, the CUDA ones as
 flags), that it is recorded with a run but stays out of its id, equal results twice, and
-CoPE's counts without the float ``cumsum`` that CUDA refuses there on older torch versions."""
+CoPE's counts, mLSTM's and the delta rule's sums without the float ``cumsum`` that CUDA refuses
+there on older torch versions."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from che_bench.cli import main
 from che_bench.config import make_config
 from che_bench.encodings import build_encoding
-from che_bench.encodings.cope import running_sum
+from che_bench.encodings.common import running_sum
 from che_bench.run.device import configure_numerics
+from che_bench.model.state_tracking import delta_rule
 from che_bench.run.runner import execute_run
+from tests.model_helpers import inputs_for, tiny
 
 
 @pytest.fixture
@@ -145,3 +148,31 @@ def test_cublas_workspace_is_set_before_the_first_cuda_work(restore_numerics, mo
     with pytest.raises(Stop):
         selftest.run_selftest(torch.device("cpu"), quick=True)
     assert seen == {"pack probe": ":4096:8", "selftest (a)": ":4096:8"}
+
+
+def logits_and_gradients(model, inputs):
+    """A model's logits and the gradients of their sum with respect to its parameters."""
+    logits = model(inputs)
+    return (logits, *torch.autograd.grad(logits.sum(), list(model.parameters())))
+
+
+@pytest.mark.parametrize("name", ["mlstm", "gated_deltanet", "deltaproduct"])
+def test_deterministic_state_tracking_models_sum_without_float_cumsum_and_alike(
+    name, restore_numerics, monkeypatch
+):
+    """Issue 44: mLSTM's summed log-forget gates and the delta rule's in-chunk gate prefixes
+    took CUDA's float cumsum, which torch before 2.6 refuses under deterministic algorithms;
+    they take CoPE's running sum there. The chunkwise delta rule (the GPU's) on 70 tokens, two
+    chunks."""
+    monkeypatch.setattr(delta_rule, "native_delta_rule", lambda: None)
+    model = tiny(name, members=2)
+    inputs = inputs_for("parity_check", 70)
+    with FloatCumsums() as plain_mode:
+        plain = logits_and_gradients(model, inputs)
+    assert plain_mode.count > 0  # the spy sees cumsum where it runs
+    torch.use_deterministic_algorithms(True)
+    with FloatCumsums() as deterministic_mode:
+        deterministic = logits_and_gradients(model, inputs)
+    assert deterministic_mode.count == 0
+    for got, expected in zip(deterministic, plain, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)

@@ -5,6 +5,7 @@ in a run's software (fixtures ``native_kernel`` and ``filter_implementation``: t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -13,9 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from che_bench import cpu, native_build
+from che_bench.cli import main
 from che_bench.config import make_config
 from che_bench.model.dape import native
 from che_bench.run.runner import software_versions
+from che_bench.store import ResultStore
 
 def reference(scores, content, residual, addend, weights, softmax=False, first_row=None):
     """``scores + residual + f(content)``, f as two conv1d along the keys, then the masked
@@ -129,10 +132,36 @@ def test_the_library_is_built_once_per_cpu_and_compiler(monkeypatch, tmp_path, n
 
 
 def test_a_dape_run_records_how_its_filter_evaluates(filter_implementation):
-    recorded = software_versions(make_config("parity_check", "kerple", 3, "smoke"))
+    cpu = torch.device("cpu")
+    recorded = software_versions(make_config("parity_check", "kerple", 3, "smoke"), cpu)
     assert recorded["dape_filter"].startswith(filter_implementation)
-    assert "dape_filter" not in software_versions(make_config("parity_check", "kerple", None,
-                                                              "smoke"))
+    no_dape = make_config("parity_check", "kerple", None, "smoke")
+    assert "dape_filter" not in software_versions(no_dape, cpu)
+
+
+def test_a_run_and_its_re_evaluation_record_the_filter_of_their_device(tmp_path, capsys):
+    """``execute_pack`` and ``evaluate`` pass the device they ran on to the record."""
+    store = ["--store", str(tmp_path / "s.sqlite"), "--no-progress", "--device", "cpu"]
+    assert main(["run", "--task", "parity_check", "--pe", "kerple", "--kernel", "3",
+                 "--preset", "smoke", "--steps", "2", "--test-lengths", "41",
+                 "--eval-samples", "2", "--eval-batch-size", "2", *store]) == 0  # fmt: skip
+    run_id = ResultStore(store[1]).runs()["run_id"][0]
+    assert main(["evaluate", run_id, "--test-lengths", "42", *store]) == 0
+    evaluations = ResultStore(store[1]).evaluations([run_id])
+    assert len(evaluations) == 2 and all(
+        "dape_filter" in json.loads(versions) for versions in evaluations["versions"]
+    )
+    capsys.readouterr()
+
+
+def test_a_gpu_dape_run_records_the_convolutions_and_compiles_nothing(monkeypatch):
+    """Issue 44: a GPU run compiled the CPU kernel for its record and recorded "native (...;
+    trains DAPE V2)"; on a GPU the grouped convolutions run. A run of unknown device records
+    no filter."""
+    monkeypatch.setattr(native, "native_filter", lambda: pytest.fail("compiled for a GPU run"))
+    config = make_config("parity_check", "kerple", 3, "smoke")
+    assert software_versions(config, torch.device("cuda"))["dape_filter"] == "convolution"
+    assert "dape_filter" not in software_versions(config)
 
 
 @pytest.mark.parametrize("batch, causal", [(1, True), (2, False), (5, True)])

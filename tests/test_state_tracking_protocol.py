@@ -3,6 +3,7 @@ Table 3 beside che-bench's cells (issue 27, items 5 and 6)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib
@@ -17,6 +18,7 @@ from che_bench.model.architectures import ARCHITECTURES
 from che_bench.protocol import parse_lengths
 from che_bench.reports import grazzi
 from che_bench.reports.export import export_frame
+from che_bench.reports.labels import run_settings
 from che_bench.reports.plots import plot_accuracy, plot_data
 from che_bench.reports.tables import format_table, summarize
 from che_bench.run.runner import execute_runs
@@ -135,6 +137,33 @@ def test_the_published_value_beside_each_cell_compared_where_the_protocol_was_fo
     assert "needs --metric scaled" in capsys.readouterr().err
     with pytest.raises(CheBenchError, match="valid: none, paper, grazzi"):
         summarize(store, compare="other")
+
+
+@pytest.mark.parametrize(
+    "task, arch, settings, differences",
+    [
+        ("parity_check", "deltanet", {"weight_decay": 0.0}, ()),
+        ("parity_check", "mamba", {"weight_decay": 0.0}, ()),
+        ("parity_check", "mlstm", {"warmup_steps": 0}, ()),
+        ("parity_check", "slstm", {"warmup_steps": 0}, ("0 warm-up steps",)),
+        ("parity_check", "lstm", {"weight_decay": 0.0}, ("weight decay 0.0",)),
+        ("modular_arithmetic", "deltanet", {"steps": 100_000, "warmup_steps": 10_000}, ()),
+        ("modular_arithmetic_brackets", "mlstm", {"steps": 100_000, "warmup_steps": 10_000}, ()),
+        ("modular_arithmetic", "mamba", {"steps": 100_000}, ("100000 steps",)),
+        ("modular_arithmetic", "deltanet", {"weight_decay": 0.0}, ("weight decay 0.0",)),
+    ],
+)
+def test_runs_that_follow_grazzi_et_al_s_own_file_for_their_task_and_model_are_compared(
+    task, arch, settings, differences
+):
+    """Their parity files decay no weights for Mamba and DeltaNet and warm mLSTM up for 0
+    steps; their modular arithmetic files train 100,000 steps after 10,000 of warm-up
+    (docs/protocol.md): the documented flags beside the preset follow them; a mix of the
+    two protocols, or one model's file on another, does not."""
+    config = make_config(task, preset="state_tracking", arch=arch, **settings)
+    assert config.run_id() != make_config(task, preset="state_tracking", arch=arch).run_id()
+    stored = run_settings(json.dumps(config.to_dict()), None)
+    assert tuple(grazzi.protocol_differences(stored)) == differences
 
 
 def test_the_preset_s_lengths_are_the_harness_s_translated():

@@ -71,3 +71,19 @@ def test_ray_tasks_compute_in_the_portable_cpu_mode(local_ray):
     assert results[0].status == "complete", results[0].error
     assert results[0].details["portable_cpu"] is True
     assert results[0].versions["cpu_capability"] == "AVX2"
+
+
+@pytest.mark.parametrize("device", ["cuda:1", "cuda:3"])
+def test_a_gpu_index_is_refused_before_ray_starts(device, monkeypatch):
+    """Issue 44: each Ray task sees only the GPU Ray grants it, as cuda:0; ``--device cuda:1``
+    was passed to the tasks unchanged, naming a GPU they cannot see."""
+    from che_bench.errors import CheBenchError
+    from che_bench.run import ray_backend
+    from che_bench.run.options import RuntimeOptions
+
+    monkeypatch.setattr(ray_backend, "import_ray", lambda: pytest.fail("Ray was started"))
+    with pytest.raises(CheBenchError, match=f"--device {device} names one GPU") as caught:
+        RayBackend(options=RuntimeOptions(device=device))
+    assert "\n" not in str(caught.value)
+    for accepted in ("cuda", "cuda:0", "auto", "cpu"):
+        ray_backend.check_ray_device(accepted)

@@ -89,6 +89,36 @@ def test_the_mlstm_chunkwise_form_has_the_recurrence_s_gradients():
         torch.testing.assert_close(one, two, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("steps", [65, 120, 210])
+def test_the_mlstm_chunkwise_gradients_stay_the_recurrence_s_as_the_forget_gates_close(steps):
+    """Forget gates near sigmoid(-2): the summed log-forget passes -88 within the first
+    chunk, so a padded last chunk whose cumulative sum restarts at 0 overflowed exp(-F_s),
+    and the padding's inf times its zero gradient made every gradient NaN (issue 44)."""
+    q, k, v, igate, _ = mlstm_inputs(steps, seed=2)
+    fgate = -2 + 0.5 * torch.randn(igate.shape, generator=torch.Generator().manual_seed(3))
+    inputs = [part.requires_grad_() for part in (q, k, v, igate, fgate)]
+    weights = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+    fast = torch.autograd.grad((mlstm.mlstm_chunkwise(*inputs) * weights).sum(), inputs)
+    slow = torch.autograd.grad((mlstm_recurrent(*inputs) * weights).sum(), inputs)
+    for one, two in zip(fast, slow, strict=True):
+        assert torch.isfinite(one).all()
+        torch.testing.assert_close(one, two, rtol=1e-3, atol=1e-3)
+
+
+def test_mlstm_with_a_negative_forget_bias_has_finite_gradients_past_one_chunk():
+    """The issue's case: forget bias -2, duplicate_string at n = 40 (120 tokens, two chunks,
+    the last one padded): every parameter's gradient finite."""
+    model = tiny("mlstm", task="duplicate_string")
+    with torch.no_grad():
+        for block in model.blocks:
+            block.layer.gates.bias_parameter()[:, block.layer.heads :] = -2.0
+    logits = model(inputs_for("duplicate_string", 40))
+    assert logits.shape[-2] + 40 > mlstm.CHUNK  # the inputs, then the 2n outputs
+    logits.square().sum().backward()
+    for name, parameter in model.named_parameters():
+        assert torch.isfinite(parameter.grad).all(), name
+
+
 @pytest.mark.parametrize("steps", [1, 2, 500])
 def test_the_slstm_scan_is_the_literal_recurrence_in_value_and_gradient(steps):
     pre, recurrent = (part.requires_grad_() for part in slstm_inputs(steps))

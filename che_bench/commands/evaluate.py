@@ -219,7 +219,7 @@ def _record_evaluation(store, run_id: str, config, result, device) -> None:
         protocol,
         result,
         device=described,
-        versions=software_versions(config),
+        versions=software_versions(config, device),
         timings={"eval_s": result.seconds},
     )
     print_wrapped(

@@ -1,4 +1,4 @@
-"""Small building blocks shared by several encodings.
+"""Small building blocks shared by several encodings (``running_sum`` by models too).
 
 Offset convention: ``o = j - i`` (key index minus query index), so ``o < 0`` is a key to
 the **left** of the query. A per-offset vector for a sequence of ``T`` tokens has
@@ -7,6 +7,7 @@ the **left** of the query. A per-offset vector for a sequence of ``T`` tokens ha
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Hashable
 
 import torch
@@ -14,6 +15,36 @@ from torch import nn
 
 from che_bench.encodings.base import AttentionHook
 from che_bench.errors import CheBenchError
+
+
+def running_sum(values: torch.Tensor, from_the_right: bool) -> torch.Tensor:
+    """Cumulative sum of float ``values`` along the last axis (from its end when
+    ``from_the_right``). Under torch's deterministic algorithms, a product with a triangular
+    matrix of ones instead of ``cumsum``, whose CUDA kernel torch before 2.6 refuses there; on
+    any device, so that a deterministic run counts alike on CPU and GPU. It costs ``T`` times
+    the work of ``cumsum`` (and runs in TF32 where that is on). CoPE's counts, mLSTM's summed
+    log-forget gates and the delta rule's in-chunk gate prefixes use it."""
+    if not torch.are_deterministic_algorithms_enabled():
+        if from_the_right:
+            return values.flip(-1).cumsum(-1).flip(-1)
+        return values.cumsum(-1)
+    length = values.shape[-1]
+    ones = torch.ones(length, length, dtype=values.dtype, device=values.device)
+    # column j sums the entries t >= j (from the right) or t <= j
+    triangle = ones.tril() if from_the_right else ones.triu()
+    with autocast_off(values.device.type):  # counts stay in fp32
+        return torch.matmul(values, triangle)
+
+
+def autocast_off(device_type: str) -> contextlib.AbstractContextManager[object]:
+    """Autocast off on ``device_type`` (a device without autocast, such as the meta device
+    the tests run the GPU path on, needs nothing; before torch 2.4, which can tell, autocast
+    is taken to be the CPU's and CUDA's)."""
+    tells = getattr(torch.amp, "is_autocast_available", None)
+    has_autocast = tells(device_type) if tells else device_type in ("cpu", "cuda")
+    if has_autocast:
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def query_positions(rows: slice, length: int, device: torch.device | str) -> torch.Tensor:

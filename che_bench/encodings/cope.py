@@ -8,27 +8,9 @@ import torch
 from torch import nn
 
 from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
-from che_bench.encodings.common import query_positions
+from che_bench.encodings.common import query_positions, running_sum
 from che_bench.errors import CheBenchError
 from che_bench.members import per_member
-
-
-def running_sum(values: torch.Tensor, from_the_right: bool) -> torch.Tensor:
-    """Cumulative sum of float ``values`` along the last axis (from its end when
-    ``from_the_right``). Under torch's deterministic algorithms, a product with a triangular
-    matrix of ones instead of ``cumsum``, whose CUDA kernel older torch versions the project
-    allows refuse there; on any device, so that a deterministic run counts alike on CPU and
-    GPU. It costs ``T`` times the work of ``cumsum`` (and runs in TF32 where that is on)."""
-    if not torch.are_deterministic_algorithms_enabled():
-        if from_the_right:
-            return values.flip(-1).cumsum(-1).flip(-1)
-        return values.cumsum(-1)
-    length = values.shape[-1]
-    ones = torch.ones(length, length, dtype=values.dtype, device=values.device)
-    # column j sums the entries t >= j (from the right) or t <= j
-    triangle = ones.tril() if from_the_right else ones.triu()
-    with torch.autocast(values.device.type, enabled=False):  # counts stay in fp32
-        return torch.matmul(values, triangle)
 
 
 class CopeHook(AttentionHook):

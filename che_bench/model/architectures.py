@@ -21,6 +21,7 @@ from che_bench.errors import CheBenchError, one_line
 from che_bench.members import load_member_states
 from che_bench.model.autoregressive import AutoregressiveTransformer
 from che_bench.model.base import BenchModel
+from che_bench.model.dape.processor import describe_filter
 from che_bench.model.encoder import Encoder, build_model
 from che_bench.model.recurrent import (
     ARCHITECTURES as RECURRENT,
@@ -106,16 +107,21 @@ def get_architecture(name: str) -> Architecture:
     return ARCHITECTURES.get(name)
 
 
-def native_kernels(arch: str, options: dict[str, Any]) -> dict[str, str]:
-    """How the compiled kernels that ``arch`` with ``options`` uses on a CPU run in this
-    process, for the run's record: ``delta_rule`` for a delta-rule model with a forget gate or
-    Householder products (Gated DeltaNet, DeltaProduct); nothing for the others."""
+def native_kernels(
+    arch: str, options: dict[str, Any], dape_kernel: int | None, device: torch.device
+) -> dict[str, str]:
+    """How the kernels that ``arch`` with ``options`` (and DAPE with key kernel
+    ``dape_kernel``, None: no DAPE) may compile run on ``device`` in this process, for the
+    run's record: ``dape_filter`` for DAPE (``describe_filter``); ``delta_rule`` for a
+    delta-rule model with a forget gate or Householder products (Gated DeltaNet,
+    DeltaProduct). Nothing is compiled for another device than a CPU."""
+    dape = {} if dape_kernel is None else {"dape_filter": describe_filter(device)}
     model = get_architecture(arch).build
     if not (isinstance(model, type) and issubclass(model, DeltaRuleModel)):
-        return {}
+        return dape
     if not model.has_native_rule(architecture_options(arch, options)):
-        return {}
-    return {"delta_rule": delta_rule_native.describe()}
+        return dape
+    return {**dape, "delta_rule": delta_rule_native.describe(device)}
 
 
 def architecture_options(arch: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -46,6 +46,20 @@ PROTOCOL_SETTINGS = {
     "min_lr_ratio": "lr floor {}",
     "train_max_length": "training lengths up to {}",
 }
+#: Where Grazzi et al.'s own files (their code release's ``xlstm/experiments/*.yaml``) differ
+#: from the preset, per task and architecture: a run with these settings follows their
+#: protocol too (docs/protocol.md).
+_MODULAR = {"steps": 100_000, "warmup_steps": 10_000}  # mod_arithmetic*_{model}.yaml
+THEIR_FILES: dict[tuple[str, str], dict[str, Any]] = {
+    ("parity_check", "mlstm"): {"warmup_steps": 0},  # parity_xlstm10.yaml
+    ("parity_check", "mamba"): {"weight_decay": 0.0},  # parity_mamba{,_2}.yaml
+    ("parity_check", "deltanet"): {"weight_decay": 0.0},  # parity_delta_net{,_2}.yaml
+    **{
+        (task, arch): _MODULAR
+        for task in ("modular_arithmetic", "modular_arithmetic_brackets")
+        for arch in ("mlstm", "slstm", "mamba", "deltanet")
+    },
+}
 #: The transformer's settings of the preset (their Transformer's are not published).
 MODEL_SETTINGS = ("layers", "dim", "heads", "ffn", "dropout")
 
@@ -53,7 +67,8 @@ NOTE = (
     "Grazzi et al. (arXiv 2411.12537, ICLR 2025) Table 3: scaled accuracy, best of 3 seeds, "
     "shown x 100; trained on 3..40 tokens (answer included), tested on 8,192 sequences of "
     "40..256 tokens pooled, with their harness's generators; in brackets: ours (max) "
-    "minus theirs where the runs followed preset state_tracking, otherwise what differs"
+    "minus theirs where the runs followed preset state_tracking (or their own file's "
+    "weight decay, warm-up and steps), otherwise what differs"
 )
 
 
@@ -79,16 +94,18 @@ def row_key(config: dict[str, Any]) -> tuple[str, bool]:
 
 def protocol_differences(settings: dict[str, Any]) -> list[str]:
     """How a run's settings (``run_settings``) differ from Grazzi et al.'s protocol as the
-    ``state_tracking`` preset translates it, most telling first; empty when the run followed
-    it. Seeds, learning rates and the number of test sequences may differ (they chose a rate
-    from a grid; che-bench's evaluation is per length): the model's options (besides the
-    eigenvalue range, which picks the row), the training and the test lengths may not."""
+    ``state_tracking`` preset translates it, or as their own file for the run's task and
+    model sets it (``THEIR_FILES``; the fewer differences), most telling first; empty when
+    the run followed either. Seeds, learning rates and the number of test sequences may
+    differ (they chose a rate from a grid; che-bench's evaluation is per length): the model's
+    options (besides the eigenvalue range, which picks the row), the training and the test
+    lengths may not."""
     preset = protocol.preset_settings(PRESET)
     differences = [] if settings["preset"] == PRESET else [f"preset {settings['preset']}"]
-    for name, text in PROTOCOL_SETTINGS.items():
-        value = stored_value(settings, BY_NAME[name])
-        if value != preset[name]:
-            differences.append(text.format(value))
+    file = THEIR_FILES.get((settings["task"], settings.get("arch", TRANSFORMER)))
+    protocols = [preset] if file is None else [preset, {**preset, **file}]
+    fewest: list[str] = min((_training_differences(settings, p) for p in protocols), key=len)
+    differences += fewest
     if settings.get("arch", TRANSFORMER) == TRANSFORMER:
         model = settings["model_options"]
         differences += [f"{n} {model[n]}" for n in MODEL_SETTINGS if model.get(n) != preset[n]]
@@ -99,6 +116,16 @@ def protocol_differences(settings: dict[str, Any]) -> list[str]:
         differences.append(f"test lengths {protocol.format_lengths(settings['test_lengths'])}")
     if settings["score_from_42"]:
         differences.append("score from 42")
+    return differences
+
+
+def _training_differences(settings: dict[str, Any], reference: dict[str, Any]) -> list[str]:
+    """The ``PROTOCOL_SETTINGS`` in which a run's ``settings`` differ from ``reference``."""
+    differences = []
+    for name, text in PROTOCOL_SETTINGS.items():
+        value = stored_value(settings, BY_NAME[name])
+        if value != reference[name]:
+            differences.append(text.format(value))
     return differences
 
 

@@ -44,6 +44,18 @@ def import_ray():
     return ray
 
 
+def check_ray_device(device: str) -> None:
+    """A Ray task sees only the GPU Ray grants it, as ``cuda:0``: a higher index in
+    ``device`` would name a GPU the task cannot see (or, on a node with several, another
+    task's), so it is a one-line CheBenchError."""
+    index = device.partition(":")[2] if device.startswith("cuda:") else ""
+    if index and index != "0":
+        raise CheBenchError(
+            f"--device {device} names one GPU, but a Ray task sees only the GPU Ray grants "
+            "it (as cuda:0): give --device cuda or auto, and let Ray choose the GPUs"
+        )
+
+
 class RayBackend:
     """Runs sweep configs as Ray tasks on a local instance or a cluster.
 
@@ -67,6 +79,8 @@ class RayBackend:
         packed: bool = False,
         options: RuntimeOptions | None = None,
     ) -> None:
+        options = options or RuntimeOptions()
+        check_ray_device(options.device)
         self.ray = import_ray()
         self._connected_here = not self.ray.is_initialized()
         self._in_flight: set = set()
@@ -99,7 +113,6 @@ class RayBackend:
         self.run_cpus, self.run_gpus = run_cpus, run_gpus
         self.on_gpu = run_gpus > 0
         self.max_in_flight = max_in_flight
-        options = options or RuntimeOptions()
         # A task that asks for no GPU must not pick one up through device "auto"; tasks draw
         # no progress bars (their lines would interleave in the driver's log).
         device = "cpu" if options.device == "auto" and run_gpus == 0 else options.device

@@ -29,7 +29,6 @@ from che_bench.errors import CheBenchError
 from che_bench.eval.evaluation import Evaluation, evaluate
 from che_bench.model.architectures import build_members, native_kernels
 from che_bench.model.base import BenchModel
-from che_bench.model.dape.native import describe
 from che_bench.model.packs import member_state_dict
 from che_bench.outcomes import RunResult
 from che_bench.run.device import (
@@ -50,12 +49,14 @@ from che_bench.train.loop import PackTraining, train_pack
 from che_bench.train.readings import Diverged
 
 
-def software_versions(config: RunConfig | None = None) -> dict[str, str]:
+def software_versions(
+    config: RunConfig | None = None, device: torch.device | None = None
+) -> dict[str, str]:
     """The software a run used: che-bench, torch, numpy, Python, the platform and the plugins
     that registered ``config``'s task, encoding or model (``plugin NAME``: version); the
-    CPU it ran on (``cpu``, ``cpu_capability``: ``che_bench.cpu.cpu_facts``); and, for DAPE,
-    how its filter runs on a CPU (``dape_filter``: ``native.describe``); and how the
-    compiled kernels its model uses run (``architectures.native_kernels``)."""
+    CPU it ran on (``cpu``, ``cpu_capability``: ``che_bench.cpu.cpu_facts``); and, given the
+    ``device`` it ran on, how its DAPE filter and the kernels its model may compile run
+    there (``architectures.native_kernels``; a kernel is compiled for a CPU only)."""
     from che_bench.encodings.base import ENCODINGS
     from che_bench.model.architectures import ARCHITECTURES
     from che_bench.tasks import TASKS
@@ -76,8 +77,11 @@ def software_versions(config: RunConfig | None = None) -> dict[str, str]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         **cpu_facts(),
-        **({} if config is None or config.kernel is None else {"dape_filter": describe()}),
-        **({} if config is None else native_kernels(config.arch, config.arch_options)),
+        **(
+            {}
+            if config is None or device is None
+            else native_kernels(config.arch, config.arch_options, config.kernel, device)
+        ),
         **used,
     }
 
@@ -147,7 +151,7 @@ def execute_pack(
             run_id=config.run_id(),
             config=config,
             status="failed",
-            versions=software_versions(config),
+            versions=software_versions(config, torch_device),
             device=describe_device(torch_device),
             details=numerics_details(
                 torch_device, options.tf32, options.deterministic, options.portable_cpu

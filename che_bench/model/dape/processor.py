@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from che_bench.errors import CheBenchError
+from che_bench.model.dape import native
 from che_bench.model.dape.inference import TileFilter
 from che_bench.model.dape.kernel import NEGATIVE_SLOPE
 from che_bench.model.dape.score_filter import ScoreFilter
@@ -17,6 +18,18 @@ from che_bench.model.fused_attention import future_keys
 
 VARIANTS = ("concat_residual", "concat", "add_residual")
 IMPLEMENTATIONS = ("auto", "chunks", "convolution")
+
+
+def auto_implementation(device: torch.device) -> str:
+    """The filter ``implementation = "auto"`` picks on ``device``."""
+    return "convolution" if device.type == "cuda" else "chunks"
+
+
+def describe_filter(device: torch.device) -> str:
+    """How DAPE's filter runs on ``device`` in this process, for a run's record: on a CPU
+    ``native.describe()`` (which compiles the kernel on first use); elsewhere what "auto"
+    picks, with nothing compiled."""
+    return native.describe() if device.type == "cpu" else auto_implementation(device)
 
 
 def check_kernel(kernel: object) -> int:
@@ -133,7 +146,7 @@ class DapeProcessor(nn.Module):
                 + ", ".join(IMPLEMENTATIONS)
             )
         if self.implementation == "auto":
-            return device.type == "cuda"
+            return auto_implementation(device) == "convolution"
         return self.implementation == "convolution"
 
     def transient_channels(self, device: torch.device) -> int:

@@ -32,11 +32,10 @@ query rows form the query terms (``Q K^T``, ``Q e^G``) and outputs: n times fewe
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import Tensor
 
+from che_bench.encodings.common import autocast_off, running_sum
 from che_bench.model.state_tracking.delta_rule_native import native_delta_rule
 
 #: Longest chunk, in rows: the in-chunk matrices grow as C^2 per chunk, the loop over chunks
@@ -82,7 +81,8 @@ def delta_product(
     chunkwise form, whose roundings its committed results have."""
     steps = q.shape[-2]
     n = k.shape[-2] // steps if steps else 1
-    if chunk is None and (n > 1 or log_decay is not None):
+    # The device first: the kernel is compiled on first use, for a CPU only.
+    if chunk is None and (n > 1 or log_decay is not None) and q.device.type == "cpu":
         native = native_delta_rule()
         if native is not None and native.usable(q, k, v):
             return native.apply(q, k, v, beta, log_decay)
@@ -114,7 +114,7 @@ def gated_delta_rule(
     pad = -steps % tokens
     # float32 throughout, as autocast would not keep it (the triangular solve has no half
     # precision kernel, and the chunk products accumulate).
-    with _float32(k.device.type):
+    with autocast_off(k.device.type):
         # Padding rows (k = v = beta = 0) leave the state alone; their outputs are cut off.
         q = _chunked(q.float(), pad, tokens)
         k, v = (_chunked(x.float(), pad * n, tokens * n) for x in (k, v))
@@ -124,14 +124,6 @@ def gated_delta_rule(
             gate = _chunked(log_decay.float().unsqueeze(-1), pad * n, tokens * n).squeeze(-1)
         out = _chunkwise(q, k, v, beta, gate)
     return out.flatten(1, 2)[:, :steps].reshape(*lead, steps, v.shape[-1]).to(dtype)
-
-
-def _float32(device_type: str) -> contextlib.AbstractContextManager[object]:
-    """Autocast off on ``device_type`` (a device without autocast, such as the meta device
-    the tests run the GPU path on, needs nothing)."""
-    if torch.amp.is_autocast_available(device_type):
-        return torch.autocast(device_type, enabled=False)
-    return contextlib.nullcontext()
 
 
 def _chunked(x: torch.Tensor, pad: int, size: int) -> torch.Tensor:
@@ -213,7 +205,7 @@ def _in_chunk(
     inner = (keys @ k.transpose(-1, -2)).masked_fill_(upper, 0.0)
     q_in, k_out, chunk_decay, decay = q, k, None, None
     if gate is not None:
-        prefix = gate.cumsum(-1)
+        prefix = running_sum(gate, from_the_right=False)
         # Masked before exp: above the diagonal G_i - G_j > 0 could overflow.
         relative = prefix.unsqueeze(-1) - prefix.unsqueeze(-2)
         decay = relative.masked_fill_(upper, -torch.inf).exp_()

@@ -165,7 +165,10 @@ def native_delta_rule() -> NativeDeltaRule | None:
     return NativeDeltaRule(built.library, f"{built.description}, {lanes} lanes", lanes)
 
 
-def describe() -> str:
-    """How Gated DeltaNet's and DeltaProduct's delta rule runs on a CPU in this process."""
+def describe(device: torch.device) -> str:
+    """How Gated DeltaNet's and DeltaProduct's delta rule runs on ``device`` in this process
+    (off the CPU: the chunkwise form, with nothing compiled)."""
+    if device.type != "cpu":
+        return "chunkwise"
     kernel = native_delta_rule()
     return "chunkwise" if kernel is None else f"native ({kernel.description})"

@@ -31,8 +31,11 @@ class MemberRMSNorm(nn.Module):
         return self.scale(self.normalise(x))
 
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
-        """``x / sqrt(mean(x^2) + eps)``, before the learned scale."""
-        return F.rms_norm(x, (self.dim,), eps=self.eps)
+        """``x / sqrt(mean(x^2) + eps)``, before the learned scale (torch's fused ``rms_norm``
+        where there is one: torch 2.4 on)."""
+        if hasattr(F, "rms_norm"):
+            return F.rms_norm(x, (self.dim,), eps=self.eps)
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps)
 
     def scale(self, normalised: torch.Tensor) -> torch.Tensor:
         """``normalised * weight``, each member's scale on its own activations."""

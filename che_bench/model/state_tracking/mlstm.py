@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from che_bench.encodings.common import running_sum
 from che_bench.errors import CheBenchError
 from che_bench.members import MemberLinear, init_members_
 from che_bench.model.base import positive_int
@@ -83,15 +84,20 @@ def mlstm_chunkwise(
     at the chunk's start b, carried chunk to chunk). Memory and work O(T chunk) per head
     instead of O(T^2). ``m_t = F_t + max_{s<=t} (i~_s - F_s)``, a running maximum."""
     steps, size = q.shape[-2:]
-    cumulative = F.logsigmoid(fgate).cumsum(-1)
+    cumulative = running_sum(F.logsigmoid(fgate), from_the_right=False)
     stabiliser = cumulative + (igate - cumulative).cummax(-1).values
     chunk = max(1, min(chunk, steps))
     chunks = -(-steps // chunk)
     pad = chunks * chunk - steps  # after the last token: causal, so it changes nothing
     q, k, v = (F.pad(x, (0, 0, 0, pad)).unflatten(-2, (chunks, chunk)) for x in (q, k, v))
     k = k * size**-0.5  # scaled before the products, as the reference does
+    # The padding continues the last token (forget gate 1, no input: i~ = -inf), so every
+    # exponent below stays <= 0 there too; zeros overflow exp(0 - F_s + i~_s) once the summed
+    # log-forget passes -88, and the padding's inf times its zero gradient is NaN.
+    cumulative, stabiliser = (_extended(x, pad) for x in (cumulative, stabiliser))
+    igate = F.pad(igate, (0, pad), value=-math.inf)
     cumulative, igate, stabiliser = (
-        F.pad(x, (0, pad)).unflatten(-1, (chunks, chunk)) for x in (cumulative, igate, stabiliser)
+        x.unflatten(-1, (chunks, chunk)) for x in (cumulative, igate, stabiliser)
     )
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
     log_decay = (cumulative[..., :, None] - cumulative[..., None, :]).masked_fill(
@@ -107,6 +113,11 @@ def mlstm_chunkwise(
         numerator, total = numerator + inter_numerator, total + inter_total
     normaliser = torch.maximum(total.abs(), torch.exp(-stabiliser)) + EPS
     return (numerator / normaliser[..., None]).flatten(-3, -2)[..., :steps, :]
+
+
+def _extended(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """``x [..., T]`` followed by ``pad`` copies of its last entry."""
+    return torch.cat([x, x[..., -1:].expand(*x.shape[:-1], pad)], dim=-1)
 
 
 def _from_earlier_chunks(
