@@ -199,10 +199,15 @@ def _complete_runs(store, run_ids: list[str]):
 
 
 def _stored_runs(store, run_ids: list[str]):
-    """The stored rows (by run id) and the configs of ``run_ids``."""
+    """The stored rows (by run id) and the configs of ``run_ids``; a run whose plugin is not
+    loaded here is a one-line error naming the plugin it recorded."""
     from che_bench.config import RunConfig
+    from che_bench.reports.unregistered import require_registered
 
     runs = store.runs(run_ids).set_index("run_id")
+    recorded = store.run_plugins(run_ids)
+    for run_id in run_ids:
+        require_registered(run_id, json.loads(runs.at[run_id, "config"]), recorded[run_id])
     return runs, [RunConfig.from_dict(json.loads(runs.at[run_id, "config"])) for run_id in run_ids]
 
 

@@ -18,6 +18,7 @@ RUN_COLUMNS = (
     "run id",
     "task",
     "model",
+    "params",
     "seed",
     "lr",
     "steps",
@@ -43,7 +44,7 @@ EVALUATION_COLUMNS = (
     "evaluated",
     "protocol",
 )
-NUMERIC_COLUMNS = {"seed", "lr", "steps", "score %", "in-dist. %"}
+NUMERIC_COLUMNS = {"params", "seed", "lr", "steps", "score %", "in-dist. %"}
 #: Columns of free text, wrapped at spaces where the terminal is narrow.
 WRAPPED_COLUMNS = {"model", "status", "finished / error", "protocol", "device"}
 
@@ -72,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def runs_command(args: argparse.Namespace) -> int:
-    from che_bench.reports.labels import run_encoding_label
+    from che_bench.reports.labels import run_model_label, run_parameters
     from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
     from che_bench.run.kept_models import model_path, models_dir_for
     from che_bench.run.sweep import checkpoint_dir_for
@@ -83,11 +84,13 @@ def runs_command(args: argparse.Namespace) -> int:
     stuck = set(learning[learning].index)
     models_dir = models_dir_for(store.path)
     checkpoint_dir = checkpoint_dir_for(store)
+    details = store.run_details(runs["run_id"])
     rows = [
         (
             run.run_id,
             run.task,
-            run_encoding_label(run.config),
+            run_model_label(run.config),
+            _count(run_parameters(details[run.run_id])),
             run.seed,
             f"{run.lr:g}",
             run.steps,
@@ -129,7 +132,7 @@ def _started(run, checkpoint_dir) -> str:
 
 
 def evaluations_command(args: argparse.Namespace) -> int:
-    from che_bench.reports.labels import run_encoding_label
+    from che_bench.reports.labels import run_model_label
 
     store = existing_store(args.store)
     runs = store.runs().set_index("run_id")
@@ -143,7 +146,7 @@ def evaluations_command(args: argparse.Namespace) -> int:
                 evaluation.evaluation,
                 evaluation.run_id,
                 run.task,
-                run_encoding_label(run.config),
+                run_model_label(run.config),
                 run.seed,
                 "original" if evaluation.original else "re-evaluation",
                 _percent(evaluation.score),
@@ -199,6 +202,11 @@ def _learned(stuck: bool | None) -> str:
     if stuck is None:
         return "-"
     return "stuck" if stuck else "yes"
+
+
+def _count(count: int | None) -> str:
+    """A count with thousands separators, "-" where none was recorded."""
+    return "-" if count is None else f"{count:,}"
 
 
 def _counted(count: int, noun: str) -> str:

@@ -56,19 +56,7 @@ def software_versions(config: RunConfig | None = None) -> dict[str, str]:
     CPU it ran on (``cpu``, ``cpu_capability``: ``che_bench.cpu.cpu_facts``); and, for DAPE,
     how its filter runs on a CPU (``dape_filter``: ``native.describe``); and how the
     compiled kernels its model uses run (``architectures.native_kernels``)."""
-    from che_bench.encodings.base import ENCODINGS
-    from che_bench.model.architectures import ARCHITECTURES
-    from che_bench.tasks import TASKS
-
-    used = (
-        {}
-        if config is None
-        else plugins.versions_of(
-            TASKS.origin(config.task),
-            ENCODINGS.origin(config.pe),
-            ARCHITECTURES.origin(config.arch),
-        )
-    )
+    used = {} if config is None else plugins.versions_of(*plugin_origins(config))
     return {
         "che_bench": che_bench.__version__,
         "torch": torch.__version__,
@@ -80,6 +68,19 @@ def software_versions(config: RunConfig | None = None) -> dict[str, str]:
         **({} if config is None else native_kernels(config.arch, config.arch_options)),
         **used,
     }
+
+
+def plugin_origins(config: RunConfig) -> tuple[str | None, str | None, str | None]:
+    """The plugins that registered ``config``'s task, encoding and model (None: che-bench)."""
+    from che_bench.encodings.base import ENCODINGS
+    from che_bench.model.architectures import ARCHITECTURES
+    from che_bench.tasks import TASKS
+
+    return (
+        TASKS.origin(config.task),
+        ENCODINGS.origin(config.pe),
+        ARCHITECTURES.origin(config.arch),
+    )
 
 
 def checkpoint_path(checkpoint_dir: str | Path, run_id: str) -> Path:
@@ -148,6 +149,7 @@ def execute_pack(
             config=config,
             status="failed",
             versions=software_versions(config),
+            plugins=plugins.provenance_of(*plugin_origins(config)),
             device=describe_device(torch_device),
             details=numerics_details(
                 torch_device, options.tf32, options.deterministic, options.portable_cpu

@@ -29,6 +29,10 @@ class SweepView(Protocol):
         """The grid split, before anything runs: the run ids complete in the store already
         (in grid order) and the runs to do now (maybe none)."""
 
+    def stale(self, notices: Sequence[str]) -> None:
+        """One line for each complete run whose plugin changed since (maybe none), before
+        ``start``."""
+
     def __enter__(self) -> SweepView: ...
 
     def __exit__(self, *exc_info) -> None: ...
@@ -87,6 +91,10 @@ class GridView:
             disable=not (live and console.is_terminal),
         )
         self.task: TaskID | None = None
+
+    def stale(self, notices: Sequence[str]) -> None:
+        for notice in notices:
+            self.console.print(notice, highlight=False, markup=False)
 
     def start(self, already_complete: Sequence[str], todo: Sequence[RunConfig]) -> None:
         self.total = len(todo)
