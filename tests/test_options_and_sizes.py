@@ -9,7 +9,7 @@ import io
 import json
 
 import pytest
-from test_provenance import install, plugin_folder  # noqa: F401 (a fixture)
+from test_provenance import flat, install, plugin_folder  # noqa: F401 (a fixture)
 
 from che_bench.cli import main
 from che_bench.encodings.base import ENCODINGS
@@ -20,11 +20,6 @@ pytestmark = pytest.mark.usefixtures("scratch_registries")
 
 SMOKE = ["--preset", "smoke", "--steps", "2", "--test-lengths", "41", "--eval-samples", "8",
          "--no-progress"]
-
-
-def flat(text: str) -> str:
-    """Wrapped output as one line."""
-    return " ".join(text.split())
 
 
 def test_encodings_lists_where_each_encoding_comes_from(plugin_folder, capsys):  # noqa: F811

@@ -64,6 +64,11 @@ def install(folder: Path, version: str, comment: str = "first") -> str:
     return hashlib.sha256(b"plugin_plain.py\0" + source.encode() + b"\0").hexdigest()
 
 
+def flat(text: str) -> str:
+    """Wrapped output as one line."""
+    return " ".join(text.split())
+
+
 def run(store: Path, *extra: str) -> int:
     return main(["--plugin", "plugin_plain", *RUN, "--store", str(store), *extra])
 
@@ -102,20 +107,25 @@ def test_a_changed_plugin_is_named_and_its_run_kept_until_rerun_stale(
     new_source = install(plugin_folder, version, comment)  # fixed and reinstalled
     assert run(store) == 0
     captured = capsys.readouterr()
-    notice = " ".join(captured.err.split())
+    notice = flat(captured.err)
     assert (f"che-bench: run {run_id} is stale: plugin plugin_plain recorded 0.1.0 (source "
             f"{old_source[:12]}), installed {version} (source {new_source[:12]}); kept, not "
             "rerun: --rerun-stale reruns it (its stored result is replaced)") in notice
     assert stored_run(store) == before  # kept as it was, same run id
 
-    # Readers name nothing stale and never write.
+    # The listing marks it, and never writes.
     stamp = store.stat().st_mtime_ns, store.read_bytes()
-    assert main(["runs", "--store", str(store)]) == 0
+    capsys.readouterr()
+    assert main(["--plugin", "plugin_plain", "runs", "--store", str(store)]) == 0
+    listing = capsys.readouterr().out
+    [row, *_] = [line for line in listing.splitlines() if line.startswith(run_id)]
+    assert "complete, stale" in row
+    assert "1 stale: made with another version or source of their plugin" in flat(listing)
     assert (store.stat().st_mtime_ns, store.read_bytes()) == stamp
 
     install(plugin_folder, version, comment)
     assert run(store, "--rerun-stale") == 0
-    assert "rerunning it (--rerun-stale)" in " ".join(capsys.readouterr().err.split())
+    assert "rerunning it (--rerun-stale)" in flat(capsys.readouterr().err)
     after = stored_run(store)
     assert after[0] == run_id and after[2] >= before[2]
     assert json.loads(after[3]) == {"plugin_plain": {"version": version, "source": new_source}}

@@ -85,6 +85,7 @@ def runs_command(args: argparse.Namespace) -> int:
     models_dir = models_dir_for(store.path)
     checkpoint_dir = checkpoint_dir_for(store)
     details = store.run_details(runs["run_id"])
+    stale = _stale(store, runs)
     rows = [
         (
             run.run_id,
@@ -95,7 +96,7 @@ def runs_command(args: argparse.Namespace) -> int:
             f"{run.lr:g}",
             run.steps,
             run.preset,
-            _started(run, checkpoint_dir) if run.status == "started" else run.status,
+            _status(run, checkpoint_dir, stale),
             _percent(run.score),
             _percent(run.train_accuracy),
             _learned(learning.get(run.run_id)),
@@ -110,9 +111,39 @@ def runs_command(args: argparse.Namespace) -> int:
         [_column(name) for name in RUN_COLUMNS],
         rows,
         [", ".join(f"{counts.get(s, 0)} {s}" for s in ("complete", "failed", "started"))]
-        + ([f"{len(stuck)} stuck: {STUCK_TEXT}"] if stuck else []),
+        + ([f"{len(stuck)} stuck: {STUCK_TEXT}"] if stuck else [])
+        + ([f"{len(stale)} {STALE_TEXT}"] if stale else []),
     )
     return 0
+
+
+#: The footer's note on stale runs (``che_bench.run.stale``).
+STALE_TEXT = (
+    "stale: made with another version or source of their plugin than the one installed here "
+    "(che-bench run / sweep --rerun-stale reruns them)"
+)
+
+
+def _stale(store, runs) -> set[str]:
+    """The complete runs among ``runs`` whose plugin changed since (``che_bench.run.stale``)."""
+    from che_bench.config import RunConfig
+    from che_bench.run.stale import stale_runs
+
+    complete = runs[runs["status"] == "complete"]
+    used = store.run_plugins(complete["run_id"])
+    with_plugins = {
+        run_id: RunConfig.from_dict(json.loads(config))
+        for run_id, config in zip(complete["run_id"], complete["config"], strict=True)
+        if used[run_id]
+    }
+    return set(stale_runs(with_plugins, store))
+
+
+def _status(run, checkpoint_dir, stale: set[str]) -> str:
+    """A run's status cell: a started run's checkpoint, a complete run's staleness."""
+    if run.status == "started":
+        return _started(run, checkpoint_dir)
+    return "complete, stale" if run.run_id in stale else run.status
 
 
 def _started(run, checkpoint_dir) -> str:

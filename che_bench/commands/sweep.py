@@ -220,8 +220,12 @@ def _print_grid(console: Console, suite, configs, store) -> None:
     if store is not None:
         runs = store.runs(run_ids)
         statuses = dict(zip(runs["run_id"], runs["status"], strict=False))
-        complete = {run_id for run_id, status in statuses.items() if status == "complete"}
-        for run_id in stale_runs(configs, store, complete):
+        complete = {
+            run_id: config
+            for run_id, config in zip(run_ids, configs, strict=True)
+            if statuses.get(run_id) == "complete"
+        }
+        for run_id in stale_runs(complete, store):
             statuses[run_id] = "complete, stale (plugin changed)"
     console.print(
         f"suite {suite.name} ({suite.path}): {len(configs)} runs, preset {suite.preset}",

@@ -5,26 +5,30 @@ reusing it silently, and rerun it with ``--rerun-stale``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 
 from che_bench import plugins
 from che_bench.config import RunConfig
+from che_bench.errors import CheBenchError
 from che_bench.run.runner import plugin_origins
 
 
-def stale_runs(configs: Iterable[RunConfig], store, complete: set[str]) -> dict[str, str]:
+def stale_runs(complete: Mapping[str, RunConfig], store) -> dict[str, str]:
     """Run id -> how its plugins differ (``plugins.provenance_changes``, joined by "; "), for
-    each config among the ``complete`` run ids of ``store`` whose recorded plugins differ from
-    those installed here; runs that recorded no plugins (stored before che-bench recorded
-    them) are not judged."""
-    by_id = {config.run_id(): config for config in configs}
-    recorded = store.run_plugins([run_id for run_id in by_id if run_id in complete])
+    each of the ``complete`` runs of ``store`` (run id -> config) whose recorded plugins
+    differ from those installed here; runs that recorded no plugins (stored before che-bench
+    recorded them) and runs whose plugin is not loaded here at all are not judged."""
     stale = {}
-    for run_id, used in recorded.items():
-        if used is None:
+    for run_id, used in store.run_plugins(list(complete)).items():
+        try:
+            origins = plugin_origins(complete[run_id])
+        except CheBenchError:  # a name no plugin loaded here registers: nothing to compare
             continue
-        installed = plugins.provenance_of(*plugin_origins(by_id[run_id]))
-        changes = plugins.provenance_changes(used, installed)
+        changes = (
+            []
+            if used is None
+            else plugins.provenance_changes(used, plugins.provenance_of(*origins))
+        )
         if changes:
             stale[run_id] = "; ".join(changes)
     return stale

@@ -152,7 +152,8 @@ def _split_grid(
     unless ``rerun_stale``) and the runs to do now."""
     run_ids = [config.run_id() for config in configs]
     completed = store.completed_run_ids() & set(run_ids)
-    stale = stale_runs(configs, store, completed)
+    by_id = dict(zip(run_ids, configs, strict=True))
+    stale = stale_runs({run_id: by_id[run_id] for run_id in completed}, store)
     if rerun_stale:
         completed -= set(stale)
     todo = [
