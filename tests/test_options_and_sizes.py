@@ -51,9 +51,10 @@ def test_options_and_parameters_are_shown_wherever_a_run_is_named(
     config = json.loads(runs.at["test_plain", "config"])
     assert plain == parameter_count("parity_check", {}, "transformer",
                                     _model_arguments(config)) and plain != lstm
-    assert (f"run {plain_id}: parity_check / test_plain · gate_bias_init=-2 ({plain:,} "
-            "parameters), preset smoke") in header
-    assert f"run {lstm_id}: parity_check / LSTM · hidden_size=4 ({lstm:,} parameters)" in header
+    assert (f"run {plain_id}: parity_check / test_plain · gate_bias_init=-2, preset smoke, 2 "
+            f"steps, lr 0.001, seed 0, test lengths 41, {plain:,} parameters") in header
+    assert f"run {lstm_id}: parity_check / LSTM · hidden_size=4, preset smoke" in header
+    assert f"test lengths 41, {lstm:,} parameters" in header
 
     assert main(["runs", "--store", str(store)]) == 0
     listing = capsys.readouterr().out
@@ -98,3 +99,14 @@ def test_evaluate_without_the_plugin_names_the_recorded_plugin(
         f"{source[:12]}), which is not loaded here: encoding test_plain unknown (a plugin's "
         "names need the plugin installed, or --plugin MODULE)\n")
     assert store.read_bytes() == before
+
+
+def test_a_sweeps_lines_name_the_encoding_options():
+    from che_bench.config import make_config
+    from che_bench.run.sweep_views import describe_run
+
+    config = make_config("parity_check", "alibi", 3, "smoke",
+                         pe_options={"alibi_mode": "two_slopes"})
+    assert describe_run(config) == "parity_check alibi(alibi_mode=two_slopes) k3 lr=0.001 seed=0"
+    assert describe_run(make_config("parity_check", "alibi", None, "smoke")) == (
+        "parity_check alibi - lr=0.001 seed=0")

@@ -218,11 +218,11 @@ class RunView:
         first = todo[0]
         several = f"{len(todo)} runs (seeds x learning rates), " if len(todo) > 1 else ""
         print_wrapped(
-            f"run {', '.join(c.run_id() for c in todo)}: {self.label} "
-            f"({self.parameters:,} parameters), preset {first.preset}, "
+            f"run {', '.join(c.run_id() for c in todo)}: {self.label}, preset {first.preset}, "
             f"{several}{first.steps} steps, lr {', '.join(sorted({f'{c.lr:g}' for c in todo}))}, "
             f"seed {', '.join(sorted({str(c.seed) for c in todo}, key=int))}, "
-            f"test lengths {format_lengths(first.test_lengths)}",
+            f"test lengths {format_lengths(first.test_lengths)}, "
+            f"{self.parameters:,} parameters",
             file=sys.stderr,
         )
 
