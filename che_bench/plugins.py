@@ -148,6 +148,13 @@ def describe_provenance(provenance: dict[str, Any] | None) -> str:
     return f"{version} (source {source[:12]})" if source else str(version)
 
 
+def describe_plugins(used: dict[str, dict[str, Any]] | None) -> str:
+    """``fox 0.1.0 (source 1a2b3c4d5e6f), ...`` of a run's plugins; "" for none."""
+    return ", ".join(
+        f"{label} {describe_provenance(record)}" for label, record in (used or {}).items()
+    )
+
+
 def provenance_changes(
     recorded: dict[str, dict[str, Any]], installed: dict[str, dict[str, Any]]
 ) -> list[str]:

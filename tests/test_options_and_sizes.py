@@ -33,7 +33,7 @@ def test_encodings_lists_where_each_encoding_comes_from(plugin_folder, capsys): 
 
 def test_options_and_parameters_are_shown_wherever_a_run_is_named(
         plugin_folder, tmp_path, capsys):  # noqa: F811
-    install(plugin_folder, "0.1.0")
+    source = install(plugin_folder, "0.1.0")
     store = tmp_path / "s.sqlite"
     assert main(["--plugin", "plugin_plain", "run", "--task", "parity_check", "--pe",
                  "test_plain", "--pe-option", "gate_bias_init=-2", *SMOKE,
@@ -69,12 +69,16 @@ def test_options_and_parameters_are_shown_wherever_a_run_is_named(
     assert exported[plain_id]["encoding_options"] == "gate_bias_init=-2"
     assert (exported[plain_id]["parameters"], exported[lstm_id]["parameters"]) == (
         str(plain), str(lstm))
+    provenance = f"plugin_plain 0.1.0 (source {source[:12]})"
+    assert (exported[plain_id]["plugins"], exported[lstm_id]["plugins"]) == (provenance, "")
 
     page_path = tmp_path / "r.html"
     assert main(["report", "--store", str(store), "--out", str(page_path)]) == 0
     page = page_path.read_text()
     assert f"test_plain · gate_bias_init=-2: {plain:,} parameters (1)" in page
     assert f"LSTM · hidden_size=4: {lstm:,} parameters (1)" in page
+    [plugins_item] = [line for line in page.split("<li>") if "plugins (version, source" in line]
+    assert f"{provenance} (1)" in plugins_item and "no plugin (1)" in plugins_item
 
 
 def _model_arguments(config: dict) -> dict:

@@ -226,3 +226,30 @@ def test_provenance_changes_compare_versions_and_hashes_where_both_were_recorded
         f"plugin fox recorded 0.1.0 (source {'a' * 12}), installed 0.1.0 (source {'b' * 12})"]
     assert plugins.provenance_changes(recorded, {}) == [
         "plugin fox recorded 0.1.0, installed none"]
+
+
+def test_a_sweep_names_a_stale_run_and_keeps_it(plugin_folder, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from che_bench.config import make_config
+    from che_bench.run.sweep import run_sweep
+
+    install(plugin_folder, "0.1.0")
+    store = tmp_path / "s.sqlite"
+    assert run(store) == 0
+    install(plugin_folder, "0.2.0")
+    plugins.add_modules(["plugin_plain"])
+    config = make_config("parity_check", "test_plain", None, "smoke", steps=2,
+                         test_lengths=[41], eval_samples=8)
+    shown = io.StringIO()
+
+    def no_backend():
+        raise AssertionError("a stale run is kept without --rerun-stale")
+
+    outcome = run_sweep([config], ResultStore(store), no_backend,
+                        console=Console(file=shown, width=100), live=False)
+    assert list(outcome.stale) == [config.run_id()] and outcome.already_complete == 1
+    assert f"run {config.run_id()} is stale: plugin plugin_plain recorded 0.1.0" in flat(
+        shown.getvalue())

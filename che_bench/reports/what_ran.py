@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from che_bench.cpu import UNKNOWN
+from che_bench.plugins import describe_plugins
 from che_bench.reports.labels import (
     architecture_summary,
     run_encoding_label,
@@ -69,6 +70,11 @@ def _items(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> list[tupl
         ("CPUs (model, torch kernels)", cpus(finished["versions"], portable)),
         ("software", versions(finished["versions"])),
     ]
+    used = [describe_plugins(run) for run in store.run_plugins(finished["run_id"]).values()]
+    if any(used):
+        items.append(
+            ("plugins (version, source hash)", counts(text or "no plugin" for text in used))
+        )
     if evaluation != ORIGINAL:
         evaluations = store.evaluations(runs["run_id"])
         evaluations = evaluations[evaluations["evaluation"] == evaluation]
