@@ -123,12 +123,20 @@ def test_a_changed_plugin_is_named_and_its_run_kept_until_rerun_stale(
     assert "1 stale: made with another version or source of their plugin" in flat(listing)
     assert (store.stat().st_mtime_ns, store.read_bytes()) == stamp
 
+    # Its kept model evaluated again: said to be rebuilt with the installed plugin.
+    assert main(["--plugin", "plugin_plain", "evaluate", run_id, "--test-lengths", "41,42",
+                 "--eval-samples", "8", "--store", str(store)]) == 0
+    assert (f"che-bench: run {run_id} is stale: plugin plugin_plain recorded 0.1.0"
+            in flat(capsys.readouterr().err))
+    assert len(ResultStore(store).evaluations()) == 2
+
     install(plugin_folder, version, comment)
     assert run(store, "--rerun-stale") == 0
     assert "rerunning it (--rerun-stale)" in flat(capsys.readouterr().err)
     after = stored_run(store)
     assert after[0] == run_id and after[2] >= before[2]
     assert json.loads(after[3]) == {"plugin_plain": {"version": version, "source": new_source}}
+    assert len(ResultStore(store).evaluations()) == 1  # the old model's re-evaluation dropped
     install(plugin_folder, version, comment)
     assert run(store) == 0  # up to date again
     assert "stale" not in capsys.readouterr().err
