@@ -104,7 +104,7 @@ def require_registered(
     """A one-line CheBenchError when the task, encoding or model of run ``run_id`` (its
     stored ``config``) is not registered here, naming the plugins the run recorded
     (``plugins``: ``ResultStore.run_plugins``' entry, with their versions)."""
-    from che_bench.plugins import describe_provenance
+    from che_bench.plugins import describe_plugins
     from che_bench.registry import plugin_hint
 
     arch = str(config.get("arch", TRANSFORMER))
@@ -115,11 +115,8 @@ def require_registered(
         unknown.append(f"architecture {arch}")
     if not unknown:
         return
-    source = (
-        ", ".join(f"plugin {label} {describe_provenance(used)}" for label, used in plugins.items())
-        if plugins
-        else "a plugin (none recorded)"
-    )
+    many = "s" if plugins and len(plugins) > 1 else ""
+    source = f"plugin{many} {describe_plugins(plugins)}" if plugins else "a plugin (none recorded)"
     raise CheBenchError(
         f"run {run_id} was made with {source}, which is not loaded here: {', '.join(unknown)} "
         f"unknown ({plugin_hint()})"

@@ -1,7 +1,7 @@
 """The report's "What ran" section: statuses, architectures, models with their options and
-parameter counts, presets, steps, devices, CPUs, software, a re-evaluation's protocol, and the
-failed runs with their errors. Every string
-taken from the store is HTML-escaped."""
+parameter counts, presets, steps, devices, CPUs, software, plugins, a re-evaluation's
+protocol, and the failed runs with their errors. Every string taken from the store is
+HTML-escaped."""
 
 from __future__ import annotations
 
