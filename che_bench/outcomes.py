@@ -54,6 +54,9 @@ class RunResult(Scores):
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    #: The plugins behind its task, encoding and model, with their versions and source hashes
+    #: (``che_bench.plugins.provenance_of``; {} for che-bench's own).
+    plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
     device: str = ""
     #: ``model.describe()`` plus anything else worth keeping (e.g. a failure's traceback).
     details: dict[str, Any] = field(default_factory=dict)

@@ -16,10 +16,13 @@ registers a name already taken, is a one-line CheBenchError naming the plugin.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import sys
 from importlib import metadata
+from pathlib import Path
+from typing import Any
 
 from che_bench.errors import CheBenchError, one_line
 
@@ -33,6 +36,8 @@ SKIP_HINT = f"--no-plugins or {DISABLE_VARIABLE}=1 starts che-bench without plug
 #: the module has no ``__version__``), in loading order.
 _loaded: dict[str, str | None] = {}
 _loaded_modules: set[str] = set()
+#: Plugin label -> the SHA-256 of its package's source when it was imported (``source_hash``).
+_sources: dict[str, str | None] = {}
 _loading: list[str] = []  # the plugin being imported (a stack: a plugin may import another)
 _configured = False
 
@@ -102,6 +107,78 @@ def versions_of(*origins: str | None) -> dict[str, str]:
     }
 
 
+def provenance_of(*origins: str | None) -> dict[str, dict[str, Any]]:
+    """What a run records of the plugins it used (the origins of its task, encoding and model;
+    None: che-bench's own), beside the run and never in its id: ``{LABEL: {"version": the
+    distribution's version or the module's ``__version__`` (None: neither), "source": the
+    SHA-256 of its package's Python source as imported (``source_hash``)}}``."""
+    return {
+        label: {"version": _loaded.get(label), "source": _sources.get(label)}
+        for label in dict.fromkeys(origins)
+        if label is not None
+    }
+
+
+def source_hash(module_name: str) -> str | None:
+    """The SHA-256 (hex) of the Python source of module ``module_name``: its file, or every
+    ``.py`` file of its package by relative path; None when it has no source file. Any edit
+    of the code (a comment included) changes it, whatever the version says."""
+    module = sys.modules.get(module_name)
+    file = getattr(module, "__file__", None)
+    if module is None or file is None:
+        return None
+    if hasattr(module, "__path__"):
+        root = Path(file).parent
+        files = sorted(root.rglob("*.py"))
+    else:
+        root, files = Path(file).parent, [Path(file)]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def describe_provenance(provenance: dict[str, Any] | None) -> str:
+    """``0.1.0 (source 1a2b3c4d5e6f)`` of one plugin's record; "none" for no record."""
+    if not provenance:
+        return "none"
+    source = provenance.get("source")
+    version = provenance.get("version") or "no version"
+    return f"{version} (source {source[:12]})" if source else str(version)
+
+
+def describe_plugins(used: dict[str, dict[str, Any]] | None) -> str:
+    """``fox 0.1.0 (source 1a2b3c4d5e6f), ...`` of a run's plugins; "" for none."""
+    return ", ".join(
+        f"{label} {describe_provenance(record)}" for label, record in (used or {}).items()
+    )
+
+
+def provenance_changes(
+    recorded: dict[str, dict[str, Any]], installed: dict[str, dict[str, Any]]
+) -> list[str]:
+    """How the plugins installed now differ from those a run recorded (both as
+    ``provenance_of`` gives them): ``plugin LABEL recorded V (source H), installed V' (source
+    H')`` for each plugin whose version differs, or whose source does where both were hashed;
+    nothing when they agree."""
+    changes = []
+    for label in sorted(set(recorded) | set(installed)):
+        was, now = recorded.get(label) or {}, installed.get(label) or {}
+        hashed = bool(was.get("source")) and bool(now.get("source"))
+        if (
+            label not in recorded
+            or label not in installed
+            or was.get("version") != now.get("version")
+            or (hashed and was.get("source") != now.get("source"))
+        ):
+            changes.append(
+                f"plugin {label} recorded {describe_provenance(was)}, "
+                f"installed {describe_provenance(now)}"
+            )
+    return changes
+
+
 def _environment_modules() -> list[str]:
     text = os.environ.get(ENVIRONMENT_VARIABLE, "")
     return [name.strip() for name in text.split(",") if name.strip()]
@@ -124,6 +201,7 @@ def _load(module_name: str, label: str, version: str | None, hint: str | None = 
     finally:
         _loading.pop()
     _loaded[label] = version or getattr(module, "__version__", None)
+    _sources[label] = source_hash(module_name.split(".")[0])
 
 
 def _search_current_folder() -> None:

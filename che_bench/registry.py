@@ -72,7 +72,7 @@ class Registry(Generic[Registered]):
         hint = f"; did you mean {' or '.join(map(repr, suggestions))}?" if suggestions else ""
         raise CheBenchError(
             f"unknown {self.kind} {name!r}{hint} (valid: {', '.join(self._entries)}; "
-            f"{_plugin_hint()})"
+            f"{plugin_hint()})"
         )
 
     def get(self, name: str) -> Registered:
@@ -99,8 +99,14 @@ class Registry(Generic[Registered]):
         """The plugin that registered ``name`` (None: che-bench itself)."""
         return self._origins[self.canonical(name)]
 
+    def source(self, name: str) -> str:
+        """Where ``name`` comes from, as listings say it: ``che-bench`` or ``plugin LABEL``."""
+        origin = self.origin(name)
+        return f"plugin {origin}" if origin else "che-bench"
 
-def _plugin_hint() -> str:
+
+def plugin_hint() -> str:
+    """How to make a plugin's names known (or why they are not: plugins switched off)."""
     from che_bench.plugins import DISABLE_VARIABLE, disabled
 
     if disabled():

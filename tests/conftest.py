@@ -26,6 +26,7 @@ def scratch_registries(monkeypatch):
             monkeypatch.setattr(registry, attribute, dict(getattr(registry, attribute)))
     monkeypatch.setattr(plugins, "_loaded", dict(plugins._loaded))
     monkeypatch.setattr(plugins, "_loaded_modules", set(plugins._loaded_modules))
+    monkeypatch.setattr(plugins, "_sources", dict(plugins._sources))
     # Installed plugins are scanned once per process; a test that wants a scan asks for one.
     monkeypatch.setattr(plugins, "_configured", True)
     # Set, then deleted: undoing both also deletes what add_modules writes there.

@@ -411,9 +411,10 @@ def test_newer_stores_are_refused_untouched(tmp_path):
     path = tmp_path / "future.sqlite"
     ResultStore(path)
     with sqlite3.connect(path) as connection:
-        connection.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+        connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                           (str(SCHEMA_VERSION + 1),))
     before = dump(path)
-    with pytest.raises(CheBenchError, match="schema version 4"):
+    with pytest.raises(CheBenchError, match=f"schema version {SCHEMA_VERSION + 1}"):
         ResultStore(path)
     assert dump(path) == before
 

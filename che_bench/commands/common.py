@@ -145,6 +145,16 @@ def add_keep_model_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_rerun_stale_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rerun-stale",
+        action="store_true",
+        help="rerun complete runs whose plugin (task, encoding or model) is installed now at "
+        "another version or with other source code than they recorded; their stored results "
+        "are replaced (default: such runs are named and kept)",
+    )
+
+
 def add_samples_arguments(parser: argparse.ArgumentParser, help: str) -> None:
     """``--samples FILE`` (``che_bench.eval.predictions``) and how many sequences per length."""
     parser.add_argument("--samples", metavar="FILE.jsonl", help=help)

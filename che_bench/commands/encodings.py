@@ -22,8 +22,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handler(args: argparse.Namespace) -> int:
+    from che_bench.encodings.base import ENCODINGS
+
     columns = [
         Column("encoding", key=True),
+        Column("from"),
         Column("kind"),
         Column("randomized"),
         Column("bias"),
@@ -32,6 +35,7 @@ def handler(args: argparse.Namespace) -> int:
     rows = [
         (
             cls.name,
+            ENCODINGS.source(cls.name),
             cls.kind,
             "yes" if cls.randomized else "no",
             "yes" if cls.carries_bias else "no",

@@ -18,6 +18,7 @@ RUN_COLUMNS = (
     "run id",
     "task",
     "model",
+    "params",
     "seed",
     "lr",
     "steps",
@@ -43,7 +44,7 @@ EVALUATION_COLUMNS = (
     "evaluated",
     "protocol",
 )
-NUMERIC_COLUMNS = {"seed", "lr", "steps", "score %", "in-dist. %"}
+NUMERIC_COLUMNS = {"params", "seed", "lr", "steps", "score %", "in-dist. %"}
 #: Columns of free text, wrapped at spaces where the terminal is narrow.
 WRAPPED_COLUMNS = {"model", "status", "finished / error", "protocol", "device"}
 
@@ -72,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def runs_command(args: argparse.Namespace) -> int:
-    from che_bench.reports.labels import run_encoding_label
+    from che_bench.reports.labels import run_model_label, run_parameters
     from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
     from che_bench.run.kept_models import model_path, models_dir_for
     from che_bench.run.sweep import checkpoint_dir_for
@@ -83,16 +84,19 @@ def runs_command(args: argparse.Namespace) -> int:
     stuck = set(learning[learning].index)
     models_dir = models_dir_for(store.path)
     checkpoint_dir = checkpoint_dir_for(store)
+    details = store.run_details(runs["run_id"])
+    stale = _stale(store, runs)
     rows = [
         (
             run.run_id,
             run.task,
-            run_encoding_label(run.config),
+            run_model_label(run.config),
+            _count(run_parameters(details[run.run_id])),
             run.seed,
             f"{run.lr:g}",
             run.steps,
             run.preset,
-            _started(run, checkpoint_dir) if run.status == "started" else run.status,
+            _status(run, checkpoint_dir, stale),
             _percent(run.score),
             _percent(run.train_accuracy),
             _learned(learning.get(run.run_id)),
@@ -107,9 +111,39 @@ def runs_command(args: argparse.Namespace) -> int:
         [_column(name) for name in RUN_COLUMNS],
         rows,
         [", ".join(f"{counts.get(s, 0)} {s}" for s in ("complete", "failed", "started"))]
-        + ([f"{len(stuck)} stuck: {STUCK_TEXT}"] if stuck else []),
+        + ([f"{len(stuck)} stuck: {STUCK_TEXT}"] if stuck else [])
+        + ([f"{len(stale)} {STALE_TEXT}"] if stale else []),
     )
     return 0
+
+
+#: The footer's note on stale runs (``che_bench.run.stale``).
+STALE_TEXT = (
+    "stale: made with another version or source of their plugin than the one installed here "
+    "(che-bench run / sweep --rerun-stale reruns them)"
+)
+
+
+def _stale(store, runs) -> set[str]:
+    """The complete runs among ``runs`` whose plugin changed since (``che_bench.run.stale``)."""
+    from che_bench.config import RunConfig
+    from che_bench.run.stale import stale_runs
+
+    complete = runs[runs["status"] == "complete"]
+    used = store.run_plugins(complete["run_id"])
+    with_plugins = {
+        run_id: RunConfig.from_dict(json.loads(config))
+        for run_id, config in zip(complete["run_id"], complete["config"], strict=True)
+        if used[run_id]
+    }
+    return set(stale_runs(with_plugins, store))
+
+
+def _status(run, checkpoint_dir, stale: set[str]) -> str:
+    """A run's status cell: a started run's checkpoint, a complete run's staleness."""
+    if run.status == "started":
+        return _started(run, checkpoint_dir)
+    return "complete, stale" if run.run_id in stale else run.status
 
 
 def _started(run, checkpoint_dir) -> str:
@@ -129,7 +163,7 @@ def _started(run, checkpoint_dir) -> str:
 
 
 def evaluations_command(args: argparse.Namespace) -> int:
-    from che_bench.reports.labels import run_encoding_label
+    from che_bench.reports.labels import run_model_label
 
     store = existing_store(args.store)
     runs = store.runs().set_index("run_id")
@@ -143,7 +177,7 @@ def evaluations_command(args: argparse.Namespace) -> int:
                 evaluation.evaluation,
                 evaluation.run_id,
                 run.task,
-                run_encoding_label(run.config),
+                run_model_label(run.config),
                 run.seed,
                 "original" if evaluation.original else "re-evaluation",
                 _percent(evaluation.score),
@@ -199,6 +233,11 @@ def _learned(stuck: bool | None) -> str:
     if stuck is None:
         return "-"
     return "stuck" if stuck else "yes"
+
+
+def _count(count: int | None) -> str:
+    """A count with thousands separators, "-" where none was recorded."""
+    return "-" if count is None else f"{count:,}"
 
 
 def _counted(count: int, noun: str) -> str:

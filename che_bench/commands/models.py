@@ -29,12 +29,11 @@ def handler(args: argparse.Namespace) -> int:
     rows = []
     for name in ARCHITECTURES.names():
         entry = ARCHITECTURES.get(name)
-        origin = ARCHITECTURES.origin(name)
         rows.append(
             (
                 name,
                 entry.label,
-                f"plugin {origin}" if origin else "che-bench",
+                ARCHITECTURES.source(name),
                 "the transformer's flags" if entry.build is None else _options_text(entry.defaults),
                 _options_text(entry.presets) or "-",
                 entry.description,

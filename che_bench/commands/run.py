@@ -13,6 +13,7 @@ from che_bench.commands.common import (
     add_keep_model_argument,
     add_no_progress_argument,
     add_override_arguments,
+    add_rerun_stale_argument,
     add_runtime_arguments,
     add_samples_arguments,
     add_store_argument,
@@ -70,6 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "many as fit in its memory, on a CPU 1)",
     )
     add_keep_model_argument(parser)
+    add_rerun_stale_argument(parser)
     add_runtime_arguments(parser)
     add_samples_arguments(
         parser,
@@ -161,6 +163,7 @@ def run_command(args: argparse.Namespace) -> int:
         partial(InProcessBackend, options),
         pack=width,
         view=RunView(store.path, configs[0], expect=partial(print_estimate, options, width)),
+        rerun_stale=args.rerun_stale,
     )
     if args.samples is not None:
         _write_run_samples(args, store, outcome.run_ids)
@@ -225,12 +228,20 @@ class RunView:
         cell: RunConfig,
         expect: Callable[[Sequence[RunConfig]], None] | None = None,
     ) -> None:
-        from che_bench.reports.labels import run_encoding_label
+        from che_bench.model.check import parameter_count
+        from che_bench.reports.labels import run_model_label
 
         self.store_path = store_path
-        self.label = f"{cell.task} / {run_encoding_label(cell.to_dict())}"
+        self.label = f"{cell.task} / {run_model_label(cell.to_dict())}"
+        self.parameters = parameter_count(
+            cell.task, cell.task_params, cell.arch, cell.model_arguments()
+        )
         #: Says, once the runs are announced, what they are expected to take.
         self.expect = expect
+
+    def stale(self, notices: Sequence[str]) -> None:
+        for notice in notices:
+            print_wrapped(f"che-bench: {notice}", sys.stderr)
 
     def start(self, already_complete: Sequence[str], todo: Sequence[RunConfig]) -> None:
         if already_complete:
@@ -246,7 +257,8 @@ class RunView:
             f"run {', '.join(c.run_id() for c in todo)}: {self.label}, preset {first.preset}, "
             f"{several}{first.steps} steps, lr {', '.join(sorted({f'{c.lr:g}' for c in todo}))}, "
             f"seed {', '.join(sorted({str(c.seed) for c in todo}, key=int))}, "
-            f"test lengths {format_lengths(first.test_lengths)}",
+            f"test lengths {format_lengths(first.test_lengths)}, "
+            f"{self.parameters:,} parameters",
             file=sys.stderr,
         )
         if self.expect is not None:

@@ -11,6 +11,7 @@ from rich.console import Console
 from che_bench.commands.common import (
     add_keep_model_argument,
     add_no_progress_argument,
+    add_rerun_stale_argument,
     add_runtime_arguments,
     add_store_argument,
     runtime_options_from_args,
@@ -54,6 +55,7 @@ def register(subparsers) -> None:
         "CPU (default 1; runs need a length_seed to pack)",
     )
     add_keep_model_argument(parser)
+    add_rerun_stale_argument(parser)
     add_runtime_arguments(parser)
     parser.add_argument(
         "--dry-run",
@@ -150,11 +152,14 @@ def _run_grid(
         max_runs=args.max_runs,
         console=console,
         live=options.progress,
+        rerun_stale=args.rerun_stale,
     )
     complete = sum(result.status == "complete" for result in outcome.results)
+    kept_stale = 0 if args.rerun_stale else len(outcome.stale)
     console.print(
-        f"{outcome.total} runs: {outcome.already_complete} already complete, "
-        f"{complete} completed now, {len(outcome.failed)} failed"
+        f"{outcome.total} runs: {outcome.already_complete} already complete"
+        + (f" ({kept_stale} of them stale, kept: --rerun-stale reruns them)" if kept_stale else "")
+        + f", {complete} completed now, {len(outcome.failed)} failed"
         + (f", {outcome.not_started} not started (--max-runs)" if outcome.not_started else "")
     )
     table = format_table(store, run_ids=outcome.run_ids, best_over=suite.best_over)
@@ -207,6 +212,7 @@ def _ray_backend(args: argparse.Namespace, suite, options, packed: bool):
 
 def _print_grid(console: Console, suite, configs, store) -> None:
     from che_bench.reports.text_tables import Column, fit_table
+    from che_bench.run.stale import stale_runs
     from che_bench.run.sweep_views import describe_run
 
     run_ids = [config.run_id() for config in configs]
@@ -214,6 +220,13 @@ def _print_grid(console: Console, suite, configs, store) -> None:
     if store is not None:
         runs = store.runs(run_ids)
         statuses = dict(zip(runs["run_id"], runs["status"], strict=False))
+        complete = {
+            run_id: config
+            for run_id, config in zip(run_ids, configs, strict=True)
+            if statuses.get(run_id) == "complete"
+        }
+        for run_id in stale_runs(complete, store):
+            statuses[run_id] = "complete, stale (plugin changed)"
     console.print(
         f"suite {suite.name} ({suite.path}): {len(configs)} runs, preset {suite.preset}",
         markup=False,
@@ -230,7 +243,7 @@ def _print_grid(console: Console, suite, configs, store) -> None:
     ]
     for line in fit_table(columns, rows, console.width):
         console.print(line, markup=False)
-    done = sum(status == "complete" for status in statuses.values())
+    done = sum(status.startswith("complete") for status in statuses.values())
     console.print(
         f"{len(configs)} runs: {done} complete in the store, {len(configs) - done} "
         "to run (dry run: nothing ran)"

@@ -1,5 +1,6 @@
 """Building a run's model once before it runs, so that bad model, encoding or DAPE options
-fail before any training (``config.check_evaluation``), and what the model can take."""
+fail before any training (``config.check_evaluation``), what the model can take and how many
+parameters it has (shown in the run header)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,20 @@ def max_input_tokens(
     """The longest input a model built with these arguments takes (None: no limit), from
     that model built once (cached: the seeds and learning rates of a grid share one
     build)."""
-    return _build_model_once(json.dumps([task, task_params, arch, arguments], sort_keys=True))
+    return _build_model_once(json.dumps([task, task_params, arch, arguments], sort_keys=True))[0]
+
+
+def parameter_count(
+    task: str, task_params: dict[str, Any], arch: str, arguments: dict[str, Any]
+) -> int:
+    """The parameters of one model built with these arguments (one member), from the same
+    cached build as ``max_input_tokens``."""
+    return _build_model_once(json.dumps([task, task_params, arch, arguments], sort_keys=True))[1]
 
 
 @functools.lru_cache(maxsize=1024)
-def _build_model_once(arguments_json: str) -> int | None:
+def _build_model_once(arguments_json: str) -> tuple[int | None, int]:
     task, task_params, arch, arguments = json.loads(arguments_json)
     with torch.random.fork_rng(devices=[]):  # leave the global torch RNG untouched
         model = build_architecture(arch, get_task(task, **task_params), **arguments)
-    return model.max_input_tokens()
+    return model.max_input_tokens(), sum(p.numel() for p in model.parameters()) // model.members

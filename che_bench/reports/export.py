@@ -11,9 +11,12 @@ import pandas as pd
 
 from che_bench.config import TRANSFORMER
 from che_bench.cpu import UNKNOWN
+from che_bench.model.option_text import options_text
+from che_bench.plugins import describe_plugins
 from che_bench.reports.labels import (
     run_architecture,
     run_encoding_label,
+    run_parameters,
     run_settings,
     short_value,
 )
@@ -46,6 +49,9 @@ _EXPORT_PER_LENGTH = [
 
 _EXPORT_RUNS = [
     *_EXPORT_KEYS,
+    "encoding_options",
+    "parameters",
+    "plugins",
     "score",
     "train_accuracy",
     "exact_score",
@@ -80,8 +86,11 @@ def export_frame(
     under it) or, with ``per_length``, per complete run, split and length. Scores and
     accuracies (fractions in [0, 1]), test lengths and ``eval_*`` come from ``evaluation``;
     ``train_s``, ``total_s``, ``cpu`` and ``cpu_capability`` ("unknown" where not
-    recorded) are the run's. ``pe`` is blank for an architecture other
-    than the transformer (it has no positional encoding). The exact-match columns are always there;
+    recorded) are the run's, and so are ``encoding_options`` (those not at their defaults,
+    ``key=value, ...``), ``parameters`` (one member's, blank where not recorded) and
+    ``plugins`` (each with its version and source hash, ``plugins.describe_plugins``). ``pe``
+    is blank for an architecture other than the transformer (it has no positional
+    encoding). The exact-match columns are always there;
     with ``metric="exact"``, ``score`` / ``train_accuracy`` / ``accuracy`` hold exact match
     too, and only runs that have it are exported (``with_metric``); with ``"scaled"``, scaled
     accuracy (``reports.scaled``)."""
@@ -103,6 +112,7 @@ def export_frame(
         curves = with_metric(curves, metric)
         labels = runs[["run_id", "architecture", "encoding", "pe"]]
         return curves.drop(columns=["pe"]).merge(labels, on="run_id")[_EXPORT_PER_LENGTH]
+    _add_model_columns(store, runs)
     run_timings = [_json_or_empty(text) for text in runs["timings"]]
     runs["train_s"] = [timing.get("train_s") for timing in run_timings]
     runs["total_s"] = [timing.get("total_s") for timing in run_timings]
@@ -115,6 +125,19 @@ def export_frame(
         for config, protocol in zip(runs["config"], runs["protocol"], strict=False)
     ]
     return runs[_EXPORT_RUNS]
+
+
+def _add_model_columns(store: ResultStore, runs: pd.DataFrame) -> None:
+    """``encoding_options``, ``parameters`` and ``plugins`` of ``export_frame``'s runs."""
+    runs["encoding_options"] = [
+        options_text(json.loads(config).get("pe_options") or {}) for config in runs["config"]
+    ]
+    details = store.run_details(runs["run_id"])
+    runs["parameters"] = pd.array(
+        [run_parameters(details[run_id]) for run_id in runs["run_id"]], dtype="Int64"
+    )
+    used = store.run_plugins(runs["run_id"])
+    runs["plugins"] = [describe_plugins(used[run_id]) for run_id in runs["run_id"]]
 
 
 _EXPORT_CURVES = [

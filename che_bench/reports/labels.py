@@ -64,6 +64,23 @@ def run_encoding_label(config: str | Mapping[str, Any]) -> str:
     return f"{label} (causal)" if fields.get("causal", False) else label
 
 
+def run_model_label(config: str | Mapping[str, Any]) -> str:
+    """``run_encoding_label`` plus the encoding options the run was given (those not at their
+    defaults), e.g. ``fox · gate_bias_init=-2``: how listings, the run header and the
+    report's "What ran" name a run's model."""
+    fields: Mapping[str, Any] = json.loads(config) if isinstance(config, str) else config
+    options = options_text(fields.get("pe_options") or {})
+    label = run_encoding_label(fields)
+    return f"{label} · {options}" if options else label
+
+
+def run_parameters(details: Mapping[str, Any]) -> int | None:
+    """A run's parameter count (one member) from its recorded details (``model.describe()``);
+    None where none was recorded (a run that never built its model)."""
+    model = details.get("model")
+    return model.get("parameters") if isinstance(model, dict) else None
+
+
 def run_architecture(config: Mapping[str, Any]) -> str:
     """A stored config's architecture (configs stored before architectures: the transformer)."""
     return str(config.get("arch", TRANSFORMER))

@@ -9,12 +9,13 @@ saying what could not be looked up (a task's level and chance).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pandas as pd
 
 from che_bench.config import TRANSFORMER
+from che_bench.errors import CheBenchError
 
 #: The level shown for a task whose class is not loaded (the store does not record it).
 UNKNOWN_LEVEL = "?"
@@ -94,4 +95,29 @@ def note(runs: pd.DataFrame) -> str | None:
     return (
         f"not registered here ({source} not loaded): {', '.join(names)}; shown as the "
         f"store recorded them{level}"
+    )
+
+
+def require_registered(
+    run_id: str, config: Mapping[str, Any], plugins: dict[str, Any] | None
+) -> None:
+    """A one-line CheBenchError when the task, encoding or model of run ``run_id`` (its
+    stored ``config``) is not registered here, naming the plugins the run recorded
+    (``plugins``: ``ResultStore.run_plugins``' entry, with their versions)."""
+    from che_bench.plugins import describe_plugins
+    from che_bench.registry import plugin_hint
+
+    arch = str(config.get("arch", TRANSFORMER))
+    unknown = [f"task {config['task']}"] if not task_known(config["task"]) else []
+    if arch == TRANSFORMER and not encoding_known(config["pe"]):
+        unknown.append(f"encoding {config['pe']}")
+    if not architecture_known(arch):
+        unknown.append(f"architecture {arch}")
+    if not unknown:
+        return
+    many = "s" if plugins and len(plugins) > 1 else ""
+    source = f"plugin{many} {describe_plugins(plugins)}" if plugins else "a plugin (none recorded)"
+    raise CheBenchError(
+        f"run {run_id} was made with {source}, which is not loaded here: {', '.join(unknown)} "
+        f"unknown ({plugin_hint()})"
     )

@@ -1,6 +1,7 @@
-"""The report's "What ran" section: statuses, architectures, presets, steps, devices, CPUs,
-software, a re-evaluation's protocol, and the failed runs with their errors. Every string
-taken from the store is HTML-escaped."""
+"""The report's "What ran" section: statuses, architectures, models with their options and
+parameter counts, presets, steps, devices, CPUs, software, plugins, a re-evaluation's
+protocol, and the failed runs with their errors. Every string taken from the store is
+HTML-escaped."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from typing import Any
 import pandas as pd
 
 from che_bench.cpu import UNKNOWN
-from che_bench.reports.labels import architecture_summary, run_encoding_label
+from che_bench.plugins import describe_plugins
+from che_bench.reports.labels import (
+    architecture_summary,
+    run_encoding_label,
+    run_model_label,
+    run_parameters,
+)
 from che_bench.reports.page import escaped
 from che_bench.store import ORIGINAL, ResultStore
 
@@ -56,12 +63,18 @@ def _items(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> list[tupl
             ),
         ),
         ("runs per architecture", architecture_summary(runs["config"])),
+        ("models (options, parameters)", models(finished, details)),
         ("presets", counts(runs["preset"])),
         ("training steps", counts(runs["steps"])),
         ("devices", counts(finished["device"].fillna("-"))),
         ("CPUs (model, torch kernels)", cpus(finished["versions"], portable)),
         ("software", versions(finished["versions"])),
     ]
+    used = [describe_plugins(run) for run in store.run_plugins(finished["run_id"]).values()]
+    if any(used):
+        items.append(
+            ("plugins (version, source hash)", counts(text or "no plugin" for text in used))
+        )
     if evaluation != ORIGINAL:
         evaluations = store.evaluations(runs["run_id"])
         evaluations = evaluations[evaluations["evaluation"] == evaluation]
@@ -83,6 +96,17 @@ def _items(store: ResultStore, runs: pd.DataFrame, evaluation: str) -> list[tupl
             )
         )
     return items
+
+
+def models(runs: pd.DataFrame, details: dict[str, dict[str, Any]]) -> str:
+    """Each model the finished ``runs`` trained, named with its options, and its parameter
+    count (one member): ``"fox · gate_bias_init=-2: 412,930 parameters (3)"``."""
+    labels = []
+    for run_id, config in zip(runs["run_id"], runs["config"], strict=True):
+        count = run_parameters(details.get(run_id, {}))
+        size = "parameters not recorded" if count is None else f"{count:,} parameters"
+        labels.append(f"{run_model_label(config)}: {size}")
+    return counts(labels)
 
 
 def counts(values: Iterable[Any]) -> str:

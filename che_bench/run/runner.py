@@ -57,19 +57,7 @@ def software_versions(
     CPU it ran on (``cpu``, ``cpu_capability``: ``che_bench.cpu.cpu_facts``); and, given the
     ``device`` it ran on, how its DAPE filter and the kernels its model may compile run
     there (``architectures.native_kernels``; a kernel is compiled for a CPU only)."""
-    from che_bench.encodings.base import ENCODINGS
-    from che_bench.model.architectures import ARCHITECTURES
-    from che_bench.tasks import TASKS
-
-    used = (
-        {}
-        if config is None
-        else plugins.versions_of(
-            TASKS.origin(config.task),
-            ENCODINGS.origin(config.pe),
-            ARCHITECTURES.origin(config.arch),
-        )
-    )
+    used = {} if config is None else plugins.versions_of(*plugin_origins(config))
     return {
         "che_bench": che_bench.__version__,
         "torch": torch.__version__,
@@ -84,6 +72,19 @@ def software_versions(
         ),
         **used,
     }
+
+
+def plugin_origins(config: RunConfig) -> tuple[str | None, str | None, str | None]:
+    """The plugins that registered ``config``'s task, encoding and model (None: che-bench)."""
+    from che_bench.encodings.base import ENCODINGS
+    from che_bench.model.architectures import ARCHITECTURES
+    from che_bench.tasks import TASKS
+
+    return (
+        TASKS.origin(config.task),
+        ENCODINGS.origin(config.pe),
+        ARCHITECTURES.origin(config.arch),
+    )
 
 
 def checkpoint_path(checkpoint_dir: str | Path, run_id: str) -> Path:
@@ -152,6 +153,7 @@ def execute_pack(
             config=config,
             status="failed",
             versions=software_versions(config, torch_device),
+            plugins=plugins.provenance_of(*plugin_origins(config)),
             device=describe_device(torch_device),
             details=numerics_details(
                 torch_device, options.tf32, options.deterministic, options.portable_cpu

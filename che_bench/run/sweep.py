@@ -22,12 +22,14 @@ from typing import Protocol
 
 from rich.console import Console
 
+from che_bench import plugins
 from che_bench.config import RunConfig, group_into_packs
 from che_bench.outcomes import RunResult
 from che_bench.run.local_backend import LocalBackend as LocalBackend  # the sweep's backends
 from che_bench.run.options import RuntimeOptions
 from che_bench.run.packing import AUTO, CPU_AUTO_WIDTH
-from che_bench.run.runner import execute_runs, software_versions
+from che_bench.run.runner import execute_runs, plugin_origins, software_versions
+from che_bench.run.stale import stale_notice, stale_runs
 from che_bench.run.sweep_views import GridView, SweepView
 
 
@@ -67,6 +69,9 @@ class SweepOutcome:
     complete_before: set[str] = field(default_factory=set)
     results: list[RunResult] = field(default_factory=list)
     not_started: int = 0
+    #: Run id -> how its plugins changed, of the grid's complete runs whose plugin changed
+    #: since (``che_bench.run.stale``): kept, or rerun with ``rerun_stale``.
+    stale: dict[str, str] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -91,6 +96,7 @@ def failed_result(config: RunConfig, error: BaseException | str) -> RunResult:
         status="failed",
         error=message.splitlines()[0] if message else "failed",
         versions=software_versions(config),
+        plugins=plugins.provenance_of(*plugin_origins(config)),
     )
 
 
@@ -104,6 +110,7 @@ def run_sweep(
     console: Console | None = None,
     live: bool = True,
     view: SweepView | None = None,
+    rerun_stale: bool = False,
 ) -> SweepOutcome:
     """Execute every config not yet complete in ``store``; record results as they finish.
     The one execution path of ``che-bench sweep`` and ``che-bench run`` (the latter on an
@@ -116,10 +123,13 @@ def run_sweep(
     all (default ``GridView``: each finished run logged as one line on ``console``; with
     ``live`` and a terminal, a progress bar of done / running / failed / left and an ETA).
     Ctrl-C stops the runs in flight (they checkpoint), leaves them unrecorded and re-raises
-    KeyboardInterrupt. The backend is closed on return.
+    KeyboardInterrupt. The backend is closed on return. A complete run whose plugin changed
+    since (``che_bench.run.stale``) is named to ``view`` in one line and kept, or, with
+    ``rerun_stale``, run again (its stored result replaced when the new one is recorded).
     """
     view = view or GridView(console or Console(), live)
-    outcome, todo = _split_grid(configs, store, max_runs)
+    outcome, todo = _split_grid(configs, store, max_runs, rerun_stale)
+    view.stale([stale_notice(run_id, text, rerun_stale) for run_id, text in outcome.stale.items()])
     view.start([run_id for run_id in outcome.run_ids if run_id in outcome.complete_before], todo)
     if not todo:
         return outcome
@@ -136,18 +146,24 @@ def run_sweep(
 
 
 def _split_grid(
-    configs: Sequence[RunConfig], store, max_runs: int | None
+    configs: Sequence[RunConfig], store, max_runs: int | None, rerun_stale: bool
 ) -> tuple[SweepOutcome, list[RunConfig]]:
-    """The outcome so far (runs complete in the store already) and the runs to do now."""
-    completed = store.completed_run_ids()
+    """The outcome so far (runs complete in the store already, their stale ones among them
+    unless ``rerun_stale``) and the runs to do now."""
     run_ids = [config.run_id() for config in configs]
+    completed = store.completed_run_ids() & set(run_ids)
+    by_id = dict(zip(run_ids, configs, strict=True))
+    stale = stale_runs({run_id: by_id[run_id] for run_id in completed}, store)
+    if rerun_stale:
+        completed -= set(stale)
     todo = [
         config for config, run_id in zip(configs, run_ids, strict=False) if run_id not in completed
     ]
     outcome = SweepOutcome(
         run_ids=run_ids,
         already_complete=len(configs) - len(todo),
-        complete_before=completed & set(run_ids),
+        complete_before=completed,
+        stale=stale,
     )
     if max_runs is not None:
         outcome.not_started = max(0, len(todo) - max_runs)

@@ -29,6 +29,10 @@ class SweepView(Protocol):
         """The grid split, before anything runs: the run ids complete in the store already
         (in grid order) and the runs to do now (maybe none)."""
 
+    def stale(self, notices: Sequence[str]) -> None:
+        """One line for each complete run whose plugin changed since (maybe none), before
+        ``start``."""
+
     def __enter__(self) -> SweepView: ...
 
     def __exit__(self, *exc_info) -> None: ...
@@ -41,9 +45,9 @@ class SweepView(Protocol):
 
 
 def describe_run(config: RunConfig) -> str:
-    """One-line label of a grid point: task(non-default params) pe kernel (or the
-    architecture with its non-default options, ``mamba(neg_eigen=true)``, for one other
-    than the transformer) lr seed."""
+    """One-line label of a grid point: task(non-default params) pe(its options) kernel,
+    ``alibi(alibi_mode=two_slopes) k3`` (or the architecture with its non-default options,
+    ``mamba(neg_eigen=true)``, for one other than the transformer) lr seed."""
     from che_bench.model.option_text import changed_options, options_text
 
     defaults = _default_task_params(config.task)
@@ -54,9 +58,12 @@ def describe_run(config: RunConfig) -> str:
     )
     task = f"{config.task}({params})" if params else config.task
     kernel = "-" if config.kernel is None else f"k{config.kernel}"
-    options = options_text(changed_options(config.arch, config.arch_options), ",")
-    model = f"{config.pe} {kernel}" if config.is_transformer else config.arch
-    model += f"({options})" if options else ""
+    if config.is_transformer:
+        options = options_text(config.pe_options, ",")
+        model = f"{config.pe}({options}) {kernel}" if options else f"{config.pe} {kernel}"
+    else:
+        options = options_text(changed_options(config.arch, config.arch_options), ",")
+        model = f"{config.arch}({options})" if options else config.arch
     return f"{task} {model} lr={config.lr:g} seed={config.seed}"
 
 
@@ -87,6 +94,10 @@ class GridView:
             disable=not (live and console.is_terminal),
         )
         self.task: TaskID | None = None
+
+    def stale(self, notices: Sequence[str]) -> None:
+        for notice in notices:
+            self.console.print(notice, highlight=False, markup=False)
 
     def start(self, already_complete: Sequence[str], todo: Sequence[RunConfig]) -> None:
         self.total = len(todo)

@@ -57,6 +57,21 @@ class StoreReads:
             rows = connection.execute(f"SELECT r.run_id, r.details FROM runs r {where}", params)
             return {run_id: json.loads(text or "{}") for run_id, text in rows}
 
+    def run_plugins(self, run_ids: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+        """The plugins each run recorded using (``che_bench.plugins.provenance_of``: {} for
+        che-bench's own). A run stored before schema 4 has the plugin versions its versions
+        name (``"plugin LABEL": version``, "(module)" for none) without source hashes, or
+        None (not recorded) where they name none."""
+        where, params = run_filter("r", run_ids)
+        with self._connect() as connection:
+            rows = connection.execute(
+                f"SELECT r.run_id, r.plugins, r.versions FROM runs r {where}", params
+            ).fetchall()
+        return {
+            run_id: json.loads(used) if used is not None else _plugins_in_versions(versions)
+            for run_id, used, versions in rows
+        }
+
     def runs(
         self, run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL
     ) -> pd.DataFrame:
@@ -166,6 +181,19 @@ class StoreReads:
                 "(see `che-bench evaluations`)"
             )
         return "JOIN evaluations e ON e.run_id = r.run_id AND e.evaluation_id = ?", (evaluation,)
+
+
+def _plugins_in_versions(versions: str | None) -> dict[str, Any] | None:
+    """The plugins a run's versions (JSON) name, as ``run_plugins`` gives them; None: none."""
+    used = {
+        key.removeprefix("plugin "): {
+            "version": None if version == "(module)" else version,
+            "source": None,
+        }
+        for key, version in json.loads(versions or "{}").items()
+        if key.startswith("plugin ")
+    }
+    return used or None
 
 
 def run_filter(alias: str, run_ids: Iterable[str] | None) -> tuple[str, tuple]:

@@ -13,7 +13,8 @@ Table ``accuracies`` holds the per-length curve of each evaluation (split ``test
 
 A file is recognised by SQLite's ``application_id`` header field plus a ``meta`` table; anything
 else is refused and never modified. A store of an older schema version (1: one curve per run;
-2: no exact match, no training history) is upgraded in place, in one transaction, when it is
+2: no exact match, no training history; 3: no ``runs.plugins``, the plugins a run used with
+their versions and source hashes) is upgraded in place, in one transaction, when it is
 opened for writing; opened ``read_only``, it is read as it is and nothing of it is written
 (``che_bench.store.access``). Every write is one transaction, and a busy timeout lets several
 processes write.

@@ -1,6 +1,6 @@
 """The result store's schema: its tables, its version and the migrations of older versions
-(1: one curve per run; 2: no exact match, no training history), each run inside the caller's
-transaction."""
+(1: one curve per run; 2: no exact match, no training history; 3: no plugin provenance), each
+run inside the caller's transaction."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from che_bench.config import EVALUATION_FIELDS, protocol_id
 from che_bench.errors import CheBenchError
 
 APPLICATION_ID = 0x43484542  # "CHEB"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 RUNS_SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -85,7 +85,12 @@ CREATE TABLE history (
     PRIMARY KEY (run_id, step)
 );
 """
-SCHEMA = RUNS_SCHEMA + EVALUATIONS_SCHEMA + EXACT_AND_HISTORY_SCHEMA
+#: What version 4 added to version 3: the plugins a run used, each with its version and source
+#: hash (``che_bench.plugins.provenance_of``, JSON; NULL: not recorded).
+PLUGINS_SCHEMA = """
+ALTER TABLE runs ADD COLUMN plugins TEXT;
+"""
+SCHEMA = RUNS_SCHEMA + EVALUATIONS_SCHEMA + EXACT_AND_HISTORY_SCHEMA + PLUGINS_SCHEMA
 
 #: Columns of ``runs()`` taken from the ``runs`` table; the evaluation shown adds ``score``,
 #: ``train_accuracy`` and ``EVALUATION_COLUMNS``.
@@ -107,6 +112,7 @@ RUN_COLUMNS = (
     "config",
     "versions",
     "timings",
+    "plugins",
 )
 #: Columns of ``runs()`` that describe the evaluation shown: its id, protocol (JSON), and the
 #: device and timings of that evaluation (a re-evaluation may run elsewhere than training).
@@ -179,8 +185,14 @@ def _migrate_2_to_3(connection: sqlite3.Connection) -> None:
     execute_script(connection, EXACT_AND_HISTORY_SCHEMA)
 
 
+def _migrate_3_to_4(connection: sqlite3.Connection) -> None:
+    """Schema version 3 -> 4 inside the caller's transaction: no run has recorded plugins yet
+    (NULL; ``StoreReads.run_plugins`` reads the plugin versions their versions name)."""
+    execute_script(connection, PLUGINS_SCHEMA)
+
+
 #: The migration from each older schema version to the next one.
-MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
+MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4}
 
 
 def migrate(connection: sqlite3.Connection, from_version: int) -> None:

@@ -43,6 +43,18 @@ def delete_evaluation(connection: sqlite3.Connection, run_id: str, evaluation_id
     )
 
 
+def delete_evaluations(connection: sqlite3.Connection, run_id: str) -> None:
+    """Every evaluation of ``run_id`` (original and re-evaluations) with its curves."""
+    connection.execute("DELETE FROM accuracies WHERE run_id = ?", (run_id,))
+    connection.execute("DELETE FROM evaluations WHERE run_id = ?", (run_id,))
+
+
+def replaces_other_code(stored: tuple | None, result: RunResult) -> bool:
+    """Whether ``result`` replaces a complete run (``stored``: its ``plugins`` column, None
+    when there is no complete run) that recorded other plugins than ``result`` did."""
+    return stored is not None and stored[0] is not None and json.loads(stored[0]) != result.plugins
+
+
 def check_scores(scores: Scores, protocol: dict[str, Any]) -> None:
     """Every accuracy in [0, 1], every curve over exactly the protocol's lengths."""
     checked = [("score", scores.score), ("train_accuracy", scores.train_accuracy)]
@@ -128,6 +140,33 @@ def finite_or_none(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def run_row(result: RunResult) -> tuple:
+    """The ``runs`` row of a finished run, in ``record``'s column order."""
+    config = result.config
+    return (
+        result.run_id,
+        config.task,
+        config.pe,
+        config.kernel,
+        config.seed,
+        config.lr,
+        config.steps,
+        config.preset,
+        result.status,
+        result.score,
+        result.train_accuracy,
+        json.dumps(config.to_dict()),
+        json.dumps(result.versions),
+        result.device,
+        json.dumps(result.timings),
+        json.dumps(result.details, default=str),
+        result.error,
+        json.dumps(result.plugins),
+        now(),
+        now(),
+    )
+
+
 class StoreWrites:
     """The writing methods of ``ResultStore`` (which provides ``_transaction`` and ``path``)."""
 
@@ -163,47 +202,36 @@ class StoreWrites:
             )
 
     def record(self, result: RunResult) -> None:
-        """Write a finished run (row, original evaluation and its curves, training history)
-        in one transaction. The run's re-evaluations are kept."""
+        """Write a finished run (row with its plugins' provenance, original evaluation and its
+        curves, training history) in one transaction. The run's re-evaluations are kept,
+        unless it replaces a complete run made with other plugin code (``--rerun-stale``):
+        they evaluated the model it replaces."""
         config = result.config
-        row = (
-            result.run_id,
-            config.task,
-            config.pe,
-            config.kernel,
-            config.seed,
-            config.lr,
-            config.steps,
-            config.preset,
-            result.status,
-            result.score,
-            result.train_accuracy,
-            json.dumps(config.to_dict()),
-            json.dumps(result.versions),
-            result.device,
-            json.dumps(result.timings),
-            json.dumps(result.details, default=str),
-            result.error,
-            now(),
-            now(),
-        )
         protocol = config.evaluation_protocol()
         evaluation_id = protocol_id(protocol)
         with self._transaction() as connection:
+            stored = connection.execute(
+                "SELECT plugins FROM runs WHERE run_id = ? AND status = 'complete'",
+                (result.run_id,),
+            ).fetchone()
             connection.execute(
                 """INSERT INTO runs (run_id, task, pe, kernel, seed, lr, steps, preset, status,
                                      score, train_accuracy, config, versions, device, timings,
-                                     details, error, created_at, finished_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                     details, error, plugins, created_at, finished_at)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT (run_id) DO UPDATE SET
                        status = excluded.status, score = excluded.score,
                        train_accuracy = excluded.train_accuracy, config = excluded.config,
                        versions = excluded.versions, device = excluded.device,
                        timings = excluded.timings, details = excluded.details,
-                       error = excluded.error, finished_at = excluded.finished_at""",
-                row,
+                       error = excluded.error, plugins = excluded.plugins,
+                       finished_at = excluded.finished_at""",
+                run_row(result),
             )
-            delete_evaluation(connection, result.run_id, evaluation_id)
+            if replaces_other_code(stored, result):
+                delete_evaluations(connection, result.run_id)
+            else:
+                delete_evaluation(connection, result.run_id, evaluation_id)
             if result.status == "complete" or result.per_length or result.train_per_length:
                 insert_evaluation(
                     connection,
