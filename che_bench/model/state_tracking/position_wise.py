@@ -13,8 +13,14 @@ once at the read-out positions with gradients, where each layer's input gradient
 product over those rows alone and its weight gradient the very product of the stage at every
 position (its output gradients laid into zeros at the other positions). Both rely on a row's
 product, norm and element-wise results not depending on how many rows there are, which
-torch's CPU kernels and MKL gave at DeltaNet's shapes (tests/test_deltanet.py checks the
-model's logits and gradients bit for bit where a probe finds it so).
+torch's CPU kernels and MKL gave at DeltaNet's shapes on the AMD EPYC. On the Intel Xeon
+(family 6 model 207, MKL 2024.2, one thread) ``bmm`` with the transposed weight that
+``member_linear`` passes rounds a row otherwise among 1 to 5 rows (fan-in 128) or 1 to 15
+(fan-in 512) than among 10 or 41 times as many (alike at 16 to 32 rows, at 64 and at 256),
+so with fewer read-out rows a member (parity's one position, batches under 16) the logits
+and gradients there are the every-position ones within float32 rounding only.
+tests/test_deltanet.py checks the model's logits and gradients bit for bit where a probe of
+those very operations finds them alike.
 
 A stage is written against ``PositionWise``: ``ops.linear(layer, x)``, ``ops.norm(layer, x)``
 and, for the map whose output is the stage's last term, ``ops.last_linear(layer, x)`` in place
