@@ -123,10 +123,11 @@ class DeltaMixer(nn.Module):
         return self.output(*self.recurrence(x), EVERY_POSITION)
 
     def recurrence(
-        self, x: torch.Tensor, rule: Callable[..., torch.Tensor] = delta_product
+        self, x: torch.Tensor, rule: Callable[..., torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The delta product's outputs ``[M, B, T, H, d]`` and the output gate's input (steps
-        1-3 and the rule of step 4, ``rule``: the fast kernels, or the plain recurrence)."""
+        1-3 and the rule of step 4, ``rule``: the plain recurrence, or by default the fast
+        kernels, ``delta_product``, looked up at each call)."""
         members, batch, steps, _ = x.shape
         heads, d = self.heads, self.head_dim
         qkv, beta, gate_in, out_gate = self.project(x).split(
@@ -142,6 +143,7 @@ class DeltaMixer(nn.Module):
         if self.forget_gate:
             rate = F.softplus(gate_in + per_member(self.dt_bias, 4))
             log_decay = (-per_member(self.a_log, 4).exp() * rate).transpose(2, 3)
+        rule = delta_product if rule is None else rule
         return rule(q, k, v, beta, log_decay).transpose(2, 3), out_gate
 
     def output(self, o: torch.Tensor, out_gate: torch.Tensor, ops: PositionWise) -> torch.Tensor:
