@@ -174,6 +174,26 @@ def test_plot_writes_a_png(store, tmp_path):
         plot_accuracy(store, tmp_path / "x.png", tasks=["bucket_sort"])
 
 
+def test_a_line_hidden_under_another_says_so_in_the_legend(tmp_path):
+    """Issue 44, item 8: two configurations with the same curve draw one visible line."""
+    from matplotlib.figure import Figure
+
+    from che_bench.reports.plots import _draw_panel, plot_data
+
+    store = ResultStore(tmp_path / "s.sqlite")
+    store.record(synthetic_result("even_pairs", "kerple", score=1.0))
+    store.record(synthetic_result("even_pairs", "alibi", score=1.0))
+    store.record(synthetic_result("even_pairs", "rope", score=0.5))
+    runs, curves = plot_data(store)
+    ax = Figure().subplots()
+    _draw_panel(ax, runs, curves, "even_pairs")
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    # (whichever of the two is drawn first lies under the other)
+    assert {"Kerple (n=1; under ALiBi)", "ALiBi (n=1)"} <= set(labels) \
+        or {"ALiBi (n=1; under Kerple)", "Kerple (n=1)"} <= set(labels)
+    assert "RoPE (n=1)" in labels
+
+
 def test_paper_difference_only_where_the_published_protocol_was_followed(tmp_path):
     store = ResultStore(tmp_path / "s.sqlite")
     store.record(synthetic_result("missing_duplicate", "kerple", 3, score=0.90, preset="paper"))
