@@ -13,6 +13,7 @@ from che_bench.commands.common import (
     add_no_progress_argument,
     add_runtime_arguments,
     add_store_argument,
+    run_directories,
     runtime_options_from_args,
 )
 from che_bench.errors import CheBenchError
@@ -122,15 +123,11 @@ def _run_grid(
     """The suite's runs through ``run_sweep`` (the one execution path), then its table."""
     from che_bench.config import unpackable
     from che_bench.reports.tables import format_table
-    from che_bench.run.kept_models import models_dir_for
-    from che_bench.run.sweep import checkpoint_dir_for, run_sweep
+    from che_bench.run.sweep import run_sweep
     from che_bench.store import ResultStore
 
     store = ResultStore(args.store)
-    options = options.with_changes(
-        checkpoint_dir=checkpoint_dir_for(store),
-        models_dir=None if args.no_keep_model else models_dir_for(store.path),
-    )
+    options = options.with_changes(**run_directories(store, keep_models=not args.no_keep_model))
     if args.backend == "local":
         make_backend = partial(_local_backend, args, options)
     else:
