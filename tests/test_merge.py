@@ -7,6 +7,9 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 from contextlib import closing
+from pathlib import Path
+
+import pytest
 
 from test_store import reevaluation, store_files, synthetic_result, v1_results, v1_store
 
@@ -106,3 +109,41 @@ def test_merge_reads_older_stores_as_they_are_and_refuses_bad_arguments(tmp_path
         assert main(["merge", *arguments]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
+
+
+def test_shards_deal_out_whole_cells_and_cover_the_grid_once(tmp_path, capsys):
+    """``sweep --shard K/N``: the parts of a SLURM array's grid, merged afterwards."""
+    from che_bench.run.shards import shard
+    from che_bench.run.suites import load_suite
+
+    suite = tmp_path / "grid.toml"
+    suite.write_text('preset = "smoke"\ntasks = ["even_pairs", "parity_check"]\n'
+                     'encodings = ["none", "alibi", "kerple"]\nseeds = [0, 1]\n'
+                     'learning_rates = [1e-3, 3e-3]\n[overrides]\nlength_seed = 0\n')
+    configs = load_suite(str(suite)).configs()
+    parts = [shard(configs, index, 4) for index in range(4)]
+    assert sorted(c.run_id() for part in parts for c in part) == sorted(c.run_id() for c in configs)
+    cells = [{config.pack_key() for config in part} for part in parts]
+    assert [len(part) for part in parts] == [8, 8, 4, 4] and [len(c) for c in cells] == [2, 2, 1, 1]
+    assert not set.intersection(*cells[:2])  # a cell's runs (2 seeds x 2 lrs) in one part
+    capsys.readouterr()
+    assert main(["sweep", str(suite), "--shard", "3/4", "--dry-run",
+                 "--store", str(tmp_path / "s.sqlite")]) == 0
+    assert capsys.readouterr().out.startswith(f"suite grid ({suite}): 4 runs")
+    for bad in ("4/4", "1", "a/b", "2/1"):
+        assert main(["sweep", str(suite), "--shard", bad, "--dry-run"]) == 2
+        assert "--shard takes K/N" in capsys.readouterr().err
+
+
+def test_the_cluster_launch_files_parse_and_keep_run_files_off_the_upload():
+    """Every Ray cluster file (one per provider) is YAML the launcher reads, and none ships a
+    local store's models or checkpoints to the cluster."""
+    yaml = pytest.importorskip("yaml")
+    runners = Path(__file__).resolve().parent.parent / "runners"
+    providers = {}
+    for path in sorted(runners.glob("ray-cluster*.yaml")):
+        config = yaml.safe_load(path.read_text())
+        providers[path.name] = config["provider"]["type"]
+        assert {"results/*.checkpoints", "results/*.models"} <= set(config["rsync_exclude"])
+        assert "che-bench sweep" in path.read_text() and "docs/sweeps.md" in path.read_text()
+    assert sorted(providers.values()) == ["aws", "azure", "gcp", "local"]

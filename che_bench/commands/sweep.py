@@ -69,6 +69,13 @@ def register(subparsers) -> None:
         metavar="N",
         help="start at most N of the runs still to do",
     )
+    parser.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="run part K of N (from 0) of the grid, whole table cells dealt out in turn: one "
+        "job of a SLURM array or of several clusters, each with its own --store, merged "
+        "afterwards with `che-bench merge`",
+    )
     _add_ray_arguments(parser)
     add_no_progress_argument(parser)
     parser.set_defaults(handler=run_sweep_command)
@@ -102,15 +109,19 @@ def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_sweep_command(args: argparse.Namespace) -> int:
     from che_bench.run.packing import parse_pack_width
+    from che_bench.run.shards import parse_shard, shard
     from che_bench.run.suites import load_suite
 
     _check_backend_flags(args)
     pack = parse_pack_width(args.pack)
+    part = None if args.shard is None else parse_shard(args.shard)
     from che_bench.reports.text_tables import output_width
 
     console = Console(highlight=False, width=output_width())
     suite = load_suite(args.suite)
     configs = suite.configs()  # validates the whole grid before anything runs
+    if part is not None:
+        configs = shard(configs, *part)
     if args.dry_run:
         _print_grid(console, suite, configs, _store_if_any(args.store))
         return 0
