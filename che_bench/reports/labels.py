@@ -160,7 +160,8 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     ``encoding`` (paper-style label), ``column`` and ``paper_differences`` to a
     ``ResultStore.runs()`` frame. ``column`` is the encoding label (after ``Transformer · ``
     when other architectures are in the frame) plus, when runs of that encoding differ in
-    other settings (preset, steps, options...), those settings, so that different protocols
+    other settings (preset, steps, options...), those settings (``_telling_settings``: where
+    the presets differ, the preset and what differs from it), so that different protocols
     never share a cell. ``paper_differences`` is
     ``paper_protocol_differences`` of each run."""
     frame = frame.copy()
