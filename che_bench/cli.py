@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "che_bench.commands.run",
     "che_bench.commands.reports",
     "che_bench.commands.listings",
+    "che_bench.commands.merge",
     "che_bench.commands.sweep",
     "che_bench.commands.evaluate",
     "che_bench.commands.attention",

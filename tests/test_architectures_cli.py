@@ -13,7 +13,7 @@ from che_bench.config import make_config
 from che_bench.errors import CheBenchError
 from che_bench.model.architectures import build_architecture, build_members
 from che_bench.model.packs import member_state_dict
-from che_bench.run.kept_models import load_model, models_dir_for
+from che_bench.run.kept_models import load_model
 from che_bench.run.suites import parse_suite
 from che_bench.store import ResultStore
 from che_bench.tasks import get_task
@@ -114,7 +114,7 @@ def test_a_baseline_reevaluates_from_its_kept_model(tmp_path, capsys):
     store = tmp_path / "s.sqlite"
     assert run_cli(store, "--arch", "lstm") == 0
     run_id = ResultStore(store).runs()["run_id"][0]
-    config, model = load_model(models_dir_for(store), run_id)
+    config, model = load_model(store, run_id)
     assert config.arch == "lstm" and model.architecture == "lstm"
     assert main(["evaluate", run_id, "--test-lengths", "41,80", "--store", str(store),
                  "--no-progress", "--device", "cpu"]) == 0

@@ -79,7 +79,7 @@ def test_runs_lists_a_started_runs_checkpoint_or_its_absence(tmp_path, monkeypat
     store = tmp_path / "store.sqlite"
     stop_at(3, monkeypatch)
     assert main(["run", *TINY, "--steps", "8", "--store", str(store)]) == 130
-    (checkpoint,) = (tmp_path / "checkpoints").iterdir()
+    (checkpoint,) = (tmp_path / "store.checkpoints").iterdir()
     for damage, status in ((b"not a checkpoint", "checkpoint unreadable"), (None, "incomplete")):
         if damage is None:
             checkpoint.unlink()
@@ -88,3 +88,35 @@ def test_runs_lists_a_started_runs_checkpoint_or_its_absence(tmp_path, monkeypat
         capsys.readouterr()
         assert main(["runs", "--store", str(store)]) == 0
         assert f"started ({status})" in " ".join(capsys.readouterr().out.split())
+
+
+def test_two_stores_in_one_folder_keep_their_checkpoints_apart_and_old_ones_resume(
+        tmp_path, monkeypatch, capsys):
+    """Issue 44, item 8: ``NAME.checkpoints/`` per store; a checkpoint in the ``checkpoints/``
+    that older stores shared is still listed, evaluated, and resumed (moved into the store's
+    own folder first)."""
+    first, second = tmp_path / "first.sqlite", tmp_path / "second.sqlite"
+    stop_at(3, monkeypatch)
+    assert main(["run", *TINY, "--steps", "8", "--store", str(first)]) == 130
+    monkeypatch.undo()
+    stop_at(5, monkeypatch)
+    assert main(["run", *TINY, "--steps", "8", "--store", str(second)]) == 130
+    (checkpoint,) = (tmp_path / "first.checkpoints").iterdir()
+    assert [path.name for path in (tmp_path / "second.checkpoints").iterdir()] == [checkpoint.name]
+    assert not (tmp_path / "checkpoints").exists()
+    capsys.readouterr()
+    for store, step in ((first, 3), (second, 5)):  # each its own, at its own step
+        assert main(["runs", "--store", str(store)]) == 0
+        assert f"started (checkpoint at step {step})" in capsys.readouterr().out
+
+    # the layout of an older che-bench: the folder's stores shared checkpoints/
+    (tmp_path / "checkpoints").mkdir()
+    checkpoint.rename(tmp_path / "checkpoints" / checkpoint.name)
+    assert main(["runs", "--store", str(first)]) == 0
+    assert "started (checkpoint at step 3)" in capsys.readouterr().out
+    assert main(["evaluate", checkpoint.stem, "--checkpoint", "--store", str(first)]) == 0
+    assert "at step 3 of 8" in capsys.readouterr().out
+    monkeypatch.undo()
+    assert main(["run", *TINY, "--steps", "8", "--store", str(first)]) == 0
+    assert "resuming from step 3/8" in capsys.readouterr().err
+    assert not list((tmp_path / "checkpoints").iterdir())  # adopted, then done with

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from che_bench.cli import main
-from che_bench.run.kept_models import load_model, models_dir_for
+from che_bench.run.kept_models import load_model
 from che_bench.store import ResultStore
 
 TINY = ["--preset", "smoke", "--steps", "6", "--test-lengths", "41,60", "--eval-samples", "8",
@@ -29,11 +29,11 @@ def trained(tmp_path_factory):
 def test_a_complete_run_keeps_its_weights_and_they_rebuild_the_model(trained, tmp_path):
     store, run_ids = trained
     for run_id in run_ids:
-        config, model = load_model(models_dir_for(store), run_id)
+        config, model = load_model(store, run_id)
         assert config.run_id() == run_id and not model.training
     other = tmp_path / "other.sqlite"
     assert main(["run", "--task", "even_pairs", *TINY, "--store", str(other), "--no-keep-model"]) == 0
-    assert not (tmp_path / "models").exists()
+    assert not (tmp_path / "other.models").exists()
 
 
 def test_evaluate_under_the_original_protocol_reproduces_the_stored_curve(trained, capsys):
@@ -93,8 +93,8 @@ def test_damaged_model_and_unknown_run_are_one_line_errors(trained, tmp_path, ca
     store, run_ids = trained
     copy = tmp_path / "store.sqlite"
     copy.write_bytes(store.read_bytes())
-    (tmp_path / "models").mkdir()
-    (tmp_path / "models" / f"{run_ids[0]}.pt").write_bytes(b"not a model")
+    (tmp_path / "store.models").mkdir()
+    (tmp_path / "store.models" / f"{run_ids[0]}.pt").write_bytes(b"not a model")
     before = copy.read_bytes()
     assert main(["evaluate", run_ids[0], "--store", str(copy)]) == 2
     assert main(["evaluate", run_ids[1], "--store", str(copy)]) == 2  # no model file at all
@@ -123,9 +123,38 @@ def test_attention_maps_are_the_evaluated_forward_pass(trained):
     from che_bench.eval.attention_maps import attention_maps
 
     store, run_ids = trained
-    config, model = load_model(models_dir_for(store), run_ids[1])  # with DAPE
+    config, model = load_model(store, run_ids[1])  # with DAPE
     maps = attention_maps(model, config, "k3", length=50, sample=1, layer=0)
     assert maps.logits is not None and maps.scores.shape == (2, 51, 51)
     torch.testing.assert_close(torch.from_numpy(maps.probabilities).sum(-1), torch.ones(2, 51))
     torch.testing.assert_close(torch.from_numpy(maps.probabilities),
                                torch.softmax(torch.from_numpy(maps.logits), -1))
+
+
+def test_two_stores_in_one_folder_keep_their_models_apart_and_old_ones_are_found(
+        trained, tmp_path, capsys):
+    """Issue 44, item 8: ``NAME.models/`` per store, so the same run in two stores of one
+    folder keeps both models; a store whose models are in the ``models/`` that older stores
+    shared still finds them."""
+    store, run_ids = trained
+    other = store.parent / "other.sqlite"
+    assert main(["run", "--task", "missing_duplicate", "--pe", "kerple", *TINY, "--steps", "7",
+                 "--store", str(other)]) == 0
+    assert sorted(path.name for path in (store.parent / "store.models").iterdir()) \
+        == sorted(f"{run_id}.pt" for run_id in run_ids)
+    assert len(list((store.parent / "other.models").iterdir())) == 1
+    assert not (store.parent / "models").exists()
+
+    old = tmp_path / "old.sqlite"
+    old.write_bytes(store.read_bytes())
+    (tmp_path / "models").mkdir()
+    for run_id in run_ids:
+        (tmp_path / "models" / f"{run_id}.pt").write_bytes(
+            (store.parent / "store.models" / f"{run_id}.pt").read_bytes())
+    config, model = load_model(old, run_ids[1])
+    assert config.run_id() == run_ids[1]
+    capsys.readouterr()
+    assert main(["runs", "--store", str(old)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for run_id in run_ids:  # (its row in whichever column group holds "kept model")
+        assert any(line.startswith(run_id) and " kept" in line for line in lines)

@@ -20,7 +20,7 @@ from che_bench.model.recurrent.ndstack_rnn import (
     advance,
     initial_state,
 )
-from che_bench.run.kept_models import load_model, models_dir_for
+from che_bench.run.kept_models import load_model
 from che_bench.run.runner import execute_runs
 from che_bench.store import ResultStore
 from che_bench.tasks import get_task
@@ -282,7 +282,7 @@ def test_the_cli_runs_keeps_reevaluates_and_tabulates_it(tmp_path, capsys):
         == 0
     )
     run_id = ResultStore(store).runs()["run_id"][0]
-    config, kept = load_model(models_dir_for(store), run_id)
+    config, kept = load_model(store, run_id)
     assert config.arch == "ndstack_rnn" and kept.memory.size == 5
     assert (
         main(

@@ -193,8 +193,8 @@ def test_run_with_seeds_and_lrs_stores_ordinary_runs(tmp_path, capsys):
     assert len(runs) == 4 and set(runs["status"]) == {"complete"}
     assert sorted(zip(runs["seed"], runs["lr"])) == [(0, 1e-3), (0, 3e-3), (1, 1e-3), (1, 3e-3)]
     assert {json.loads(c)["length_seed"] for c in runs["config"]} == {0}
-    assert sorted((tmp_path / "models").iterdir()) == sorted(
-        tmp_path / "models" / f"{run_id}.pt" for run_id in runs["run_id"])
+    assert sorted((tmp_path / "store.models").iterdir()) == sorted(
+        tmp_path / "store.models" / f"{run_id}.pt" for run_id in runs["run_id"])
     # A member is the ordinary run its flags name: asked for alone, it is already complete.
     assert main([*command, "--seed", "1", "--lr", "3e-3", "--length-seed", "0"]) == 0
     assert "already complete" in capsys.readouterr().out

@@ -109,6 +109,47 @@ def test_runs_differing_in_other_settings_get_separate_columns(tmp_path):
     assert columns == ["ALiBi [steps=7]", "ALiBi [steps=20]"] or columns == ["ALiBi [steps=20]", "ALiBi [steps=7]"]
 
 
+def test_table_suite_filter_shows_the_suites_runs_only(store, tmp_path, capsys):
+    """Issue 44, item 8: ``table --suite`` as ``report --suite``."""
+    suite = tmp_path / "mine.toml"
+    suite.write_text('preset = "smoke"\ntasks = ["missing_duplicate"]\n'
+                     'encodings = [{ name = "kerple", kernels = [3] }]\nseeds = [0, 1, 7]\n')
+    assert main(["table", "--store", str(store.path), "--suite", str(suite)]) == 0
+    text = capsys.readouterr().out
+    assert "DAPE_k3_Kerple" in text and "n=2" in text
+    assert "even_pairs" not in text and "Kerple " not in text.replace("DAPE_k3_Kerple", "")
+    other = tmp_path / "other.toml"
+    other.write_text('preset = "smoke"\ntasks = ["parity_check"]\nencodings = ["none"]\n')
+    assert main(["table", "--store", str(store.path), "--suite", str(other)]) == 2
+    assert "no runs of suite" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["table", "--store", str(store.path), "--suite", str(suite), "--task", "even_pairs"])
+
+
+def test_columns_of_several_presets_name_the_preset_and_what_differs_from_it(tmp_path):
+    """Issue 44, item 8: not every setting in which the presets differ."""
+    store = ResultStore(tmp_path / "s.sqlite")
+    store.record(synthetic_result("even_pairs", "kerple", preset="smoke"))
+    store.record(synthetic_result("even_pairs", "kerple", preset="quick"))
+    store.record(synthetic_result("even_pairs", "kerple", preset="quick", steps=7))
+    store.record(synthetic_result("even_pairs", "kerple", preset="quick", steps=12))
+    columns = summarize(store)["column"].tolist()
+    # (numbers in order: steps=7 before steps=12)
+    assert columns == ["Kerple [quick, steps=7]", "Kerple [quick, steps=12]", "Kerple [quick]",
+                       "Kerple [smoke]"]
+
+
+def test_one_seed_and_several_seeds_share_a_column(tmp_path):
+    """Issue 44, item 8: ``--seeds 0,1`` sets a length seed where ``--seed 2`` does not (run
+    ids unchanged); the length seed is a seed of the cell, not a setting of a column."""
+    store = ResultStore(tmp_path / "s.sqlite")
+    store.record(synthetic_result("even_pairs", "kerple", seed=0, length_seed=0, score=0.6))
+    store.record(synthetic_result("even_pairs", "kerple", seed=1, length_seed=0, score=0.7))
+    store.record(synthetic_result("even_pairs", "kerple", seed=2, score=0.8))
+    cells = summarize(store)
+    assert cells["column"].tolist() == ["Kerple"] and cells["n"].tolist() == [3]
+
+
 def test_runs_differing_in_encoding_options_name_the_options_not_a_dict(tmp_path):
     store = ResultStore(tmp_path / "s.sqlite")
     store.record(synthetic_result("even_pairs", "alibi", score=0.6))
@@ -131,6 +172,26 @@ def test_plot_writes_a_png(store, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(CheBenchError):
         plot_accuracy(store, tmp_path / "x.png", tasks=["bucket_sort"])
+
+
+def test_a_line_hidden_under_another_says_so_in_the_legend(tmp_path):
+    """Issue 44, item 8: two configurations with the same curve draw one visible line."""
+    from matplotlib.figure import Figure
+
+    from che_bench.reports.plots import _draw_panel, plot_data
+
+    store = ResultStore(tmp_path / "s.sqlite")
+    store.record(synthetic_result("even_pairs", "kerple", score=1.0))
+    store.record(synthetic_result("even_pairs", "alibi", score=1.0))
+    store.record(synthetic_result("even_pairs", "rope", score=0.5))
+    runs, curves = plot_data(store)
+    ax = Figure().subplots()
+    _draw_panel(ax, runs, curves, "even_pairs")
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    # (whichever of the two is drawn first lies under the other)
+    assert {"Kerple (n=1; under ALiBi)", "ALiBi (n=1)"} <= set(labels) \
+        or {"ALiBi (n=1; under Kerple)", "Kerple (n=1)"} <= set(labels)
+    assert "RoPE (n=1)" in labels
 
 
 def test_paper_difference_only_where_the_published_protocol_was_followed(tmp_path):

@@ -126,7 +126,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypat
     curves = ResultStore(store).per_length()
     assert dict(zip(curves.loc[curves["split"] == "test", "length"],
                     curves.loc[curves["split"] == "test", "accuracy"])) == reference.per_length
-    assert not list((tmp_path / "checkpoints").iterdir())  # cleaned up once complete
+    assert not list((tmp_path / "store.checkpoints").iterdir())  # cleaned up once complete
 
 
 def test_ctrl_c_finishes_the_step_and_checkpoints_it(tmp_path):

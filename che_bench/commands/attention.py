@@ -35,12 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def attention_command(args: argparse.Namespace) -> int:
     from che_bench.eval.attention_maps import attention_maps, plot_attention
     from che_bench.reports.labels import run_encoding_label
-    from che_bench.run.kept_models import load_model, models_dir_for
+    from che_bench.run.kept_models import load_model
     from che_bench.store import resolve_run_ids
 
     store = existing_store(args.store)
     run_ids = resolve_run_ids(store, [args.run_id] + ([args.compare] if args.compare else []))
-    loaded = [load_model(models_dir_for(store.path), run_id) for run_id in run_ids]
+    loaded = [load_model(store.path, run_id) for run_id in run_ids]
     for (config, _), run_id in zip(loaded, run_ids, strict=True):
         if not config.is_transformer:
             raise CheBenchError(

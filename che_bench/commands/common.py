@@ -124,7 +124,7 @@ def add_store_argument(parser: argparse.ArgumentParser) -> None:
         "--store",
         metavar="PATH",
         help="result store (default $CHE_BENCH_STORE or results/che-bench.sqlite; "
-        "checkpoints and kept models go beside it)",
+        "checkpoints and kept models go beside it, in NAME.checkpoints/ and NAME.models/)",
     )
 
 
@@ -140,8 +140,8 @@ def add_keep_model_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-keep-model",
         action="store_true",
-        help="do not keep the trained weights (default: models/<run id>.pt beside "
-        "the store, for `che-bench evaluate` and `attention`)",
+        help="do not keep the trained weights (default: NAME.models/<run id>.pt beside "
+        "the store NAME.sqlite, for `che-bench evaluate` and `attention`)",
     )
 
 
@@ -184,6 +184,27 @@ def writable_directory(path: Path, what: str) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise CheBenchError(f"{what} {path} is not writable")
     return path
+
+
+def run_directories(
+    store, *, keep_models: bool, checkpoint_dir: Path | None = None
+) -> dict[str, Path | None]:
+    """``RuntimeOptions`` fields of a writer of ``store``: where its runs checkpoint (the
+    store's own folder unless ``checkpoint_dir``: then checked writable) and keep their
+    models. The checkpoints an older che-bench left for the store's started runs in the
+    folder every store of the directory shared come into the store's own first."""
+    from che_bench.run.kept_models import models_dir_for
+    from che_bench.run.sweep import checkpoint_dir_for
+    from che_bench.store.files import adopt_shared_checkpoints
+
+    if checkpoint_dir is None:
+        runs = store.runs()
+        adopt_shared_checkpoints(store.path, list(runs.loc[runs["status"] == "started", "run_id"]))
+        checkpoint_dir = checkpoint_dir_for(store)
+    return {
+        "checkpoint_dir": writable_directory(checkpoint_dir, "checkpoint directory"),
+        "models_dir": models_dir_for(store.path) if keep_models else None,
+    }
 
 
 def existing_store(path: str | None, *, for_writing: bool = False):

@@ -118,11 +118,11 @@ def _evaluate_kept_models(store, run_ids: list[str], args, device, progress: boo
     """Evaluate the kept models of complete runs: record a new protocol's results, or compare
     the original protocol's with the stored curve. Returns the models and their configs."""
     from che_bench.eval.reevaluation import reevaluate
-    from che_bench.run.kept_models import load_model, models_dir_for
+    from che_bench.run.kept_models import load_model
 
     runs, originals = _complete_runs(store, run_ids)
     configs = _evaluation_configs(originals, runs, args)
-    models = [load_model(models_dir_for(store.path), run_id)[1] for run_id in run_ids]
+    models = [load_model(store.path, run_id)[1] for run_id in run_ids]
     evaluations = reevaluate(models, configs, device, progress=progress)
     for run_id, original, config, result in zip(
         run_ids, originals, configs, evaluations, strict=False
@@ -139,15 +139,14 @@ def _evaluate_checkpoints(store, run_ids: list[str], args, device, progress: boo
     its per-length accuracies; the store is only read. Returns the models and their
     configs."""
     from che_bench.eval.evaluation import evaluate
-    from che_bench.run.runner import checkpoint_path
-    from che_bench.run.sweep import checkpoint_dir_for
+    from che_bench.store.files import CHECKPOINTS, run_file
     from che_bench.train.checkpoints import checkpoint_model
 
     runs, originals = _stored_runs(store, run_ids)
     configs = _evaluation_configs(originals, runs, args)
     models = []
     for run_id, original, config in zip(run_ids, originals, configs, strict=True):
-        step, model = checkpoint_model(checkpoint_path(checkpoint_dir_for(store), run_id), original)
+        step, model = checkpoint_model(run_file(store.path, CHECKPOINTS, run_id), original)
         (result,) = evaluate(
             model.to(device), config.build_task(), config, device, progress=progress
         )

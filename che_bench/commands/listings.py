@@ -75,15 +75,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def runs_command(args: argparse.Namespace) -> int:
     from che_bench.reports.labels import run_model_label, run_parameters
     from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
-    from che_bench.run.kept_models import model_path, models_dir_for
-    from che_bench.run.sweep import checkpoint_dir_for
+    from che_bench.store.files import MODELS, run_file
 
     store = existing_store(args.store)
     runs = store.runs(runs_of_arch_filter(store, args.archs))
     learning = stuck_runs(store).set_index("run_id")["stuck"]
     stuck = set(learning[learning].index)
-    models_dir = models_dir_for(store.path)
-    checkpoint_dir = checkpoint_dir_for(store)
     details = store.run_details(runs["run_id"])
     stale = _stale(store, runs)
     rows = [
@@ -96,11 +93,11 @@ def runs_command(args: argparse.Namespace) -> int:
             f"{run.lr:g}",
             run.steps,
             run.preset,
-            _status(run, checkpoint_dir, stale),
+            _status(run, store.path, stale),
             _percent(run.score),
             _percent(run.train_accuracy),
             _learned(learning.get(run.run_id)),
-            "kept" if model_path(models_dir, run.run_id).is_file() else "-",
+            "kept" if run_file(store.path, MODELS, run.run_id).is_file() else "-",
             _text(run.error if run.status == "failed" else run.finished_at),
         )
         for run in runs.itertuples(index=False)
@@ -139,24 +136,24 @@ def _stale(store, runs) -> set[str]:
     return set(stale_runs(with_plugins, store))
 
 
-def _status(run, checkpoint_dir, stale: set[str]) -> str:
+def _status(run, store_path, stale: set[str]) -> str:
     """A run's status cell: a started run's checkpoint, a complete run's staleness."""
     if run.status == "started":
-        return _started(run, checkpoint_dir)
+        return _started(run, store_path)
     return "complete, stale" if run.run_id in stale else run.status
 
 
-def _started(run, checkpoint_dir) -> str:
+def _started(run, store_path) -> str:
     """A started run's status: the step its checkpoint reached (``evaluate --checkpoint``
     evaluates it there), or that it has none."""
     from che_bench.config import RunConfig
     from che_bench.errors import CheBenchError
-    from che_bench.run.runner import checkpoint_path
+    from che_bench.store.files import CHECKPOINTS, run_file
     from che_bench.train.checkpoints import checkpoint_step
 
     config = RunConfig.from_dict(json.loads(run.config))
     try:
-        step = checkpoint_step(checkpoint_path(checkpoint_dir, run.run_id), config)
+        step = checkpoint_step(run_file(store_path, CHECKPOINTS, run.run_id), config)
     except CheBenchError:
         return "started (checkpoint unreadable)"
     return f"started (checkpoint at step {step:,})" if step else "started (incomplete)"

@@ -40,7 +40,13 @@ def _register_table(subparsers: argparse._SubParsersAction) -> None:
         "modular-arithmetic tasks",
     )
     table.add_argument("--format", dest="fmt", choices=FORMATS, default="text")
-    table.add_argument(
+    selection = table.add_mutually_exclusive_group()
+    selection.add_argument(
+        "--suite",
+        help="only the runs of this suite file (or name in tasks/); its best_over applies "
+        "unless --best-over is given",
+    )
+    selection.add_argument(
         "--task", action="append", dest="tasks", metavar="TASK", help="only this task (repeatable)"
     )
     add_arch_filter_argument(table)
@@ -178,19 +184,26 @@ def _write_text(text: str, out: str | None) -> Path | None:
 
 def table_command(args: argparse.Namespace) -> int:
     from che_bench.reports.best_of import parse_best_over
+    from che_bench.reports.selection import select_runs, suite_best_over
     from che_bench.reports.tables import format_table
 
     store = existing_store(args.store)
+    run_ids = runs_of_arch_filter(store, args.archs)
+    best_over = parse_best_over(args.best_over)
+    if args.suite is not None:
+        runs, _ = select_runs(store, suite=args.suite, archs=args.archs)
+        run_ids = list(runs["run_id"])
+        best_over = best_over or suite_best_over(args.suite)
     sys.stdout.write(
         format_table(
             store,
             tasks=args.tasks,
-            run_ids=runs_of_arch_filter(store, args.archs),
+            run_ids=run_ids,
             compare=args.compare,
             fmt=args.fmt,
             evaluation=args.evaluation,
             metric=args.metric,
-            best_over=parse_best_over(args.best_over),
+            best_over=best_over,
         )
     )
     return 0

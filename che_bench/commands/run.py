@@ -19,9 +19,9 @@ from che_bench.commands.common import (
     add_store_argument,
     check_samples_arguments,
     overrides_from_args,
+    run_directories,
     runtime_options_from_args,
     use_threads,
-    writable_directory,
 )
 from che_bench.config import RunConfig, make_config
 from che_bench.errors import CheBenchError
@@ -81,7 +81,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_store_argument(parser)
     parser.add_argument(
-        "--checkpoint-dir", help="checkpoint directory (default: checkpoints/ next to the store)"
+        "--checkpoint-dir",
+        help="checkpoint directory (default: NAME.checkpoints/ beside the store NAME.sqlite)",
     )
     add_no_progress_argument(parser)
     parser.set_defaults(handler=run_command)
@@ -156,7 +157,13 @@ def run_command(args: argparse.Namespace) -> int:
     resolve_device(options.device)  # a bad device fails before anything is written
     use_threads(options)
     store = ResultStore(args.store)
-    options = options.with_changes(**_run_directories(args, store))
+    options = options.with_changes(
+        **run_directories(
+            store,
+            keep_models=not args.no_keep_model,
+            checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
+        )
+    )
     outcome = run_sweep(
         configs,
         store,
@@ -193,20 +200,6 @@ def print_estimate(options: RuntimeOptions, width: int | str, todo: Sequence[Run
     except Exception as exc:  # the estimate is advice: the run goes on, and says why
         line = f"expected: not estimated ({type(exc).__name__}: {exc})"
     print_wrapped(line, file=sys.stderr)
-
-
-def _run_directories(args: argparse.Namespace, store) -> dict[str, Path | None]:
-    """Where the runs checkpoint (``--checkpoint-dir``, checked writable) and keep models."""
-    from che_bench.run.kept_models import models_dir_for
-
-    checkpoint_dir = writable_directory(
-        Path(args.checkpoint_dir) if args.checkpoint_dir else store.path.parent / "checkpoints",
-        "checkpoint directory",
-    )
-    return {
-        "checkpoint_dir": checkpoint_dir,
-        "models_dir": None if args.no_keep_model else models_dir_for(store.path),
-    }
 
 
 def _print_table(store, run_ids: list[str]) -> None:
@@ -292,11 +285,11 @@ def _write_run_samples(args: argparse.Namespace, store, run_ids: list[str]) -> N
     """``--samples``: the predictions of the cell's completed runs, from their kept models."""
     from che_bench.eval.predictions import write_samples
     from che_bench.run.device import resolve_device
-    from che_bench.run.kept_models import load_model, models_dir_for
+    from che_bench.run.kept_models import load_model
 
     complete = store.completed_run_ids()
     done = [run_id for run_id in run_ids if run_id in complete]
-    kept = [load_model(models_dir_for(store.path), run_id) for run_id in done]
+    kept = [load_model(store.path, run_id) for run_id in done]
     written = write_samples(
         args.samples,
         done,

@@ -14,6 +14,7 @@ from che_bench.commands.common import (
     add_rerun_stale_argument,
     add_runtime_arguments,
     add_store_argument,
+    run_directories,
     runtime_options_from_args,
 )
 from che_bench.errors import CheBenchError
@@ -70,6 +71,13 @@ def register(subparsers) -> None:
         metavar="N",
         help="start at most N of the runs still to do",
     )
+    parser.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="run part K of N (from 0) of the grid, whole table cells dealt out in turn: one "
+        "job of a SLURM array or of several clusters, each with its own --store, merged "
+        "afterwards with `che-bench merge`",
+    )
     _add_ray_arguments(parser)
     add_no_progress_argument(parser)
     parser.set_defaults(handler=run_sweep_command)
@@ -103,15 +111,19 @@ def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_sweep_command(args: argparse.Namespace) -> int:
     from che_bench.run.packing import parse_pack_width
+    from che_bench.run.shards import parse_shard, shard
     from che_bench.run.suites import load_suite
 
     _check_backend_flags(args)
     pack = parse_pack_width(args.pack)
+    part = None if args.shard is None else parse_shard(args.shard)
     from che_bench.reports.text_tables import output_width
 
     console = Console(highlight=False, width=output_width())
     suite = load_suite(args.suite)
     configs = suite.configs()  # validates the whole grid before anything runs
+    if part is not None:
+        configs = shard(configs, *part)
     if args.dry_run:
         _print_grid(console, suite, configs, _store_if_any(args.store))
         return 0
@@ -124,15 +136,11 @@ def _run_grid(
     """The suite's runs through ``run_sweep`` (the one execution path), then its table."""
     from che_bench.config import unpackable
     from che_bench.reports.tables import format_table
-    from che_bench.run.kept_models import models_dir_for
-    from che_bench.run.sweep import checkpoint_dir_for, run_sweep
+    from che_bench.run.sweep import run_sweep
     from che_bench.store import ResultStore
 
     store = ResultStore(args.store)
-    options = options.with_changes(
-        checkpoint_dir=checkpoint_dir_for(store),
-        models_dir=None if args.no_keep_model else models_dir_for(store.path),
-    )
+    options = options.with_changes(**run_directories(store, keep_models=not args.no_keep_model))
     if args.backend == "local":
         make_backend = partial(_local_backend, args, options)
     else:

@@ -24,65 +24,18 @@ import pandas as pd
 
 from che_bench.errors import CheBenchError
 from che_bench.reports.export import curves_frame
-from che_bench.reports.labels import (
-    labelled_runs,
-    run_encoding_label,
-    runs_of_architectures,
-)
+from che_bench.reports.labels import labelled_runs, run_encoding_label
 from che_bench.reports.page import escaped, page_html
 from che_bench.reports.paper import paper_table_or_none
 from che_bench.reports.reproduce import CommandLine, page_command, reproduce_html
+from che_bench.reports.selection import select_runs, suite_best_over
 from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
 from che_bench.reports.tables import METRIC_NOTES, display_table
-from che_bench.reports.unregistered import task_names
 from che_bench.reports.what_ran import what_ran_html
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
 
 #: At most this many table cells get a training-curves figure (the page stays a few MB).
 MAX_CURVE_FIGURES = 48
-
-
-def select_runs(
-    store: ResultStore,
-    *,
-    suite: str | None = None,
-    tasks: Iterable[str] | None = None,
-    run_ids: Iterable[str] | None = None,
-    archs: Iterable[str] | None = None,
-) -> tuple[pd.DataFrame, str]:
-    """The runs (``store.runs()`` rows, every status) of a suite file, of some tasks, with
-    some run ids, or (none given) the whole store, and a title for them; with ``archs``, only
-    those of these architectures. Selecting nothing is a CheBenchError."""
-    if sum(choice is not None for choice in (suite, tasks, run_ids)) > 1:
-        raise CheBenchError("select runs by one of --suite, --task or --run")
-    runs = store.runs()
-    if suite is not None:
-        from che_bench.run.suites import load_suite
-
-        loaded = load_suite(suite)
-        wanted = [config.run_id() for config in loaded.configs()]
-        runs = runs[runs["run_id"].isin(wanted)]
-        title, missing = f"suite {loaded.name}", f"of suite {loaded.path} ({len(wanted)} runs)"
-    elif tasks is not None:
-        names = sorted(task_names(tasks, runs["task"]))
-        runs = runs[runs["task"].isin(names)]
-        title = missing = f"task{'s' if len(names) > 1 else ''} {', '.join(names)}"
-    elif run_ids is not None:
-        run_ids = list(dict.fromkeys(run_ids))
-        unknown = sorted(set(run_ids) - set(runs["run_id"]))
-        if unknown:
-            raise CheBenchError(f"no run {', '.join(unknown)} in {store.path}")
-        runs = runs[runs["run_id"].isin(run_ids)]
-        title = missing = f"run{'s' if len(run_ids) > 1 else ''} {', '.join(run_ids)}"
-    else:
-        title, missing = f"all runs in {store.path.name}", "at all"
-    if archs is not None:
-        runs = runs[runs["run_id"].isin(runs_of_architectures(runs, archs))]
-        title = f"{title}, architecture{'s' if len(list(archs)) > 1 else ''} {', '.join(archs)}"
-        missing = title
-    if runs.empty:
-        raise CheBenchError(f"no runs {missing} in {store.path}: nothing to report")
-    return runs.reset_index(drop=True), title
 
 
 def render_report(
@@ -108,7 +61,7 @@ def render_report(
     if evaluation != ORIGINAL and not (evaluated["status"] == "complete").any():
         raise CheBenchError(f"no complete run of {title} has evaluation {evaluation}")
     compare = "paper" if paper_table_or_none() is not None and metric == "token" else "none"
-    best = _suite_best_over(suite)
+    best = suite_best_over(suite)
     table, notes = display_table(
         store, run_ids=ids, compare=compare, evaluation=evaluation, metric=metric, best_over=best
     )
@@ -143,13 +96,6 @@ def render_report(
         ),
     ]
     return page_html(f"che-bench report: {title}", sections)
-
-
-def _suite_best_over(suite: str | None) -> tuple[str, ...]:
-    """The options a suite's table takes the best over (its ``best_over``)."""
-    from che_bench.run.suites import load_suite
-
-    return () if suite is None else load_suite(suite).best_over
 
 
 def _length_figures(

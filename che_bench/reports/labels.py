@@ -12,12 +12,16 @@ from typing import Any
 import pandas as pd
 
 from che_bench.config import OMITTED_AT_DEFAULT, TRANSFORMER
+from che_bench.errors import CheBenchError
 from che_bench.model.option_text import options_text
 from che_bench.reports import unregistered
 from che_bench.reports.paper import paper_protocol_differences
 from che_bench.reports.unregistered import UNKNOWN_LEVEL, recorded_task_label
 
 #: Config fields that identify a cell's row and column, or vary within a cell (seeds, lrs).
+#: ``length_seed`` seeds the draw of training lengths as ``seed`` and ``data_seed`` seed the
+#: rest: ``--seeds 0,1`` sets it to 0 (so that the runs pack) where ``--seed 0`` leaves it
+#: unset, and both are runs of one cell.
 CELL_FIELDS = {
     "arch",
     "task",
@@ -26,6 +30,7 @@ CELL_FIELDS = {
     "kernel",
     "seed",
     "data_seed",
+    "length_seed",
     "lr",
     "train_eval_lengths",
 }
@@ -172,7 +177,8 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     ``encoding`` (paper-style label), ``column`` and ``paper_differences`` to a
     ``ResultStore.runs()`` frame. ``column`` is the encoding label (after ``Transformer · ``
     when other architectures are in the frame) plus, when runs of that encoding differ in
-    other settings (preset, steps, options...), those settings, so that different protocols
+    other settings (preset, steps, options...), those settings (``_telling_settings``: where
+    the presets differ, the preset and what differs from it), so that different protocols
     never share a cell. ``paper_differences`` is
     ``paper_protocol_differences`` of each run."""
     frame = frame.copy()
@@ -185,16 +191,7 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     frame["encoding"] = [run_encoding_label(config) for config in configs]
     frame["architecture"] = [run_architecture(config) for config in configs]
     frame["paper_differences"] = [tuple(paper_protocol_differences(c)) for c in configs]
-    # Settings stored only when not at their default count as the default where absent; an
-    # architecture's options are in its label already (those that differ from the defaults).
-    variants = [
-        {
-            key: json.dumps(value, sort_keys=True)
-            for key, value in {**OMITTED_AT_DEFAULT, **config}.items()
-            if key not in CELL_FIELDS and key != "arch_options"
-        }
-        for config in configs
-    ]
+    variants = [_setting_values(config) for config in configs]
     varying: dict[str, list[str]] = {}
     for encoding in set(frame["encoding"]):
         group = [v for v, e in zip(variants, frame["encoding"], strict=False) if e == encoding]
@@ -202,12 +199,67 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
         varying[encoding] = sorted(k for k in keys if len({v.get(k) for v in group}) > 1)
     mixed = frame["architecture"].nunique() > 1
     frame["column"] = [
-        _architecture_prefix(arch, mixed) + encoding + _settings_suffix(config, varying[encoding])
-        for arch, encoding, config in zip(
-            frame["architecture"], frame["encoding"], configs, strict=True
+        _architecture_prefix(arch, mixed)
+        + encoding
+        + _settings_suffix(config, _telling_settings(config, variant, varying[encoding]))
+        for arch, encoding, config, variant in zip(
+            frame["architecture"], frame["encoding"], configs, variants, strict=True
         )
     ]
     return frame
+
+
+def _setting_values(config: Mapping[str, Any]) -> dict[str, str]:
+    """The settings (JSON) of a stored config that may tell columns apart: all but the cell's
+    fields and an architecture's options (in its label already, those that differ from the
+    defaults); settings stored only when not at their default count as the default where
+    absent."""
+    return {
+        key: json.dumps(value, sort_keys=True)
+        for key, value in {**OMITTED_AT_DEFAULT, **config}.items()
+        if key not in CELL_FIELDS and key != "arch_options"
+    }
+
+
+def _telling_settings(
+    config: Mapping[str, Any], values: dict[str, str], varying: list[str]
+) -> list[str]:
+    """The settings a run's column names, of those that vary among its encoding's runs
+    (``varying``): all of them; or, where the runs follow different presets, the preset and
+    the settings in which the run differs from its preset (a preset unknown here: all)."""
+    preset_values = _preset_values(config) if "preset" in varying else None
+    if preset_values is None:
+        return varying
+    return ["preset"] + [
+        key for key in varying if key != "preset" and values.get(key) != preset_values.get(key)
+    ]
+
+
+def _preset_values(config: Mapping[str, Any]) -> dict[str, str] | None:
+    """``_setting_values`` of the run its preset makes for its task, encoding and
+    architecture with nothing overridden; None where the preset, the task or the
+    architecture is not known here."""
+    arch = run_architecture(config)
+    pe = config["pe"] if arch == TRANSFORMER else None
+    return _preset_run_values(
+        json.dumps(
+            [config["task"], config.get("task_params", {}), pe, config.get("kernel"), arch],
+            sort_keys=True,
+        ),
+        str(config["preset"]),
+    )
+
+
+@cache
+def _preset_run_values(run_json: str, preset: str) -> dict[str, str] | None:
+    from che_bench.config import make_config
+
+    task, task_params, pe, kernel, arch = json.loads(run_json)
+    try:
+        made = make_config(task, pe, kernel, preset, arch=arch, task_params=task_params)
+    except CheBenchError:
+        return None
+    return _setting_values(made.to_dict())
 
 
 def _architecture_prefix(arch: str, mixed: bool) -> str:
@@ -218,7 +270,8 @@ def _architecture_prefix(arch: str, mixed: bool) -> str:
 
 
 def _settings_suffix(config: dict[str, Any], keys: list[str]) -> str:
-    """`` [key=value, ...]`` of the settings that tell the encoding's runs apart; an option
+    """`` [key=value, ...]`` of the settings that tell the encoding's runs apart (the preset
+    by its name alone: `` [paper, steps=400]``); an option
     table (the encoding's ``pe_options``) shows its own ``key=value`` items, or
     ``pe_options=default`` when empty, never a dict."""
     if not keys:
@@ -227,7 +280,9 @@ def _settings_suffix(config: dict[str, Any], keys: list[str]) -> str:
     items = []
     for key in keys:
         value = values.get(key)
-        if isinstance(value, dict):
+        if key == "preset":
+            items.append(str(value))
+        elif isinstance(value, dict):
             items.append(options_text(value) if value else f"{key}=default")
         else:
             items.append(f"{key}={short_value(value)}")

@@ -119,17 +119,20 @@ def task_panel_png(
 
 def _draw_panel(ax, runs: pd.DataFrame, curves: pd.DataFrame, label: str) -> None:
     """Accuracy (%) against length for one task: one line per configuration (mean over seeds and
-    learning rates), the training range shaded and the task's guides (``_draw_task_guides``)."""
+    learning rates; a line hidden under a later one says so in the legend), the training range
+    shaded and the task's guides (``_draw_task_guides``)."""
     task_runs = runs[runs["task_label"] == label]
     task_curves = curves[curves["task_label"] == label]
-    for column, curve in task_curves.groupby("column", sort=False):
-        mean = curve.groupby("length")["accuracy"].mean() * 100
+    groups = task_curves.groupby("column", sort=False)
+    means = {column: curve.groupby("length")["accuracy"].mean() * 100 for column, curve in groups}
+    for column, curve in groups:
+        mean = means[column]
         seeds = curve["run_id"].nunique()
         ax.plot(
             mean.index,
             mean.values,
             marker="." if len(mean) < 60 else None,
-            label=f"{column} (n={seeds})",
+            label=f"{column} (n={seeds}{hidden_under(column, means)})",
         )
     settings = task_runs["settings"].iloc[0]
     task = (
@@ -158,6 +161,15 @@ def _draw_panel(ax, runs: pd.DataFrame, curves: pd.DataFrame, label: str) -> Non
     # Scaled accuracy falls below 0 where a model does worse than chance.
     ax.set_ylim(min(0, 100 * task_curves["accuracy"].min()) - 1 if metric == "scaled" else 0, 101)
     _place_legend(ax, task_curves["column"].nunique())
+
+
+def hidden_under(column: str, means: dict[str, pd.Series]) -> str:
+    """``; under X`` when the line of ``column`` is drawn over by that of a later column X
+    (``means``: each column's curve, in drawing order) with the same values at the same
+    lengths, so that it cannot be seen; else nothing."""
+    later = list(means)[list(means).index(column) + 1 :]
+    covering = [other for other in later if means[other].equals(means[column])]
+    return f"; under {covering[-1]}" if covering else ""
 
 
 def _place_legend(ax, configurations: int) -> None:

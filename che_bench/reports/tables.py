@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -232,10 +233,17 @@ def _cell_order(cells: pd.DataFrame, paper_tasks: list[str]) -> list[int]:
             row["arch_order"],
             row["kernel_order"],
             position(row["pe"], encodings, -1),
-            row["column"],
+            _natural_key(row["column"]),
         )
 
     return sorted(range(len(cells)), key=key)
+
+
+def _natural_key(text: str) -> tuple:
+    """``text`` split into words and numbers, numbers compared as such (``steps=6000`` before
+    ``steps=12000``)."""
+    # (re.split with a group: the words at even places, the numbers at odd ones)
+    return tuple(int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", text)))
 
 
 def format_table(

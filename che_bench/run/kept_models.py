@@ -1,4 +1,5 @@
-"""Trained models kept beside the result store: ``models/<run id>.pt`` next to the store file.
+"""Trained models kept beside the result store: ``NAME.models/<run id>.pt`` next to the store
+file ``NAME.sqlite`` (``che_bench.store.files``; ``models/`` of older stores still read).
 
 A kept model is one run's final weights plus the run's configuration (everything needed to
 rebuild it), written atomically when the run completes. Files are read with
@@ -17,14 +18,15 @@ from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
 from che_bench.model.architectures import build_architecture
 from che_bench.model.base import BenchModel
+from che_bench.store.files import MODELS, files_dir, run_file
 
 FORMAT = "che-bench-model"
 VERSION = 1
 
 
 def models_dir_for(store_path: str | Path) -> Path:
-    """Kept models live in ``models/`` beside the store file."""
-    return Path(store_path).resolve().parent / "models"
+    """Where a store's runs keep their models: ``NAME.models/`` beside the store file."""
+    return files_dir(store_path, MODELS)
 
 
 def model_path(models_dir: str | Path, run_id: str) -> Path:
@@ -45,10 +47,11 @@ def save_model(models_dir: str | Path, config: RunConfig, state: dict[str, torch
     return path
 
 
-def load_model(models_dir: str | Path, run_id: str) -> tuple[RunConfig, BenchModel]:
-    """The configuration and the rebuilt model (one member, on the CPU, eval mode) of a kept
-    run; a missing, foreign or damaged file is a CheBenchError."""
-    path = model_path(models_dir, run_id)
+def load_model(store_path: str | Path, run_id: str) -> tuple[RunConfig, BenchModel]:
+    """The configuration and the rebuilt model (one member, on the CPU, eval mode) of a run
+    of the store at ``store_path`` (its kept model, ``store.files.run_file``); a missing,
+    foreign or damaged file is a CheBenchError."""
+    path = run_file(store_path, MODELS, run_id)
     if not path.is_file():
         raise CheBenchError(
             f"no kept model for run {run_id} ({path} is missing: the run was made with "

@@ -31,6 +31,7 @@ from che_bench.run.packing import AUTO, CPU_AUTO_WIDTH
 from che_bench.run.runner import execute_runs, plugin_origins, software_versions
 from che_bench.run.stale import stale_notice, stale_runs
 from che_bench.run.sweep_views import GridView, SweepView
+from che_bench.store.files import CHECKPOINTS, files_dir
 
 
 class Backend(Protocol):
@@ -83,8 +84,8 @@ class SweepOutcome:
 
 
 def checkpoint_dir_for(store) -> Path:
-    """Per-run checkpoints live next to the store, in ``checkpoints/`` beside the file."""
-    return Path(store.path).resolve().parent / "checkpoints"
+    """Where a store's runs checkpoint: ``NAME.checkpoints/`` beside the store file."""
+    return files_dir(store.path, CHECKPOINTS)
 
 
 def failed_result(config: RunConfig, error: BaseException | str) -> RunResult:
