@@ -83,23 +83,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def evaluate_command(args: argparse.Namespace) -> int:
+    from che_bench.store import resolve_run_ids
+
+    options = runtime_options_from_args(args)
+    check_samples_arguments(args)
+    store = existing_store(args.store, for_writing=not args.checkpoint)
+    run_ids = resolve_run_ids(store, args.run_ids)
+
+    # The arguments and run ids are checked: now torch (``che_bench.run.device``).
     from che_bench.run.device import (
         check_portable_device,
         configure_numerics,
         prepare_deterministic_cublas,
         resolve_device,
     )
-    from che_bench.store import resolve_run_ids
 
-    options = runtime_options_from_args(args)
     if options.deterministic:
         prepare_deterministic_cublas()
     device = resolve_device(options.device)
     check_portable_device(device, options.portable_cpu)
-    check_samples_arguments(args)
     use_threads(options)
-    store = existing_store(args.store, for_writing=not args.checkpoint)
-    run_ids = resolve_run_ids(store, args.run_ids)
     recorded_tf32 = _recorded_tf32(store.run_details(run_ids))
     configure_numerics(recorded_tf32, options.deterministic, options.portable_cpu)
     evaluate_models = _evaluate_checkpoints if args.checkpoint else _evaluate_kept_models

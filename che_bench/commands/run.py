@@ -136,17 +136,20 @@ def parse_learning_rates(text: str) -> list[float]:
 def run_command(args: argparse.Namespace) -> int:
     """The cell's runs as a sweep on the in-process backend (``che_bench.run.sweep.run_sweep``,
     the one execution path), reported as a run: what is done, each result, the table row."""
-    from che_bench.run.device import resolve_device
     from che_bench.run.packing import parse_pack_width
-    from che_bench.run.sweep import InProcessBackend, run_sweep
-    from che_bench.store import ResultStore
 
-    configs = cell_configs(args)
+    # The arguments are checked before torch is imported (``che_bench.run.device``).
     width = parse_pack_width(args.pack)
     check_samples_arguments(args)
     if args.samples is not None and args.no_keep_model:
         raise CheBenchError("--samples reads the kept models: leave out --no-keep-model")
+    configs = cell_configs(args)
     options = runtime_options_from_args(args)
+
+    from che_bench.run.device import resolve_device
+    from che_bench.run.sweep import InProcessBackend, run_sweep
+    from che_bench.store import ResultStore
+
     resolve_device(options.device)  # a bad device fails before anything is written
     use_threads(options)
     store = ResultStore(args.store)

@@ -26,7 +26,7 @@ import pandas as pd
 
 from che_bench.config import TRANSFORMER
 from che_bench.errors import CheBenchError
-from che_bench.reports import best_of, grazzi, table_formats, unregistered
+from che_bench.reports import FORMATS, METRICS, best_of, grazzi, table_formats, unregistered
 from che_bench.reports.chance import run_exact_chance
 from che_bench.reports.labels import (
     CHE_BASELINES,
@@ -46,10 +46,6 @@ from che_bench.reports.scaled import with_scaled_accuracy
 from che_bench.reports.table_formats import PAPER_SUFFIX, cell_text, chance_text, paper_text
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
 
-FORMATS = ("text", "csv", "markdown", "latex")
-#: ``--metric``: token-level accuracy (the paper's), sequence-level exact match, or token
-#: accuracy scaled to chance (Grazzi et al.'s, ``reports.scaled``).
-METRICS = ("token", "exact", "scaled")
 METRIC_NOTES = {
     "token": "accuracy % = correct scored tokens / scored tokens",
     "exact": "exact match % = sequences with every scored token right / sequences",
