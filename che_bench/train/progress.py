@@ -46,6 +46,17 @@ def duration_text(seconds: float) -> str:
     return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
 
 
+def say(text: str) -> None:
+    """Write ``text`` on standard error. On a closed stream (a pipe whose reader is gone:
+    ``tee`` stopped by the same Ctrl-C) the text is lost rather than raised as an error in the
+    middle of the work it reports on, such as saving a checkpoint."""
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a broken pipe; ValueError: the stream was closed
+        pass
+
+
 class ProgressLines:
     """A progress line on standard error at most every ``interval`` seconds (default
     ``LINE_INTERVAL_S``) of ``clock`` (default wall time, ``time.monotonic``; tests give
@@ -79,12 +90,11 @@ class ProgressLines:
         elapsed = now - self.started
         done = step - self.start_step
         left = elapsed / done * (self.steps - step) if done > 0 else math.inf
-        sys.stderr.write(
+        say(
             f"che-bench: {self.label}: {self.unit} {step:,}/{self.steps:,} "
             f"({step / max(self.steps, 1):.0%}), {detail}, "
             f"{duration_text(elapsed)} elapsed, about {duration_text(left)} left\n"
         )
-        sys.stderr.flush()
 
 
 class _Bar:
