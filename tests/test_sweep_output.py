@@ -6,6 +6,7 @@ shows the suite's overrides."""
 from __future__ import annotations
 
 import io
+import json
 import multiprocessing
 import os
 import signal
@@ -133,3 +134,18 @@ def test_ctrl_c_in_a_local_sweep_is_announced_once_and_each_run_checkpoints(
     assert err.count("stopping") == 1
     for config in configs:
         assert f"run {config.run_id()}: checkpoint saved at step " in err
+
+
+def test_the_tables_note_names_what_runs_changed_from_their_preset():
+    """``steps = 400`` read "preset(s): quick"; seeds and learning rates, which a cell's
+    max is over, are not changes."""
+    from che_bench.reports.preset_changes import preset_changes
+
+    configs = [
+        make_config("even_pairs", "none", None, "quick", steps=400, seed=seed, lr=lr,
+                    length_seed=0, test_lengths="41,60").to_dict()
+        for seed in (0, 1) for lr in (1e-3, 3e-3)
+    ]
+    texts = [json.dumps(config) for config in configs]
+    assert preset_changes(texts) == " with steps = 400, test_lengths = 41..60 (2 lengths), length_seed = 0"
+    assert preset_changes([json.dumps(make_config("even_pairs", preset="quick").to_dict())]) == ""

@@ -189,6 +189,16 @@ def _print_table(store, run_ids: list[str]) -> None:
     print(format_table(store, run_ids=run_ids, compare=compare), end="")
 
 
+def _evaluated_lengths(config: RunConfig) -> str:
+    """The lengths the evaluation goes through (its bar counts them all): the test lengths
+    and the in-distribution ones."""
+    lengths = set(config.test_lengths) | set(config.train_eval_lengths)
+    return (
+        f"evaluated at {len(lengths)} lengths: test {format_lengths(config.test_lengths)}, "
+        f"in-distribution {format_lengths(config.train_eval_lengths)}"
+    )
+
+
 class RunView:
     """How ``che-bench run`` reports its sweep (``che_bench.run.sweep_views.SweepView``): the runs
     already complete, the runs starting (on standard error), then one line per result."""
@@ -213,7 +223,7 @@ class RunView:
             f"run {', '.join(c.run_id() for c in todo)}: {self.label}, preset {first.preset}, "
             f"{several}{first.steps} steps, lr {', '.join(sorted({f'{c.lr:g}' for c in todo}))}, "
             f"seed {', '.join(sorted({str(c.seed) for c in todo}, key=int))}, "
-            f"test lengths {format_lengths(first.test_lengths)}",
+            f"{_evaluated_lengths(first)}",
             file=sys.stderr,
         )
 

@@ -42,6 +42,7 @@ from che_bench.reports.paper import (
     paper_protocol_text,
     paper_table_or_none,
 )
+from che_bench.reports.preset_changes import preset_changes
 from che_bench.reports.scaled import with_scaled_accuracy
 from che_bench.reports.table_formats import PAPER_SUFFIX, cell_text, chance_text, paper_text
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
@@ -333,7 +334,8 @@ def _notes(
     presets = ", ".join(sorted(set(runs["preset"])))
     notes = [
         f"cells: {METRIC_NOTES[metric]}, max over seeds/learning rates (mean±std over runs, n "
-        f"runs); complete runs only; preset(s): {presets}; {CHANCE_NOTES[metric]}",
+        f"runs); complete runs only; preset(s): {presets}{preset_changes(runs['config'])}; "
+        f"{CHANCE_NOTES[metric]}",
     ]
     if metric == "exact":
         notes.append("exact match: runs evaluated before it was recorded are left out")

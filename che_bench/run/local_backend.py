@@ -254,6 +254,7 @@ def _watch_sweep(sweep_pid: int) -> None:
     stopped first so it saves its checkpoint. Without this, orphaned workers would live on."""
     while os.getppid() == sweep_pid:
         time.sleep(ORPHAN_POLL_S)
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__  # nobody relays lines now
     if _run_active.is_set():
         os.kill(os.getpid(), signal.SIGINT)
         deadline = time.monotonic() + ORPHAN_GRACE_S

@@ -23,7 +23,7 @@ from rich.progress import (
 
 from che_bench.config import RunConfig
 from che_bench.outcomes import RunResult
-from che_bench.train.progress import LINE_INTERVAL_S, ProgressLines
+from che_bench.train.progress import LINE_INTERVAL_S, ProgressLines, clock_text
 
 
 class SweepView(Protocol):
@@ -150,7 +150,4 @@ class GridView:
     def _eta(self, remaining: int) -> str:
         if not self.done:
             return "-"
-        seconds = (time.monotonic() - self.started) / self.done * remaining
-        minutes, secs = divmod(int(seconds), 60)
-        hours, minutes = divmod(minutes, 60)
-        return f"{hours}:{minutes:02d}:{secs:02d}"
+        return clock_text((time.monotonic() - self.started) / self.done * remaining)
