@@ -39,9 +39,16 @@ def test_worker_lines_reach_the_sweeps_stderr_whole_and_in_order(monkeypatch):
     )
 
 
-def test_lines_written_during_the_live_bar_go_above_it_wrapped_at_spaces():
-    """As a single run's messages: a worker's line said while the bar is shown is printed
-    by the bar's console, at spaces, never cut inside a word at the terminal's edge."""
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_lines_written_during_the_live_bar_go_above_it_wrapped_at_spaces(monkeypatch):
+    """As a single run's messages: a worker's line said while the bar is shown (standard
+    error on the terminal too) is printed by the bar's console, at spaces, never cut inside a
+    word at the terminal's edge."""
+    monkeypatch.setattr("sys.stderr", Terminal())
     out = io.StringIO()
     console = Console(file=out, width=40, force_terminal=True, color_system=None)
     view = GridView(console, live=True)
@@ -71,9 +78,11 @@ class Recorded(io.StringIO):
 
 
 def test_a_sweep_with_stderr_not_a_terminal_prints_a_progress_line_every_interval(monkeypatch):
+    """``sweep ... 2> file`` with the bar on the terminal: the lines go to the file."""
     stderr = Recorded()
     monkeypatch.setattr("sys.stderr", stderr)
-    view = GridView(Console(file=io.StringIO()), live=True, interval=0.01)
+    terminal = Console(file=io.StringIO(), force_terminal=True)
+    view = GridView(terminal, live=True, interval=0.01)
     view.start([], [make_config("even_pairs", "none", None, "smoke")] * 4)
     with view:
         view.update(running=2, left=2)

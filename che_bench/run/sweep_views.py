@@ -96,6 +96,9 @@ class GridView:
             TimeElapsedColumn(),
             console=console,
             disable=not shows_bar,
+            # Standard error goes above the bar only when it is a terminal too: `2> file`
+            # keeps the workers' messages and the progress lines in the file.
+            redirect_stderr=sys.stderr.isatty(),
         )
         self.task: TaskID | None = None
 
