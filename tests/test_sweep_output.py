@@ -87,7 +87,8 @@ def test_a_sweep_with_stderr_not_a_terminal_prints_a_progress_line_every_interva
     with view:
         view.update(running=2, left=2)
         assert stderr.wrote.wait(timeout=60)
-    assert stderr.getvalue().startswith("che-bench: sweep: runs done 0/4 (0%), 2 running, 0 failed, ")
+    assert stderr.getvalue().startswith(
+        "che-bench: sweep: runs done 0/4 (0%), 2 running, 0 failed, ")
 
 
 def test_no_progress_lines_without_live_progress(monkeypatch):
@@ -156,5 +157,6 @@ def test_the_tables_note_names_what_runs_changed_from_their_preset():
         for seed in (0, 1) for lr in (1e-3, 3e-3)
     ]
     texts = [json.dumps(config) for config in configs]
-    assert preset_changes(texts) == " with steps = 400, test_lengths = 41..60 (2 lengths), length_seed = 0"
+    assert preset_changes(texts) == (
+        " with steps = 400, test_lengths = 41..60 (2 lengths), length_seed = 0")
     assert preset_changes([json.dumps(make_config("even_pairs", preset="quick").to_dict())]) == ""
