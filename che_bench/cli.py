@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import NoReturn
 
@@ -32,6 +33,9 @@ COMMAND_MODULES = (
     "che_bench.commands.selftest",
 )
 
+#: The exit status of a command whose output was closed by its reader (``che-bench runs |
+#: head``): 128 + SIGPIPE, as a program that the closed pipe's signal stopped.
+CLOSED_OUTPUT_EXIT = 141
 #: The flag of the portable CPU mode, whose environment ``main`` sets before torch starts.
 PORTABLE_CPU_FLAG = BY_NAME["portable_cpu"].flag
 
@@ -94,7 +98,17 @@ def split_plugin_arguments(argv: list[str]) -> tuple[list[str], bool, list[str]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """Run the command of ``argv`` (default ``sys.argv[1:]``); its exit status. A command
+    whose output's reader went away (``che-bench runs | head``) stops quietly with
+    ``CLOSED_OUTPUT_EXIT``."""
+    try:
+        return _run_command(sys.argv[1:] if argv is None else list(argv))
+    except BrokenPipeError:
+        _discard_output()
+        return CLOSED_OUTPUT_EXIT
+
+
+def _run_command(argv: list[str]) -> int:
     if PORTABLE_CPU_FLAG in argv:
         # Before anything imports torch: the libraries read these settings when they start.
         set_portable_environment()
@@ -113,8 +127,22 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"che-bench: error: {exc}\n")
         return 2
     except KeyboardInterrupt:
-        sys.stderr.write("che-bench: interrupted\n")
+        from che_bench.train.progress import say
+
+        say("che-bench: interrupted\n")  # (stderr may be the pipe the Ctrl-C closed)
         return 130
+
+
+def _discard_output() -> None:
+    """Point standard output at /dev/null: its reader is gone, and Python's last flush of
+    what is still buffered must not fail again at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (a captured stream)
+        pass
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ from __future__ import annotations
 import gc
 import os
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where a GPU is asked: the command line checks arguments without it
+    import torch
 
 #: The part of the memory the driver reports free that this process plans for: 1/N for one
 #: of a sweep's N workers sharing a GPU, a Ray task's GPU fraction; all of it otherwise.
@@ -56,6 +58,8 @@ def free_gpu_memory(device: torch.device) -> int:
     """Bytes this process can still fill on a GPU: its part of what the driver reports free
     plus what its caching allocator holds reserved but unallocated (free for this process,
     though the driver counts it as used)."""
+    import torch
+
     free, _ = torch.cuda.mem_get_info(device)
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return int(free * _gpu_share) + cached
@@ -67,4 +71,6 @@ def release_memory(device: torch.device) -> None:
     traceback keeps the failed attempt's frames, and so its tensors, alive."""
     gc.collect()
     if device.type == "cuda":
+        import torch
+
         torch.cuda.empty_cache()

@@ -82,3 +82,61 @@ def test_check_model_prints_the_step_time_and_the_quick_preset_estimate(monkeypa
     )
     assert f"the quick preset's {config.steps:,} steps: about " in line
     assert duration_text(0.25 * config.steps) in line
+
+
+def test_the_evaluation_eta_holds_when_one_length_takes_over_30_seconds():
+    """Issue 44 item 18: rich's own column averaged the last 30 s only and read -:--:-- from
+    n = 641 to the end; the bar's column averages since the start."""
+    from rich.progress import Progress, TimeRemainingColumn
+
+    now = [0.0]
+    bar = Progress(get_time=lambda: now[0])
+    task = bar.add_task("eval", total=10)
+    for at in (100.0, 200.0):  # 100 s a unit of work
+        now[0] = at
+        bar.advance(task, 1)
+    shown = bar.tasks[0]
+    assert TimeRemainingColumn().render(shown).plain == "-:--:--"
+    assert progress.AverageTimeRemaining().render(shown).plain == "0:13:20"  # 8 x 100 s
+
+
+def test_progress_lines_estimate_the_time_left_from_the_share_of_work_done(capsys):
+    """An evaluation's lengths cost more as they grow: its lines estimate from the work."""
+    now = [0.0]
+    lines = ProgressLines("evaluate", 4, 0, interval=0, clock=lambda: now[0], unit="length")
+    now[0] = 60.0
+    lines.report(2, "n=41 done", done_share=0.25)  # half the lengths, a quarter of the work
+    assert capsys.readouterr().err == (
+        "che-bench: evaluate: length 2/4 (50%), n=41 done, 1 min 00 s elapsed, "
+        "about 3 min 00 s left\n"
+    )
+
+
+def test_evaluate_weighs_its_lengths_by_their_cost_and_says_how_to_see_its_result(
+    tmp_path, monkeypatch, capsys
+):
+    """The run's header counts the lengths its evaluation goes through (in-distribution ones
+    too); a re-evaluation's progress is weighed by each length's work, and its last line is
+    the command that shows it."""
+    store = tmp_path / "s.sqlite"
+    assert main(["run", "--task", "even_pairs", "--preset", "smoke", "--steps", "4",
+                 "--test-lengths", "41,50", "--device", "cpu", "--no-progress",
+                 "--store", str(store)]) == 0
+    header = " ".join(capsys.readouterr().err.split())
+    assert ("evaluated at 7 lengths: test 41..50 (2 lengths), in-distribution 1..40 (5 lengths)"
+            in header)
+    reports = []
+    monkeypatch.setattr(ProgressLines, "report", lambda self, step, detail, done_share=None:
+                        reports.append((step, done_share)))
+    from che_bench.store import ResultStore
+
+    run_id = ResultStore(store).runs()["run_id"].iloc[0]
+    assert main(["evaluate", run_id, "--test-lengths", "100,200", "--store", str(store)]) == 0
+    shares = [share for _, share in reports]
+    assert [step for step, _ in reports] == [1, 2, 3, 4, 5, 6, 7] and shares[-1] == 1
+    assert shares[5] < 0.5  # n = 200 (a transformer: its input squared) is most of the work
+    evaluation = ResultStore(store).evaluations()["evaluation"].iloc[-1]
+    last = capsys.readouterr().out.splitlines()[-2:]
+    assert last == [f"see evaluation {evaluation} with (export, plot and report take "
+                    "--evaluation too):", f"  che-bench table --evaluation {evaluation} "
+                    f"--store {store}"]

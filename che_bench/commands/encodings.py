@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from che_bench.encodings import list_encodings
 from che_bench.reports.text_tables import Column, fit_table, wrap
 
 BIAS_LINE = "bias: the encoding adds a bias to the attention scores (DAPE then sees 2H channels)."
@@ -22,6 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handler(args: argparse.Namespace) -> int:
+    from che_bench.encodings import list_encodings
     from che_bench.encodings.base import ENCODINGS
 
     columns = [

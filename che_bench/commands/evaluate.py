@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
 from che_bench.commands.common import (
@@ -83,27 +84,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def evaluate_command(args: argparse.Namespace) -> int:
+    from che_bench.store import resolve_run_ids
+
+    options = runtime_options_from_args(args)
+    check_samples_arguments(args)
+    store = existing_store(args.store, for_writing=not args.checkpoint)
+    run_ids = resolve_run_ids(store, args.run_ids)
+
+    # The arguments and run ids are checked: now torch (``che_bench.run.device``).
     from che_bench.run.device import (
         check_portable_device,
         configure_numerics,
         prepare_deterministic_cublas,
         resolve_device,
     )
-    from che_bench.store import resolve_run_ids
 
-    options = runtime_options_from_args(args)
     if options.deterministic:
         prepare_deterministic_cublas()
     device = resolve_device(options.device)
     check_portable_device(device, options.portable_cpu)
-    check_samples_arguments(args)
     use_threads(options)
-    store = existing_store(args.store, for_writing=not args.checkpoint)
-    run_ids = resolve_run_ids(store, args.run_ids)
     recorded_tf32 = _recorded_tf32(store.run_details(run_ids))
     configure_numerics(recorded_tf32, options.deterministic, options.portable_cpu)
-    evaluate_models = _evaluate_checkpoints if args.checkpoint else _evaluate_kept_models
-    models, configs = evaluate_models(store, run_ids, args, device, options.progress)
+    if args.checkpoint:
+        models, configs = _evaluate_checkpoints(store, run_ids, args, device, options.progress)
+        recorded = []
+    else:
+        models, configs, recorded = _evaluate_kept_models(
+            store, run_ids, args, device, options.progress
+        )
     if args.samples is not None:
         from che_bench.eval.predictions import write_samples
 
@@ -111,12 +120,19 @@ def evaluate_command(args: argparse.Namespace) -> int:
             args.samples, run_ids, models, configs, device, args.samples_per_length
         )
         print(f"wrote {written} sample predictions to {args.samples}")
+    for evaluation_id in dict.fromkeys(recorded):
+        store_flag = f" --store {shlex.quote(args.store)}" if args.store else ""
+        print_wrapped(
+            f"see evaluation {evaluation_id} with (export, plot and report take --evaluation too):"
+        )
+        print(f"  che-bench table --evaluation {evaluation_id}{store_flag}")  # whole, to copy
     return 0
 
 
 def _evaluate_kept_models(store, run_ids: list[str], args, device, progress: bool):
     """Evaluate the kept models of complete runs: record a new protocol's results, or compare
-    the original protocol's with the stored curve. Returns the models and their configs."""
+    the original protocol's with the stored curve. Returns the models, their configs and the
+    ids of the evaluations recorded."""
     from che_bench.eval.reevaluation import reevaluate
     from che_bench.run.kept_models import load_model
 
@@ -124,14 +140,15 @@ def _evaluate_kept_models(store, run_ids: list[str], args, device, progress: boo
     configs = _evaluation_configs(originals, runs, args)
     models = [load_model(store.path, run_id)[1] for run_id in run_ids]
     evaluations = reevaluate(models, configs, device, progress=progress)
+    recorded = []
     for run_id, original, config, result in zip(
         run_ids, originals, configs, evaluations, strict=False
     ):
         if config.evaluation_protocol() == original.evaluation_protocol():
             _compare_with_stored(store, run_id, result)
         else:
-            _record_evaluation(store, run_id, config, result, device)
-    return models, configs
+            recorded.append(_record_evaluation(store, run_id, config, result, device))
+    return models, configs, recorded
 
 
 def _evaluate_checkpoints(store, run_ids: list[str], args, device, progress: bool):
@@ -219,8 +236,8 @@ def _stored_runs(store, run_ids: list[str]):
     return runs, configs
 
 
-def _record_evaluation(store, run_id: str, config, result, device) -> None:
-    """Record a re-evaluation under a new protocol and say what it scored."""
+def _record_evaluation(store, run_id: str, config, result, device) -> str:
+    """Record a re-evaluation under a new protocol and say what it scored; its id."""
     from che_bench.run.device import describe_device
     from che_bench.run.runner import software_versions
     from che_bench.store import describe_protocol
@@ -241,6 +258,7 @@ def _record_evaluation(store, run_id: str, config, result, device) -> None:
         f"{result.train_accuracy:.2%}, exact match {result.exact_score:.2%}; "
         f"{result.seconds:.0f} s"
     )
+    return evaluation_id
 
 
 def _recorded_tf32(details: dict[str, dict]) -> bool:

@@ -11,7 +11,6 @@ from che_bench.commands.common import (
     existing_store,
     runs_of_arch_filter,
 )
-from che_bench.store import resolve_run_ids
 
 #: The columns of ``che-bench runs``.
 RUN_COLUMNS = (
@@ -161,6 +160,7 @@ def _started(run, store_path) -> str:
 
 def evaluations_command(args: argparse.Namespace) -> int:
     from che_bench.reports.labels import run_model_label
+    from che_bench.store import resolve_run_ids
 
     store = existing_store(args.store)
     runs = store.runs().set_index("run_id")

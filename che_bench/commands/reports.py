@@ -14,8 +14,7 @@ from che_bench.commands.common import (
     runs_of_arch_filter,
 )
 from che_bench.errors import CheBenchError
-from che_bench.reports.tables import FORMATS, METRICS
-from che_bench.store import resolve_run_ids
+from che_bench.reports import FORMATS, METRICS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -252,6 +251,7 @@ def plot_command(args: argparse.Namespace) -> int:
 
 def curves_command(args: argparse.Namespace) -> int:
     from che_bench.reports.plots import plot_curves
+    from che_bench.store import resolve_run_ids
 
     store = existing_store(args.store)
     path = plot_curves(store, resolve_run_ids(store, args.run_ids), args.out)
@@ -262,6 +262,7 @@ def curves_command(args: argparse.Namespace) -> int:
 def report_command(args: argparse.Namespace) -> int:
     from che_bench.commands.command_lines import run_command_line
     from che_bench.reports.html import write_report
+    from che_bench.store import resolve_run_ids
 
     store = existing_store(args.store)
     run_ids = None if args.run_ids is None else resolve_run_ids(store, args.run_ids)

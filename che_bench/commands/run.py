@@ -143,17 +143,20 @@ def parse_learning_rates(text: str) -> list[float]:
 def run_command(args: argparse.Namespace) -> int:
     """The cell's runs as a sweep on the in-process backend (``che_bench.run.sweep.run_sweep``,
     the one execution path), reported as a run: what is done, each result, the table row."""
-    from che_bench.run.device import resolve_device
     from che_bench.run.packing import parse_pack_width
-    from che_bench.run.sweep import InProcessBackend, run_sweep
-    from che_bench.store import ResultStore
 
-    configs = cell_configs(args)
+    # The arguments are checked before torch is imported (``che_bench.run.device``).
     width = parse_pack_width(args.pack)
     check_samples_arguments(args)
     if args.samples is not None and args.no_keep_model:
         raise CheBenchError("--samples reads the kept models: leave out --no-keep-model")
+    configs = cell_configs(args)
     options = runtime_options_from_args(args)
+
+    from che_bench.run.device import resolve_device
+    from che_bench.run.sweep import InProcessBackend, run_sweep
+    from che_bench.store import ResultStore
+
     resolve_device(options.device)  # a bad device fails before anything is written
     use_threads(options)
     store = ResultStore(args.store)
@@ -210,6 +213,16 @@ def _print_table(store, run_ids: list[str]) -> None:
     print(format_table(store, run_ids=run_ids, compare=compare), end="")
 
 
+def _evaluated_lengths(config: RunConfig) -> str:
+    """The lengths the evaluation goes through (its bar counts them all): the test lengths
+    and the in-distribution ones."""
+    lengths = set(config.test_lengths) | set(config.train_eval_lengths)
+    return (
+        f"evaluated at {len(lengths)} lengths: test {format_lengths(config.test_lengths)}, "
+        f"in-distribution {format_lengths(config.train_eval_lengths)}"
+    )
+
+
 class RunView:
     """How ``che-bench run`` reports its sweep (``che_bench.run.sweep_views.SweepView``): the runs
     already complete, the runs starting and what they are expected to take (on standard
@@ -250,8 +263,7 @@ class RunView:
             f"run {', '.join(c.run_id() for c in todo)}: {self.label}, preset {first.preset}, "
             f"{several}{first.steps} steps, lr {', '.join(sorted({f'{c.lr:g}' for c in todo}))}, "
             f"seed {', '.join(sorted({str(c.seed) for c in todo}, key=int))}, "
-            f"test lengths {format_lengths(first.test_lengths)}, "
-            f"{self.parameters:,} parameters",
+            f"{_evaluated_lengths(first)}, {self.parameters:,} parameters",
             file=sys.stderr,
         )
         if self.expect is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from functools import partial
 from pathlib import Path
 
@@ -145,7 +146,10 @@ def _run_grid(
         make_backend = partial(_local_backend, args, options)
     else:
         make_backend = partial(_ray_backend, args, suite, options, pack != 1)
-    console.print(f"suite [bold]{suite.name}[/]: {len(configs)} runs, store {store.path}")
+    console.print(
+        f"suite [bold]{suite.name}[/]: {len(configs)} runs, {_preset_text(suite)}, "
+        f"store {store.path}",
+    )
     alone = unpackable(configs) if pack != 1 else 0
     if alone:
         console.print(
@@ -236,7 +240,7 @@ def _print_grid(console: Console, suite, configs, store) -> None:
         for run_id in stale_runs(complete, store):
             statuses[run_id] = "complete, stale (plugin changed)"
     console.print(
-        f"suite {suite.name} ({suite.path}): {len(configs)} runs, preset {suite.preset}",
+        f"suite {suite.name} ({suite.path}): {len(configs)} runs, {_preset_text(suite)}",
         markup=False,
     )
     columns = [
@@ -256,6 +260,13 @@ def _print_grid(console: Console, suite, configs, store) -> None:
         f"{len(configs)} runs: {done} complete in the store, {len(configs) - done} "
         "to run (dry run: nothing ran)"
     )
+
+
+def _preset_text(suite) -> str:
+    """The suite's preset and the settings its ``[overrides]`` change, as the file spells
+    them (``preset quick with steps = 400``)."""
+    changes = ", ".join(f"{name} = {json.dumps(value)}" for name, value in suite.overrides.items())
+    return f"preset {suite.preset}" + (f" with {changes}" if changes else "")
 
 
 def _positive_int(text: str) -> int:

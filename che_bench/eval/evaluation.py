@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TextColumn
 
 from che_bench.config import RunConfig
 from che_bench.device_memory import free_gpu_memory, release_memory
@@ -38,7 +38,7 @@ from che_bench.outcomes import Scores
 from che_bench.tasks.base import Task
 from che_bench.train.batches import host_to_device
 from che_bench.train.metrics import check_token_ids, exact_counts, masked_counts
-from che_bench.train.progress import ProgressLines, progress_display
+from che_bench.train.progress import AverageTimeRemaining, ProgressLines, progress_display
 
 #: Share of the free GPU memory an evaluation's row chunks may fill (the rest: weights,
 #: activations outside attention, the allocator's slack, other processes on the GPU).
@@ -60,19 +60,7 @@ def evaluate(
     started = time.perf_counter()
     model.train(config.dropout_at_eval)
     use_evaluation_budget(model, device)
-    lengths = [*config.train_eval_lengths, *config.test_lengths]
-    accuracies: dict[int, list[float]] = {}
-    exact: dict[int, list[float]] = {}
-    rows = ForwardRows()
-    with _progress_bar(progress, len(lengths)) as bar:
-        for length in dict.fromkeys(lengths):  # in order, each once
-            accuracies[length], exact[length] = length_scores(
-                model, task, config, length, device, rows
-            )
-            if isinstance(bar, Progress):
-                bar.update(bar.task_ids[0], advance=1, description=f"eval n={length}")
-            elif bar is not None:
-                bar.report(len(accuracies), f"n={length} done")
+    accuracies, exact = _scores_by_length(model, task, config, device, progress)
     seconds = time.perf_counter() - started
     evaluations = []
     for member in range(model.members):
@@ -99,6 +87,35 @@ def evaluate(
             )
         )
     return evaluations
+
+
+def _scores_by_length(
+    model: BenchModel, task: Task, config: RunConfig, device: torch.device, progress: bool
+) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """Each member's token and exact-match accuracies at every in-distribution and test
+    length (``length_scores``), in that order, with the progress shown (``_progress_bar``)."""
+    lengths = list(dict.fromkeys([*config.train_eval_lengths, *config.test_lengths]))
+    work = [length_work(task, config, length) for length in lengths]
+    accuracies: dict[int, list[float]] = {}
+    exact: dict[int, list[float]] = {}
+    rows = ForwardRows()
+    with _progress_bar(progress, len(lengths), sum(work)) as bar:
+        for done, (length, cost) in enumerate(zip(lengths, work, strict=True), start=1):
+            accuracies[length], exact[length] = length_scores(
+                model, task, config, length, device, rows
+            )
+            if isinstance(bar, Progress):
+                bar.update(bar.task_ids[0], advance=cost, done=done, description=f"eval n={length}")
+            elif bar is not None:
+                bar.report(done, f"n={length} done", done_share=sum(work[:done]) / sum(work))
+    return accuracies, exact
+
+
+def length_work(task: Task, config: RunConfig, length: int) -> float:
+    """The relative time of evaluating ``length``, for the time left: the model's input
+    tokens, squared for a transformer (attention dominates at long lengths)."""
+    tokens = task.model_length(length)
+    return float(tokens**2 if config.is_transformer else tokens)
 
 
 def evaluation_budget(device: torch.device) -> int:
@@ -227,16 +244,16 @@ def _counts(model: BenchModel, inputs, targets, mask, draws, dropout_seeds, rows
 
 
 def _progress_bar(
-    enabled: bool, total: int
+    enabled: bool, lengths: int, work: float
 ) -> AbstractContextManager[Progress | ProgressLines | None]:
     """The bar on a terminal; elsewhere ``ProgressLines`` (a line a minute: a slow model's
-    evaluation is seen to move); None when not ``enabled``."""
+    evaluation is seen to move); None when not ``enabled``. The bar advances by ``work``
+    (``length_work``), so that its time left holds for the long lengths at the end."""
     columns = (
         TextColumn("{task.description}"),
         BarColumn(bar_width=24),
-        MofNCompleteColumn(),
-        TextColumn("lengths · ETA"),
-        TimeRemainingColumn(),
+        TextColumn(f"{{task.fields[done]}}/{lengths} lengths · ETA"),
+        AverageTimeRemaining(),
     )
-    lines = functools.partial(ProgressLines, "evaluate", total, 0, unit="length")
-    return progress_display(enabled, lines, columns, "eval", total)
+    lines = functools.partial(ProgressLines, "evaluate", lengths, 0, unit="length")
+    return progress_display(enabled, lines, columns, "eval", work, done=0)

@@ -27,7 +27,7 @@ import pandas as pd
 
 from che_bench.config import TRANSFORMER
 from che_bench.errors import CheBenchError
-from che_bench.reports import best_of, grazzi, table_formats, unregistered
+from che_bench.reports import FORMATS, METRICS, best_of, grazzi, table_formats, unregistered
 from che_bench.reports.chance import run_exact_chance
 from che_bench.reports.labels import (
     CHE_BASELINES,
@@ -43,14 +43,11 @@ from che_bench.reports.paper import (
     paper_protocol_text,
     paper_table_or_none,
 )
+from che_bench.reports.preset_changes import preset_changes
 from che_bench.reports.scaled import with_scaled_accuracy
 from che_bench.reports.table_formats import PAPER_SUFFIX, cell_text, chance_text, paper_text
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
 
-FORMATS = ("text", "csv", "markdown", "latex")
-#: ``--metric``: token-level accuracy (the paper's), sequence-level exact match, or token
-#: accuracy scaled to chance (Grazzi et al.'s, ``reports.scaled``).
-METRICS = ("token", "exact", "scaled")
 METRIC_NOTES = {
     "token": "accuracy % = correct scored tokens / scored tokens",
     "exact": "exact match % = sequences with every scored token right / sequences",
@@ -345,7 +342,8 @@ def _notes(
     presets = ", ".join(sorted(set(runs["preset"])))
     notes = [
         f"cells: {METRIC_NOTES[metric]}, max over seeds/learning rates (mean±std over runs, n "
-        f"runs); complete runs only; preset(s): {presets}; {CHANCE_NOTES[metric]}",
+        f"runs); complete runs only; preset(s): {presets}{preset_changes(runs['config'])}; "
+        f"{CHANCE_NOTES[metric]}",
     ]
     if metric == "exact":
         notes.append("exact match: runs evaluated before it was recorded are left out")

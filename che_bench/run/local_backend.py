@@ -1,6 +1,11 @@
 """The local backend of ``che-bench sweep``: a pool of worker processes on this machine, each
 running one pack at a time.
 
+What the workers write (resuming, checkpoints saved, warnings) travels to the sweep process as
+whole lines, which it prints on its standard error: above its live progress bar and wrapped
+at spaces on a terminal, as a single run's messages are, rather than over the bar. A Ctrl-C
+is announced once, by the sweep, for all the runs it stops.
+
 The workers split the CPUs this process may use (``che_bench.device_memory.available_cpus``)
 between them: their torch threads and the batch workers a wide pack starts. With a GPU named
 without an index (``--device auto`` or ``cuda``) and several GPUs visible, worker k runs on
@@ -11,9 +16,11 @@ free memory equally.
 from __future__ import annotations
 
 import concurrent.futures
+import io
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -25,6 +32,8 @@ from che_bench.device_memory import allow_cpus, available_cpus, share_gpu_among
 from che_bench.outcomes import RunResult
 from che_bench.run.options import RuntimeOptions
 from che_bench.run.runner import execute_runs
+from che_bench.train.loop import announce_interrupts
+from che_bench.train.progress import say
 
 #: How often an idle-or-busy worker checks that the sweep process is still alive.
 ORPHAN_POLL_S = 1.0
@@ -70,6 +79,7 @@ class LocalBackend:
         if options.portable_cpu:  # read as the workers import torch: they inherit it
             set_portable_environment()
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._relay: WorkerLines | None = None
 
     def capacity(self) -> int:
         return self.workers
@@ -93,30 +103,41 @@ class LocalBackend:
     def interrupt(self) -> None:
         if self._pool is None:
             return
+        say(
+            "\nche-bench: stopping the runs in flight after their current step; they save "
+            "checkpoints (Ctrl-C again to abort)\n"
+        )
         for process in list(self._pool._processes.values()):
             try:
                 if process.pid is not None:
                     os.kill(process.pid, signal.SIGINT)
             except ProcessLookupError:
                 pass
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._pool = None
+        self.close()
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        self._stop_relay()
 
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
             # spawn, not fork: forking a process that already runs torch threads can deadlock.
             context = multiprocessing.get_context("spawn")
+            self._relay = WorkerLines(context)
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.workers,
                 mp_context=context,
                 initializer=_init_worker,
                 # The counter numbers the pool's workers as they start (worker k: devices[k]).
-                initargs=(self.threads, os.getpid(), self.devices, context.Value("i", 0)),
+                initargs=(
+                    self.threads,
+                    os.getpid(),
+                    self.devices,
+                    context.Value("i", 0),
+                    self._relay.queue,
+                ),
             )
         return self._pool
 
@@ -124,6 +145,50 @@ class LocalBackend:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+        self._stop_relay()
+
+    def _stop_relay(self) -> None:
+        if self._relay is not None:
+            self._relay.stop()
+            self._relay = None
+
+
+class WorkerLines:
+    """The sweep's side of its workers' output: a queue of lines, printed on this process's
+    standard error by a thread as they arrive (until ``stop``)."""
+
+    def __init__(self, context: Any) -> None:
+        self.queue = context.Queue()
+        self.thread = threading.Thread(target=self._print_lines, daemon=True)
+        self.thread.start()
+
+    def _print_lines(self) -> None:
+        for line in iter(self.queue.get, None):
+            say(line + "\n")  # (sys.stderr: a live bar's proxy while one is shown)
+
+    def stop(self) -> None:
+        """Print what is queued still, then stop (the workers have exited or are abandoned)."""
+        self.queue.put(None)
+        self.thread.join()
+        self.queue.close()
+
+
+class LinesToSweep(io.TextIOBase):
+    """A worker's standard output and error: each whole line is put on ``queue``, for the
+    sweep to print (``WorkerLines``); a partial line waits for its end."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+        self.pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.queue.put(line)
+        return len(text)
 
 
 _run_active = threading.Event()
@@ -131,11 +196,16 @@ _run_active = threading.Event()
 _worker_device: str | None = None
 
 
-def _init_worker(threads: int, sweep_pid: int, devices: list[str], counter: Any) -> None:
-    """Worker set-up: torch threads, its device and its part of that GPU's memory and of the
-    CPUs, glibc's thresholds (``keep_freed_memory``), Ctrl-C handling, and an orphan watchdog."""
+def _init_worker(
+    threads: int, sweep_pid: int, devices: list[str], counter: Any, lines: Any
+) -> None:
+    """Worker set-up: its output sent to the sweep (``LinesToSweep``), torch threads, its
+    device and its part of that GPU's memory and of the CPUs, glibc's thresholds
+    (``keep_freed_memory``), Ctrl-C handling, and an orphan watchdog."""
     import torch
 
+    sys.stdout = sys.stderr = LinesToSweep(lines)
+    announce_interrupts(False)  # the sweep says it once for all its runs
     keep_freed_memory()
     torch.set_num_threads(threads)
     take_place(claim_index(counter), devices)
@@ -184,6 +254,7 @@ def _watch_sweep(sweep_pid: int) -> None:
     stopped first so it saves its checkpoint. Without this, orphaned workers would live on."""
     while os.getppid() == sweep_pid:
         time.sleep(ORPHAN_POLL_S)
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__  # nobody relays lines now
     if _run_active.is_set():
         os.kill(os.getpid(), signal.SIGINT)
         deadline = time.monotonic() + ORPHAN_GRACE_S

@@ -11,13 +11,16 @@ run's numerics); on a CPU, ``CPU_AUTO_WIDTH`` (packing there gains nothing measu
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-
-from che_bench.config import RunConfig, group_into_packs
+from che_bench.config import group_into_packs
 from che_bench.device_memory import free_gpu_memory, release_memory
 from che_bench.errors import CheBenchError
+
+if TYPE_CHECKING:  # torch is imported where a width is measured: `--pack` is checked first
+    import torch
+
+    from che_bench.config import RunConfig
 
 AUTO = "auto"
 #: ``--pack auto`` on a CPU. There a step is memory-bound: a pack of 4 measured 0.99-1.07x
@@ -54,6 +57,9 @@ def training_bytes_per_member(config: RunConfig, device: torch.device) -> int:
     a pack of ``PROBE_MEMBERS`` (its share of what the pack holds beyond the weights: an upper
     bound on what each member of a wider pack adds); measured on ``device``, a GPU (elsewhere
     only with faked memory queries, in tests)."""
+    import numpy as np
+    import torch
+
     from che_bench.model.architectures import build_architecture
     from che_bench.train.metrics import token_loss
     from che_bench.train.step import teacher_targets
@@ -84,6 +90,8 @@ def training_bytes_per_member(config: RunConfig, device: torch.device) -> int:
 def resolve_width(width: int | str, config: RunConfig, device: torch.device) -> int:
     """The pack width to use on ``device``: ``width`` itself, or for ``auto`` what the device
     allows (see the module docstring)."""
+    import torch
+
     if width != AUTO:
         return int(width)
     if device.type != "cuda":

@@ -124,9 +124,11 @@ def run_sweep(
     all (default ``GridView``: each finished run logged as one line on ``console``; with
     ``live`` and a terminal, a progress bar of done / running / failed / left and an ETA).
     Ctrl-C stops the runs in flight (they checkpoint), leaves them unrecorded and re-raises
-    KeyboardInterrupt. The backend is closed on return. A complete run whose plugin changed
-    since (``che_bench.run.stale``) is named to ``view`` in one line and kept, or, with
-    ``rerun_stale``, run again (its stored result replaced when the new one is recorded).
+    KeyboardInterrupt; so does any other error here (a failed write to a closed output, say),
+    which is re-raised once they have stopped. The backend is closed on return. A complete run
+    whose plugin changed since (``che_bench.run.stale``) is named to ``view`` in one line and
+    kept, or, with ``rerun_stale``, run again (its stored result replaced when the new one is
+    recorded).
     """
     view = view or GridView(console or Console(), live)
     outcome, todo = _split_grid(configs, store, max_runs, rerun_stale)
@@ -138,7 +140,9 @@ def run_sweep(
     try:
         with view:
             _execute_packs(backend, _packs(todo, pack, backend), pack, store, outcome, view)
-    except KeyboardInterrupt:
+    except BaseException:
+        # Also when the view's own exit failed (its output closed by the same Ctrl-C, as a
+        # `tee` is): the runs must still be told to stop and checkpoint.
         backend.interrupt()
         raise
     finally:

@@ -1,9 +1,12 @@
 """What a sweep shows while it runs: the ``SweepView`` protocol ``run_sweep`` reports to, and
-``GridView``, the sweep's own (a live progress bar, one line per finished run)."""
+``GridView``, the sweep's own (a live progress bar, one line per finished run, and a progress
+line every minute when standard error is not a terminal, as ``che-bench run`` prints)."""
 
 from __future__ import annotations
 
 import functools
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Protocol
@@ -20,6 +23,7 @@ from rich.progress import (
 
 from che_bench.config import RunConfig
 from che_bench.outcomes import RunResult
+from che_bench.train.progress import LINE_INTERVAL_S, ProgressLines, clock_text
 
 
 class SweepView(Protocol):
@@ -75,12 +79,19 @@ def _default_task_params(task: str) -> dict:
 
 
 class GridView:
-    """Grid progress: a live bar on a terminal, one log line per finished run everywhere."""
+    """Grid progress: a live bar on a terminal, one log line per finished run everywhere; with
+    ``live`` and standard error not a terminal (or no bar), a progress line on it every
+    ``interval`` seconds (default ``LINE_INTERVAL_S``), so that a sweep whose runs take long
+    is seen to move."""
 
-    def __init__(self, console: Console, live: bool) -> None:
+    def __init__(self, console: Console, live: bool, interval: float | None = None) -> None:
         self.console = console
-        self.total = self.done = self.failed = 0
+        self.total = self.done = self.failed = self.running = 0
         self.started = time.monotonic()
+        self.interval = LINE_INTERVAL_S if interval is None else interval
+        shows_bar = live and console.is_terminal
+        self.prints_lines = live and not (shows_bar and sys.stderr.isatty())
+        self._stop_lines = threading.Event()
         self.progress = Progress(
             TextColumn("[bold]sweep"),
             BarColumn(),
@@ -91,7 +102,10 @@ class GridView:
             ),
             TimeElapsedColumn(),
             console=console,
-            disable=not (live and console.is_terminal),
+            disable=not shows_bar,
+            # Standard error goes above the bar only when it is a terminal too: `2> file`
+            # keeps the workers' messages and the progress lines in the file.
+            redirect_stderr=sys.stderr.isatty(),
         )
         self.task: TaskID | None = None
 
@@ -107,12 +121,21 @@ class GridView:
 
     def __enter__(self) -> GridView:
         self.progress.start()
+        if self.prints_lines:
+            lines = ProgressLines("sweep", self.total, 0, interval=0.0, unit="runs done")
+            threading.Thread(target=self._print_lines, args=(lines,), daemon=True).start()
         return self
 
     def __exit__(self, *exc_info) -> None:
+        self._stop_lines.set()
         self.progress.stop()
 
+    def _print_lines(self, lines: ProgressLines) -> None:
+        while not self._stop_lines.wait(self.interval):
+            lines.report(self.done, f"{self.running} running, {self.failed} failed")
+
     def update(self, *, running: int, left: int) -> None:
+        self.running = running
         if self.task is None:  # not started
             return
         self.progress.update(
@@ -141,7 +164,4 @@ class GridView:
     def _eta(self, remaining: int) -> str:
         if not self.done:
             return "-"
-        seconds = (time.monotonic() - self.started) / self.done * remaining
-        minutes, secs = divmod(int(seconds), 60)
-        hours, minutes = divmod(minutes, 60)
-        return f"{hours}:{minutes:02d}:{secs:02d}"
+        return clock_text((time.monotonic() - self.started) / self.done * remaining)

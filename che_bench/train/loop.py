@@ -30,7 +30,6 @@ the current step, checkpoints are written, then KeyboardInterrupt is re-raised.
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -52,7 +51,7 @@ from che_bench.train.checkpoints import (
 from che_bench.train.history import DEFAULT_LOG_EVERY, TrainingHistory
 from che_bench.train.metrics import masked_counts
 from che_bench.train.optimizer import LrSchedule, PackOptimizer, pack_optimizer
-from che_bench.train.progress import training_progress
+from che_bench.train.progress import say, training_progress
 from che_bench.train.readings import Readings, check_in
 from che_bench.train.step import micro_batches_for, projected_modules, training_step
 
@@ -198,7 +197,9 @@ class _PackRun:
         except KeyboardInterrupt:
             if self.checkpoints is not None and self.between_steps:
                 self.save()
-            _report_interrupt(self.checkpoints, self.between_steps, self.step, self.steps)
+            _report_interrupt(
+                self.label(), self.checkpoints, self.between_steps, self.step, self.steps
+            )
             raise
 
     def label(self) -> str:
@@ -284,7 +285,7 @@ def _resume(
         return 0, 0.0
     step, seconds = load_checkpoints(checkpoints, configs, optimizer, stream, history, device)
     runs = ", ".join(config.run_id() for config in configs)
-    sys.stderr.write(
+    say(
         f"che-bench: run{'s' if len(configs) > 1 else ''} {runs}: resuming from step "
         f"{step}/{configs[0].steps} (checkpoint in {checkpoints[0].parent})\n"
     )
@@ -292,21 +293,33 @@ def _resume(
 
 
 def _report_interrupt(
-    checkpoints: Sequence[Path] | None, between_steps: bool, step: int, steps: int
+    label: str, checkpoints: Sequence[Path] | None, between_steps: bool, step: int, steps: int
 ) -> None:
-    """Say on stderr what an interruption kept (the checkpoints are saved by then)."""
+    """Say on stderr what the interruption of the runs ``label`` kept (the checkpoints are
+    saved by then)."""
     if checkpoints is None:
-        sys.stderr.write("che-bench: interrupted (no checkpoint directory, progress lost)\n")
+        kept = "interrupted (no checkpoint directory, progress lost)"
     elif between_steps:
-        sys.stderr.write(
-            f"che-bench: checkpoint saved at step {step}/{steps} in "
-            f"{checkpoints[0].parent}; run the same command again to resume\n"
+        kept = (
+            f"checkpoint saved at step {step}/{steps} in {checkpoints[0].parent}; run the same "
+            "command again to resume"
         )
     else:
-        sys.stderr.write("che-bench: aborted mid-step; a re-run resumes from the last checkpoint\n")
+        kept = "aborted mid-step; a re-run resumes from the last checkpoint"
+    say(f"che-bench: {label}: {kept}\n")
 
 
 # --- Ctrl-C ---------------------------------------------------------------------------------
+
+#: Whether the first Ctrl-C is announced by this process (``announce_interrupts``).
+_announce_interrupts = True
+
+
+def announce_interrupts(announce: bool) -> None:
+    """Whether this process says "stopping after this step" on the first Ctrl-C: not in a
+    local sweep's workers, whose sweep says it once for all the runs it stops."""
+    global _announce_interrupts
+    _announce_interrupts = announce
 
 
 @contextmanager
@@ -324,7 +337,8 @@ def _deferred_interrupt() -> Iterator[threading.Event]:
         if event.is_set():
             raise KeyboardInterrupt
         event.set()
-        sys.stderr.write("\nche-bench: stopping after this step (Ctrl-C again to abort)\n")
+        if _announce_interrupts:
+            say("\nche-bench: stopping after this step (Ctrl-C again to abort)\n")
 
     signal.signal(signal.SIGINT, handler)
     try:

@@ -19,10 +19,12 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     ProgressColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
 #: Seconds of wall time between two progress lines when standard error is not a terminal.
 LINE_INTERVAL_S = 60.0
@@ -44,6 +46,24 @@ def duration_text(seconds: float) -> str:
     if whole < 3600:
         return f"{whole // 60} min {whole % 60:02d} s"
     return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
+def clock_text(seconds: float) -> str:
+    """``H:MM:SS``, as the live bars show times."""
+    minutes, whole_seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{whole_seconds:02d}"
+
+
+def say(text: str) -> None:
+    """Write ``text`` on standard error. On a closed stream (a pipe whose reader is gone:
+    ``tee`` stopped by the same Ctrl-C) the text is lost rather than raised as an error in the
+    middle of the work it reports on, such as saving a checkpoint."""
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a broken pipe; ValueError: the stream was closed
+        pass
 
 
 class ProgressLines:
@@ -70,21 +90,35 @@ class ProgressLines:
     def update(self, step: int, loss: float, accuracy: float) -> None:
         self.report(step, f"loss {loss:.4f}, acc {accuracy:.1%}")
 
-    def report(self, step: int, detail: str) -> None:
-        """A line (``step`` of ``steps`` done, ``detail``) if the interval has passed."""
+    def report(self, step: int, detail: str, done_share: float | None = None) -> None:
+        """A line (``step`` of ``steps`` done, ``detail``) if the interval has passed; the time
+        left is estimated from ``done_share``, the share of this session's work done, when
+        steps differ in cost (an evaluation's lengths), else from the steps."""
         now = self.clock()
         if now < self.next_line:
             return
         self.next_line = now + self.interval
         elapsed = now - self.started
-        done = step - self.start_step
-        left = elapsed / done * (self.steps - step) if done > 0 else math.inf
-        sys.stderr.write(
+        if done_share is None:
+            done_share = (step - self.start_step) / max(self.steps - self.start_step, 1)
+        left = elapsed * (1 - done_share) / done_share if done_share > 0 else math.inf
+        say(
             f"che-bench: {self.label}: {self.unit} {step:,}/{self.steps:,} "
             f"({step / max(self.steps, 1):.0%}), {detail}, "
             f"{duration_text(elapsed)} elapsed, about {duration_text(left)} left\n"
         )
-        sys.stderr.flush()
+
+
+class AverageTimeRemaining(ProgressColumn):
+    """The time left at the average speed since the start, in the task's units (weight them
+    by cost where steps differ). Rich's ``TimeRemainingColumn`` averages the last 30 s only and
+    shows -:--:-- once a single step takes longer: an evaluation's longest lengths."""
+
+    def render(self, task: Task) -> Text:
+        if not task.completed or task.total is None or task.elapsed is None:
+            return Text("-:--:--", style="progress.remaining")
+        left = task.elapsed / task.completed * (task.total - task.completed)
+        return Text(clock_text(left), style="progress.remaining")
 
 
 class _Bar:
@@ -103,7 +137,7 @@ def progress_display(
     lines: Callable[[], ProgressLines],
     columns: Sequence[ProgressColumn],
     description: str,
-    total: int,
+    total: float,
     completed: int = 0,
     **fields: Any,
 ) -> Iterator[Progress | ProgressLines | None]:
