@@ -94,6 +94,9 @@ class StoppedBackend:
 class ViewOnClosedOutput:
     """A sweep view whose last write (clearing its bar) fails: the output's reader is gone."""
 
+    def stale(self, notices) -> None:
+        pass
+
     def start(self, already_complete, todo) -> None:
         pass
 

@@ -72,7 +72,7 @@ def test_the_evaluation_progress_bar_labels_its_countdown(monkeypatch):
     output = io.StringIO()
     monkeypatch.setattr(progress, "Console", lambda stderr: Console(
         file=output, force_terminal=True, width=100, color_system=None))
-    with evaluation._progress_bar(True, 24) as bar:
+    with evaluation._progress_bar(True, 24, 24.0) as bar:
         bar.refresh()
     shown = output.getvalue()
     assert re.search(r"0/24 lengths · ETA -:--:--", shown), shown

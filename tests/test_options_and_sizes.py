@@ -52,9 +52,10 @@ def test_options_and_parameters_are_shown_wherever_a_run_is_named(
     assert plain == parameter_count("parity_check", {}, "transformer",
                                     _model_arguments(config)) and plain != lstm
     assert (f"run {plain_id}: parity_check / test_plain · gate_bias_init=-2, preset smoke, 2 "
-            f"steps, lr 0.001, seed 0, test lengths 41, {plain:,} parameters") in header
+            f"steps, lr 0.001, seed 0, evaluated at ") in header
+    assert f"in-distribution 1..40 (5 lengths), {plain:,} parameters" in header
     assert f"run {lstm_id}: parity_check / LSTM · hidden_size=4, preset smoke" in header
-    assert f"test lengths 41, {lstm:,} parameters" in header
+    assert f"(5 lengths), {lstm:,} parameters" in header
 
     assert main(["runs", "--store", str(store)]) == 0
     listing = capsys.readouterr().out

@@ -65,6 +65,14 @@ def register(subparsers) -> None:
         help="print the grid (count and runs, with their status) and run nothing",
     )
     add_store_argument(parser)
+    _add_part_arguments(parser)
+    _add_ray_arguments(parser)
+    add_no_progress_argument(parser)
+    parser.set_defaults(handler=run_sweep_command)
+
+
+def _add_part_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that run a part of the grid: its first runs, or one shard of it."""
     parser.add_argument(
         "--max-runs",
         type=_positive_int,
@@ -79,9 +87,6 @@ def register(subparsers) -> None:
         "job of a SLURM array or of several clusters, each with its own --store, merged "
         "afterwards with `che-bench merge`",
     )
-    _add_ray_arguments(parser)
-    add_no_progress_argument(parser)
-    parser.set_defaults(handler=run_sweep_command)
 
 
 def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
