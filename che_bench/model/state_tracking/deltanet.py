@@ -143,7 +143,7 @@ class DeltaMixer(nn.Module):
         if self.forget_gate:
             rate = F.softplus(gate_in + per_member(self.dt_bias, 4))
             log_decay = (-per_member(self.a_log, 4).exp() * rate).transpose(2, 3)
-        rule = delta_product if rule is None else rule
+        rule = delta_product if rule is None else rule  # looked up here: tests replace it
         return rule(q, k, v, beta, log_decay).transpose(2, 3), out_gate
 
     def output(self, o: torch.Tensor, out_gate: torch.Tensor, ops: PositionWise) -> torch.Tensor:

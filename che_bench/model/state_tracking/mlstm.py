@@ -193,10 +193,11 @@ class MLSTMLayer(nn.Module):
         bias[self.heads :] = torch.linspace(3.0, 6.0, self.heads)
 
     def forward(
-        self, x: torch.Tensor, cell: Callable[..., torch.Tensor] = mlstm_chunkwise
+        self, x: torch.Tensor, cell: Callable[..., torch.Tensor] | None = None
     ) -> torch.Tensor:
-        """The layer's output; ``cell`` the mLSTM's form (the chunkwise one, or the plain
-        recurrence of ``reference_forward``)."""
+        """The layer's output; ``cell`` the mLSTM's form: the plain recurrence of
+        ``reference_forward``, or by default the chunkwise one, ``mlstm_chunkwise``, looked up
+        at each call."""
         members, batch, steps, _ = x.shape
         x_m, z = self.up(x).split(self.inner, dim=-1)
         x_c = F.silu(self.conv(x_m))
@@ -204,7 +205,7 @@ class MLSTMLayer(nn.Module):
         igate, fgate = self._gates(x_c, x_m).transpose(-1, -2).chunk(2, -2)
         shape = (members, batch, steps, self.heads, -1)
         q, k, v = (part.view(shape).transpose(2, 3) for part in (q, k, v))
-        h = cell(q, k, v, igate, fgate)
+        h = (mlstm_chunkwise if cell is None else cell)(q, k, v, igate, fgate)
         h = head_norm(h.transpose(2, 3), self.norm_weight)
         return self.down((h + self.skip[:, None, None] * x_c) * F.silu(z))
 
@@ -240,7 +241,7 @@ class MLSTMBlock(nn.Module):
         self.layer = MLSTMLayer(members, width, heads, blocks, conv)
 
     def forward(
-        self, x: torch.Tensor, cell: Callable[..., torch.Tensor] = mlstm_chunkwise
+        self, x: torch.Tensor, cell: Callable[..., torch.Tensor] | None = None
     ) -> torch.Tensor:
         return x + self.layer(self.norm(x), cell)
 
