@@ -42,7 +42,7 @@ def test_the_tables_hold_the_spec_s_values_as_printed():
     assert published("path", "PaTH", "sparse") == (0.0001, "0.0001")
     assert published("path", "FoX", "ID") == (8.3, "8.3")
     assert published("pd_ssm", "PD-SSM (K=32), depth 1", "S5,32") == (1.07, "1.07")
-    assert published("pd_ssm", "Gated DeltaProduct[−1,1], n_h=4, depth 2", "A5,12")[0] == 68.4
+    assert published("pd_ssm", "Gated DeltaProduct[\u22121,1], n_h=4, depth 2", "A5,12")[0] == 68.4
     assert published("slice", "Mamba", "modular arithmetic")[0] == 33.1
     assert published("slice", "Transformer", "even pairs")[0] == 90.4
     assert published("flip_flop", "LSTM, 1 layer, hidden 128", "sparse")[1] == "0 o.o.d. error"
