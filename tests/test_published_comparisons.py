@@ -103,10 +103,16 @@ def test_slice_s_means_compare_with_ours_where_lengths_and_depth_match(tmp_path)
     for seed, score in enumerate((0.5, 0.7)):
         record(store, "parity_check", score, seed=seed, preset="state_tracking", arch="mamba",
                test_lengths="39:255", eval_samples=2, eval_batch_size=2)
-    [cell] = summarize(store, compare="slice").to_dict("records")
+    record(store, "parity_check", 0.9, preset="state_tracking", arch="slstm")  # no row
+    cell, unpublished = summarize(store, compare="slice").to_dict("records")
+    assert unpublished["column"] == "sLSTM" and unpublished["paper"] != unpublished["paper"]
     assert cell["paper"] == pytest.approx(54.2) and cell["comparable"]
     assert cell["diff"] == pytest.approx(60 - 54.2)  # our mean of the two, as theirs of 5
     assert "even pairs 100.0" in one_line(format_table(store, compare="slice"))  # no cell: a note
+    record(store, "even_pairs", 1.0, preset="state_tracking", arch="lstm")
+    lstm = summarize(store, compare="slice").set_index("column").loc["LSTM"]
+    # che-bench's LSTM has one layer and no option for more.
+    assert lstm["paper"] == 100.0 and lstm["differences"][0] == "no option layers (theirs 2)"
 
 
 def test_every_comparison_is_a_table_choice_with_its_metric(tmp_path, capsys):

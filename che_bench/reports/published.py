@@ -80,7 +80,8 @@ class PublishedComparison:
                 () if row is None else tuple(protocol_differences(table.loc[row], settings))
                 for row, settings in zip(matches, runs["settings"], strict=True)
             ],
-            published_row=matches,
+            # Object: pandas would turn a column of row numbers and None into floats and NaN.
+            published_row=pd.Series(matches, index=runs.index, dtype=object),
         )
 
     def add_published(self, cells: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
@@ -180,8 +181,9 @@ def protocol_differences(row: pd.Series, settings: dict[str, Any]) -> list[str]:
                 differences.append(
                     f"test lengths {protocol.format_lengths(lengths)} (theirs {theirs})"
                 )
-        elif run_value(settings, key) != theirs:
-            differences.append(f"{key} {run_value(settings, key)} (theirs {theirs})")
+        elif (ours := run_value(settings, key)) != theirs:
+            text = f"no option {key}" if ours is None else f"{key} {ours}"
+            differences.append(f"{text} (theirs {theirs})")
     return differences
 
 
