@@ -32,9 +32,14 @@ any kernel could reach while the rest of the step stays as it is.
 Prints the CPU model, torch's CPU capability and the load average before and after: timings
 from a shared, busy machine are only comparable within one run.
 
+``--lengths deltaproduct`` takes DeltaProduct's lengths instead (its README's S3 protocol:
+train n = 128, evaluate n = 512) on word_problem at batch 64 for both; flags given beside it
+win.
+
 Example (minutes on a 2-core machine)::
 
     python benchmarks/bench_state_tracking.py --peak-memory
+    python benchmarks/bench_state_tracking.py --lengths deltaproduct --steps 2 --peak-memory
 """
 
 from __future__ import annotations
@@ -75,6 +80,15 @@ KERNELS: dict[str, tuple[Any, str]] = {
 }
 #: che-bench's own kernels, as imported (the references are swapped in and out).
 OURS = {name: getattr(module, attribute) for name, (module, attribute) in KERNELS.items()}
+#: ``--lengths``: the task, training length and batch, evaluated lengths and batch of each
+#: protocol (che: CHE's state_tracking preset, its batch 256 from the preset).
+LENGTHS: dict[str, dict[str, Any]] = {
+    "che": {"task": "parity_check", "train_length": 40, "batch": None, "eval_lengths": [500],
+            "eval_batch": 64},
+    "deltaproduct": {"task": "word_problem", "train_length": 128, "batch": 64,
+                     "eval_lengths": [512], "eval_batch": 64},
+}
+PRESET_BATCH = "the state_tracking preset's"
 GOAL = 2.0  # the issue's: a training step at least 2x faster than the step-by-step recurrence
 
 
@@ -281,9 +295,10 @@ def header(args) -> list[str]:
         f"CPU: {facts['cpu']}; torch {torch.__version__}, CPU capability "
         f"{facts['cpu_capability']}; {torch.get_num_threads()} thread(s)",
         f"load average (1, 5, 15 min) before: {load} (a shared machine: compare rows of one run)",
-        f"{args.task}: training step at n = {args.train_length} (batch: the state_tracking "
-        f"preset's unless --batch), median of {args.steps}, alternating; evaluation at "
-        f"batch {args.eval_batch}, median of {args.eval_repeats} after a warm-up",
+        f"{args.task} (lengths {args.lengths}): training step at n = {args.train_length}, "
+        f"batch {args.batch or PRESET_BATCH}, median of "
+        f"{args.steps}, alternating; evaluation at batch {args.eval_batch}, median of "
+        f"{args.eval_repeats} after a warm-up",
         f"{'model':<15} {'kernel':<40} {'train ms':>9} {'ref/ours':>8} {'kernel ms':>9} "
         f"{'ref/ours':>8} {'max|dy|':>8} "
         f"{eval_columns}",
@@ -294,13 +309,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=[model.name for model in MODELS],
                         choices=list(KERNELS))
-    parser.add_argument("--task", default="parity_check")
-    parser.add_argument("--batch", type=int, default=None,
-                        help="default: the state_tracking preset's (256)")
-    parser.add_argument("--train-length", type=int, default=40)
+    parser.add_argument("--lengths", choices=list(LENGTHS), default="che",
+                        help="the defaults of the five flags after it (LENGTHS)")
+    parser.add_argument("--task")
+    parser.add_argument("--batch", type=int,
+                        help="che's default: the state_tracking preset's (256)")
+    parser.add_argument("--train-length", type=int)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per kernel")
-    parser.add_argument("--eval-lengths", nargs="+", type=int, default=[500])
-    parser.add_argument("--eval-batch", type=int, default=64)
+    parser.add_argument("--eval-lengths", nargs="+", type=int)
+    parser.add_argument("--eval-batch", type=int)
     parser.add_argument("--eval-repeats", type=int, default=1)
     parser.add_argument("--peak-memory", action="store_true",
                         help="evaluate in a fresh process per row; print its peak")
@@ -308,6 +325,9 @@ def main() -> None:
     for option in ("layers", "width", "heads"):
         parser.add_argument(f"--{option}", type=int, default=None, help="default: the model's")
     args = parser.parse_args()
+    for key, value in LENGTHS[args.lengths].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     args.members, args.pe, args.unfused = 1, "none", False  # what bench_model's helpers read
     torch.set_num_threads(args.threads)
     print("\n".join(header(args)), flush=True)

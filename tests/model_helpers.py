@@ -23,8 +23,13 @@ def tiny(name, task="parity_check", seed=0, members=1, sizes=TINY, **options):
 
 
 def inputs_for(task, n, batch=2, seed=0):
+    """A batch of task ``task``'s (a name) inputs at length ``n``, ``[batch, n]``."""
+    return inputs_for_task(get_task(task), n, batch, seed)
+
+
+def inputs_for_task(task, n, batch=2, seed=0):
     """A batch of ``task``'s inputs at length ``n``, ``[batch, n]``."""
-    sample = get_task(task).sample(n, batch, np.random.default_rng(seed))
+    sample = task.sample(n, batch, np.random.default_rng(seed))
     return torch.from_numpy(sample.inputs.copy())
 
 

@@ -90,3 +90,17 @@ def test_the_evaluation_runs_in_a_fresh_process_with_the_kernel_swapped_there():
     assert list(rows) == [("slstm", "che-bench:slstm_scan"), ("slstm", "xlstm:slstm_forward")]
     # ..., evaluation seconds, its peak MiB
     assert all(len(cells) == 7 and float(cells[6]) >= 0 for cells in rows.values())
+
+
+def test_deltaproduct_s_lengths_set_the_defaults_that_flags_given_beside_them_override():
+    """``--lengths deltaproduct``: word_problem, training at n = 128 (not given here); the
+    batch and evaluated length given win over its 64 and 512."""
+    arguments = [a for a in TINY if a not in ("--train-length", "5")]
+    done = subprocess.run([sys.executable, str(SCRIPT), *arguments, "--lengths", "deltaproduct",
+                           "--models", "slstm"], capture_output=True, text=True, check=True,
+                          timeout=600)
+    lines = done.stdout.splitlines()
+    assert lines[2].startswith("word_problem (lengths deltaproduct): training step at n = 128, "
+                               "batch 4, median of 1")
+    assert lines[3].endswith("eval n=7 s")
+    assert ("slstm", "che-bench:slstm_scan") in kernel_rows(lines)

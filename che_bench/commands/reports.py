@@ -15,6 +15,7 @@ from che_bench.commands.common import (
 )
 from che_bench.errors import CheBenchError
 from che_bench.reports import FORMATS, METRICS
+from che_bench.reports.published import COMPARISONS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,11 +33,13 @@ def _register_table(subparsers: argparse._SubParsersAction) -> None:
     table = subparsers.add_parser("table", help="the CHE table of the store's complete runs")
     table.add_argument(
         "--compare",
-        choices=["none", "paper", "grazzi"],
+        choices=["none", "paper", *COMPARISONS],
         default="none",
         help="paper: add the published DAPE V2 Table 6 value and the difference; grazzi (with "
         "--metric scaled): Grazzi et al.'s Table 3 (ICLR 2025) beside parity_check and both "
-        "modular-arithmetic tasks",
+        "modular-arithmetic tasks; path, flip_flop: PaTH's Table 1 and Liu et al.'s flip-flop "
+        "error rates; pd_ssm, slice, deltaproduct: PD-SSM's Table 3, SLiCE's Table 2, "
+        "DeltaProduct's Figure 1 (results/reference/README.md)",
     )
     table.add_argument("--format", dest="fmt", choices=FORMATS, default="text")
     selection = table.add_mutually_exclusive_group()

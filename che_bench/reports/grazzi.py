@@ -26,6 +26,8 @@ from che_bench.settings import BY_NAME, stored_value
 
 #: The comparison's name (``--compare grazzi``) and the metric its table holds.
 COMPARISON, METRIC = "grazzi", "scaled"
+#: ``METRIC`` under the name every comparison of ``reports.published.COMPARISONS`` gives it.
+metric = METRIC
 TABLE_RESOURCE = ("data", "grazzi_iclr2025_table3.csv")
 TABLE_FILE = Path("results") / "reference" / "grazzi_iclr2025_table3.csv"
 #: The che-bench tasks that the table's columns are set beside.

@@ -106,15 +106,18 @@ def paper_protocol_text() -> str:
     )
 
 
-def read_published_table(resource_path: tuple[str, ...], comparison: str) -> pd.DataFrame:
-    """A published table shipped inside the package at ``che_bench/<resource_path>``; missing
-    (a broken installation) is a one-line CheBenchError naming ``--compare comparison``."""
+def read_published_table(
+    resource_path: tuple[str, ...], comparison: str, **read_options: Any
+) -> pd.DataFrame:
+    """A published table shipped inside the package at ``che_bench/<resource_path>`` (read
+    by ``pd.read_csv`` with ``read_options``); missing (a broken installation) is a one-line
+    CheBenchError naming ``--compare comparison``."""
     resource = importlib.resources.files("che_bench")
     for part in resource_path:
         resource = resource.joinpath(part)
     try:
         with resource.open("rb") as handle:
-            return pd.read_csv(handle)
+            return pd.read_csv(handle, **read_options)
     except OSError:
         raise CheBenchError(
             f"the published table che_bench/{'/'.join(resource_path)} is missing from this "

@@ -27,7 +27,7 @@ import pandas as pd
 
 from che_bench.config import TRANSFORMER
 from che_bench.errors import CheBenchError
-from che_bench.reports import FORMATS, METRICS, best_of, grazzi, table_formats, unregistered
+from che_bench.reports import FORMATS, METRICS, best_of, table_formats, unregistered
 from che_bench.reports.chance import run_exact_chance
 from che_bench.reports.labels import (
     CHE_BASELINES,
@@ -44,6 +44,7 @@ from che_bench.reports.paper import (
     paper_table_or_none,
 )
 from che_bench.reports.preset_changes import preset_changes
+from che_bench.reports.published import COMPARISONS
 from che_bench.reports.scaled import with_scaled_accuracy
 from che_bench.reports.table_formats import PAPER_SUFFIX, cell_text, chance_text, paper_text
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
@@ -103,7 +104,7 @@ def summarize(
     the ``metric`` scores of ``evaluation`` (see ``ResultStore.runs``); with ``best_over``
     (option names, ``reports.best_of``) runs differing in those share a column and ``best``
     names each cell's best configuration. With
-    ``compare="paper"`` (or ``"grazzi"``: Grazzi et al.'s Table 3, ``reports.grazzi``) also
+    ``compare="paper"`` (or another published table, ``reports.published.COMPARISONS``) also
     ``paper``, ``comparable`` (the cell's runs followed the published
     protocol), ``diff`` (max - paper, NaN unless comparable), ``differences`` (a tuple: what
     differs from the published protocol, empty when comparable) and ``dropout_at_eval`` (every
@@ -115,12 +116,15 @@ def summarize(
 
 
 def _check_compare(compare: str, metric: str = "token") -> None:
-    if compare not in ("none", "paper", grazzi.COMPARISON):
-        raise CheBenchError(f"unknown comparison {compare!r}; valid: none, paper, grazzi")
+    valid = ("none", "paper", *COMPARISONS)
+    if compare not in valid:
+        raise CheBenchError(f"unknown comparison {compare!r}; valid: {', '.join(valid)}")
     check_metric(metric)
-    if compare == grazzi.COMPARISON and metric != grazzi.METRIC:
+    needed = COMPARISONS[compare].metric if compare in COMPARISONS else metric
+    if metric != needed:
         raise CheBenchError(
-            "Grazzi et al.'s table holds scaled accuracies: --compare grazzi needs --metric scaled"
+            f"the {compare} table is set beside {needed} scores: --compare {compare} needs "
+            f"--metric {needed}"
         )
     if compare == "paper" and metric != "token":
         raise CheBenchError(
@@ -139,8 +143,8 @@ def _summarize_runs(
     if runs.empty:
         return pd.DataFrame(columns=columns)
     runs = best_of.labelled(runs, best_over)
-    if compare == grazzi.COMPARISON:
-        runs = grazzi.with_protocol_differences(runs)
+    if compare in COMPARISONS:
+        runs = COMPARISONS[compare].with_protocol_differences(runs)
     if metric == "exact":
         runs["chance"] = [run_exact_chance(settings) for settings in runs["settings"]]
     elif metric == "scaled":
@@ -182,8 +186,8 @@ def _summarize_runs(
         cells["comparable"] = [not differences for differences in cells["paper_differences"]]
         cells["diff"] = (cells["max"] - cells["paper"]).where(cells["comparable"])
         cells["differences"] = cells["paper_differences"]
-    if compare == grazzi.COMPARISON:
-        cells = grazzi.add_published(cells, runs)
+    if compare in COMPARISONS:
+        cells = COMPARISONS[compare].add_published(cells, runs)
     cells["chance"] = cells["chance"] * 100
     paper_tasks = list(paper.index) if paper is not None else []
     cells = cells.iloc[_cell_order(cells, paper_tasks)].reset_index(drop=True)
@@ -353,8 +357,8 @@ def _notes(
     unknown = unregistered.note(runs)
     if unknown:
         notes.append(unknown)
-    if compare == grazzi.COMPARISON:
-        notes += grazzi.notes(runs)
+    if compare in COMPARISONS:
+        notes += COMPARISONS[compare].notes(runs)
     if compare == "paper":
         stored = {run_architecture(json.loads(config)) for config in runs["config"]}
         if TRANSFORMER in stored:

@@ -50,6 +50,10 @@ class StateTrackingModel(BenchModel):
     #: budget's estimate of one sequence; ``extra_floats`` adds what grows faster than T).
     activation_widths: ClassVar[int] = 16
     causal_outputs = True
+    #: Activations per read-out position beyond those, in multiples of the width: a last
+    #: block that runs its position-wise part at the read positions only holds them there
+    #: on top of its recurrence's outputs (all positions of a tagging task, one of parity).
+    read_out_widths: ClassVar[int] = 0
 
     def __init__(self, task: Task, members: int = 1, **options: Any) -> None:
         super().__init__()
@@ -126,8 +130,10 @@ class StateTrackingModel(BenchModel):
 
     def query_row_bytes(self, input_tokens: int, device: torch.device | None = None) -> int:
         """Bytes one sequence (every member) holds during a forward pass without gradients."""
-        tokens = input_tokens + output_positions(self.task, input_tokens)[0]
+        placeholders, read = output_positions(self.task, input_tokens)
+        tokens = input_tokens + placeholders
         floats = tokens * self.width * self.activation_widths + self.extra_floats(tokens)
+        floats += read * self.width * self.read_out_widths
         return FLOAT_BYTES * self.members * floats
 
     def forward(
