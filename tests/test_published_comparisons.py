@@ -127,3 +127,10 @@ def test_every_comparison_is_a_table_choice_with_its_metric(tmp_path, capsys):
     assert main(["table", "--store", str(store.path), "--compare", "path", "--metric",
                  "exact"]) == 2
     assert "--compare path needs --metric token" in capsys.readouterr().err
+
+
+def test_the_command_line_names_every_comparison_in_order():
+    from che_bench.reports import COMPARISON_NAMES
+    from che_bench.reports.published import COMPARISONS
+
+    assert tuple(COMPARISONS) == COMPARISON_NAMES

@@ -14,8 +14,7 @@ from che_bench.commands.common import (
     runs_of_arch_filter,
 )
 from che_bench.errors import CheBenchError
-from che_bench.reports import FORMATS, METRICS
-from che_bench.reports.published import COMPARISONS
+from che_bench.reports import COMPARISON_NAMES, FORMATS, METRICS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,7 +32,7 @@ def _register_table(subparsers: argparse._SubParsersAction) -> None:
     table = subparsers.add_parser("table", help="the CHE table of the store's complete runs")
     table.add_argument(
         "--compare",
-        choices=["none", "paper", *COMPARISONS],
+        choices=["none", "paper", *COMPARISON_NAMES],
         default="none",
         help="paper: add the published DAPE V2 Table 6 value and the difference; grazzi (with "
         "--metric scaled): Grazzi et al.'s Table 3 (ICLR 2025) beside parity_check and both "

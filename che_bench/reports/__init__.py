@@ -5,3 +5,7 @@ FORMATS = ("text", "csv", "markdown", "latex")
 #: ``--metric``: token-level accuracy (the paper's), sequence-level exact match, or token
 #: accuracy scaled to chance (Grazzi et al.'s, ``reports.scaled``).
 METRICS = ("token", "exact", "scaled")
+#: ``table --compare``, besides ``none`` and ``paper``: Grazzi et al.'s Table 3 and the
+#: published state-tracking tables (``reports.published.COMPARISONS``, in this order), named
+#: here so that the command line lists them without importing the models.
+COMPARISON_NAMES = ("grazzi", "path", "flip_flop", "pd_ssm", "slice", "deltaproduct")
