@@ -1,6 +1,6 @@
 """The result store's schema: its tables, its version and the migrations of older versions
-(1: one curve per run; 2: no exact match, no training history), each run inside the caller's
-transaction."""
+(1: one curve per run; 2: no exact match, no training history; 3: no pooled counts, no prefix
+curve), each run inside the caller's transaction."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from che_bench.config import EVALUATION_FIELDS, protocol_id
 from che_bench.errors import CheBenchError
 
 APPLICATION_ID = 0x43484542  # "CHEB"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 RUNS_SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -85,7 +85,19 @@ CREATE TABLE history (
     PRIMARY KEY (run_id, step)
 );
 """
-SCHEMA = RUNS_SCHEMA + EVALUATIONS_SCHEMA + EXACT_AND_HISTORY_SCHEMA
+#: What version 4 added to version 3: per length the correct and scored positions of all
+#: sequences (pooled accuracy, flip-flop's read error), the pooled score, and DeltaProduct's
+#: cumulative sequence accuracy by prefix at one length (a JSON list); NULL in evaluations
+#: made before; run by ``opening._create`` and by the upgrade.
+POOLED_AND_PREFIX_SCHEMA = """
+ALTER TABLE evaluations ADD COLUMN pooled_score REAL;
+ALTER TABLE evaluations ADD COLUMN train_pooled_accuracy REAL;
+ALTER TABLE evaluations ADD COLUMN prefix_length INTEGER;
+ALTER TABLE evaluations ADD COLUMN prefix_accuracies TEXT;
+ALTER TABLE accuracies ADD COLUMN correct INTEGER;
+ALTER TABLE accuracies ADD COLUMN scored INTEGER;
+"""
+SCHEMA = RUNS_SCHEMA + EVALUATIONS_SCHEMA + EXACT_AND_HISTORY_SCHEMA + POOLED_AND_PREFIX_SCHEMA
 
 #: Columns of ``runs()`` taken from the ``runs`` table; the evaluation shown adds ``score``,
 #: ``train_accuracy`` and ``EVALUATION_COLUMNS``.
@@ -179,8 +191,14 @@ def _migrate_2_to_3(connection: sqlite3.Connection) -> None:
     execute_script(connection, EXACT_AND_HISTORY_SCHEMA)
 
 
+def _add_pooled_counts_and_prefix(connection: sqlite3.Connection) -> None:
+    """Schema version 3 -> 4 inside the caller's transaction: every stored evaluation keeps
+    its values, without pooled counts or prefix curve (NULL)."""
+    execute_script(connection, POOLED_AND_PREFIX_SCHEMA)
+
+
 #: The migration from each older schema version to the next one.
-MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
+MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _add_pooled_counts_and_prefix}
 
 
 def migrate(connection: sqlite3.Connection, from_version: int) -> None:
