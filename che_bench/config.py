@@ -46,6 +46,7 @@ EVALUATION_FIELDS = (
     "eval_seed",
     "dropout_at_eval",
     "score_from_42",
+    "eval_task_params",
 )
 DEFAULT_MIN_LR_RATIO = settings.BY_NAME["min_lr_ratio"].default
 #: Fields in which the members of one pack may differ (everything else shapes every step).
@@ -100,6 +101,8 @@ class RunConfig:
     #: The training-length curriculum (``che_bench.curricula``) and its options, defaults filled.
     curriculum: str = curricula.UNIFORM
     curriculum_options: dict[str, Any] = field(default_factory=dict)
+    #: Task parameters of the evaluation only, over ``task_params`` (e.g. flip-flop's splits).
+    eval_task_params: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-compatible dict (tuples become lists)."""
@@ -128,9 +131,10 @@ class RunConfig:
         return hash(self.run_id())
 
     def evaluation_protocol(self) -> dict[str, Any]:
-        """How this run is evaluated (JSON-compatible); see ``protocol_id``."""
+        """How this run is evaluated (JSON-compatible); see ``protocol_id``. Fields left out
+        of the run id at their default are left out here too (protocol ids stay valid)."""
         data = self.to_dict()
-        return {name: data[name] for name in EVALUATION_FIELDS}
+        return {name: data[name] for name in EVALUATION_FIELDS if name in data}
 
     def pack_key(self) -> str:
         """Equal for runs that can train as one pack: everything but the member fields."""
@@ -169,6 +173,13 @@ class RunConfig:
         from che_bench.tasks import get_task
 
         return get_task(self.task, **self.task_params)
+
+    def build_evaluation_task(self):
+        """The task instance this run is evaluated on: ``task_params`` updated with
+        ``eval_task_params``."""
+        from che_bench.tasks import get_task
+
+        return get_task(self.task, **{**self.task_params, **self.eval_task_params})
 
 
 def group_into_packs(configs: Sequence[RunConfig], width: int | None) -> list[list[RunConfig]]:
@@ -345,6 +356,7 @@ def _run_fields(values: dict[str, Any], task) -> dict[str, Any]:
         fields[setting.name] = setting.validate(value)
     fields["task_params"] = task.params()
     fields["pe_options"] = dict(fields["pe_options"])
+    fields["eval_task_params"] = dict(fields["eval_task_params"])
     fields["arch_options"] = dict(fields["arch_options"])
     train_max_length = fields["train_max_length"]
     # (Refuses a train_max_length below the task's minimum length first.)
@@ -361,6 +373,32 @@ def _run_fields(values: dict[str, Any], task) -> dict[str, Any]:
     return fields
 
 
+def _checked_evaluation_task(config: RunConfig):
+    """The evaluation task (``build_evaluation_task``); its parameters must change the
+    run's own and keep the model's inputs and outputs (the trained model reads them)."""
+    task = config.build_evaluation_task()
+    if not config.eval_task_params:
+        return task
+    trained = config.build_task()
+    same = [
+        key for key, value in config.eval_task_params.items() if trained.params().get(key) == value
+    ]
+    if same:
+        raise CheBenchError(
+            f"eval_task_params {', '.join(same)}: the run's own value (leave it out)"
+        )
+    if (task.input_size, task.output_size, task.output_layout) != (
+        trained.input_size,
+        trained.output_size,
+        trained.output_layout,
+    ):
+        raise CheBenchError(
+            f"eval_task_params {config.eval_task_params} change the inputs or outputs of task "
+            f"{config.task!r}: a model trained on {trained.params()} cannot read them"
+        )
+    return task
+
+
 def check_evaluation(config: RunConfig) -> None:
     """Refuse, before anything runs, an evaluation protocol the run cannot have: sizes below
     1, lengths below the task's minimum or beyond what the task can produce (the recall
@@ -371,7 +409,7 @@ def check_evaluation(config: RunConfig) -> None:
 
     for name in ("eval_samples", "eval_batch_size"):
         settings.BY_NAME[name].validate(getattr(config, name))
-    task = config.build_task()
+    task = _checked_evaluation_task(config)
     for label, lengths in (
         ("test", config.test_lengths),
         ("in-distribution", config.train_eval_lengths),

@@ -14,6 +14,7 @@ from che_bench.commands.common import (
     add_store_argument,
     check_samples_arguments,
     existing_store,
+    overrides_from_args,
     runtime_options_from_args,
     use_threads,
 )
@@ -35,6 +36,7 @@ CHANGEABLE_SETTINGS = (
     "eval_batch_size",
     "dropout_at_eval",
     "score_from_42",
+    "eval_task_params",
 )
 #: The runtime options that apply to an evaluation.
 RUNTIME_SETTINGS = ("device", "threads", "deterministic", "portable_cpu")
@@ -149,7 +151,7 @@ def _evaluate_checkpoints(store, run_ids: list[str], args, device, progress: boo
     for run_id, original, config in zip(run_ids, originals, configs, strict=True):
         step, model = checkpoint_model(checkpoint_path(checkpoint_dir_for(store), run_id), original)
         (result,) = evaluate(
-            model.to(device), config.build_task(), config, device, progress=progress
+            model.to(device), config.build_evaluation_task(), config, device, progress=progress
         )
         print_wrapped(
             f"run {run_id} at step {step:,} of {config.steps:,} (its checkpoint; nothing "
@@ -166,7 +168,11 @@ def _evaluation_configs(originals, runs, args) -> list:
     once their cost has been stated or refused (``_state_cost``)."""
     from che_bench.eval.reevaluation import reevaluation_config
 
-    changes = {name: getattr(args, name) for name in CHANGEABLE_SETTINGS}
+    changes = {
+        name: value
+        for name, value in overrides_from_args(args).items()
+        if name in CHANGEABLE_SETTINGS
+    }
     configs = [reevaluation_config(config, **changes) for config in originals]
     _state_cost(originals, configs, runs, args.yes)
     return configs
@@ -225,9 +231,15 @@ def _record_evaluation(store, run_id: str, config, result, device) -> None:
     print_wrapped(
         f"run {run_id}: evaluation {evaluation_id} ({describe_protocol(protocol)}) on "
         f"{described}: score {result.score:.2%}, in-distribution "
-        f"{result.train_accuracy:.2%}, exact match {result.exact_score:.2%}; "
-        f"{result.seconds:.0f} s"
+        f"{result.train_accuracy:.2%}, exact match {result.exact_score:.2%}, pooled error "
+        f"{pooled_error_text(result.pooled_score)}; {result.seconds:.0f} s"
     )
+
+
+def pooled_error_text(pooled_score: float | None) -> str:
+    """1 - the pooled accuracy (errors / scored positions of all test sequences; flip-flop's
+    read error), in percent with enough digits for rare errors."""
+    return "-" if pooled_score is None else f"{1 - pooled_score:.4%}"
 
 
 def _recorded_tf32(details: dict[str, dict]) -> bool:

@@ -34,6 +34,9 @@ def describe_protocol(protocol: dict[str, Any]) -> str:
         parts.append(f"eval seed {protocol['eval_seed']}")
     if protocol["dropout_at_eval"]:
         parts.append("dropout at eval")
+    if protocol.get("eval_task_params"):
+        given = ", ".join(f"{key}={value}" for key, value in protocol["eval_task_params"].items())
+        parts.append(f"task {given}")
     return ", ".join(parts)
 
 

@@ -9,7 +9,7 @@ import json
 import sqlite3
 from typing import Any
 
-from che_bench.config import EVALUATION_FIELDS, protocol_id
+from che_bench.config import EVALUATION_FIELDS, OMITTED_AT_DEFAULT, protocol_id
 from che_bench.errors import CheBenchError
 
 APPLICATION_ID = 0x43484542  # "CHEB"
@@ -215,14 +215,22 @@ def migrate(connection: sqlite3.Connection, from_version: int) -> None:
 
 
 def checked_protocol(protocol: Any, run_id: str | None = None) -> dict[str, Any]:
-    """``protocol`` as plain JSON data with exactly the evaluation fields, or a CheBenchError."""
+    """``protocol`` as plain JSON data with exactly the evaluation fields (those left out of the
+    run id at their default: only when not at it), or a CheBenchError."""
     whose = f"run {run_id}: " if run_id else ""
     fields = set(EVALUATION_FIELDS)
-    if not isinstance(protocol, dict) or set(protocol) != fields:
+    optional = fields & set(OMITTED_AT_DEFAULT)  # absent at their default
+    if not isinstance(protocol, dict) or not fields - optional <= set(protocol) <= fields:
         given = sorted(protocol) if isinstance(protocol, dict) else type(protocol).__name__
         raise CheBenchError(
             f"{whose}an evaluation protocol has the fields {', '.join(sorted(fields))}; got {given}"
         )
+    # An optional field at its default is no field (as in ``RunConfig.evaluation_protocol``).
+    protocol = {
+        name: value
+        for name, value in protocol.items()
+        if not (name in optional and value == OMITTED_AT_DEFAULT[name])
+    }
     try:
         return json.loads(json.dumps(protocol))
     except (TypeError, ValueError) as exc:
