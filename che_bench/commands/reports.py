@@ -73,6 +73,13 @@ def _register_export(subparsers: argparse._SubParsersAction) -> None:
         help="the training histories: one row per run and logged step (loss, "
         "training accuracy, gradient norm, lr, elapsed seconds)",
     )
+    rows.add_argument(
+        "--prefix",
+        action="store_true",
+        help="DeltaProduct's cumulative sequence accuracy: one row per run and output "
+        "position t, the share of sequences with every scored position 0..t right (at the "
+        "longest test length)",
+    )
     export.add_argument("--out", help="output file (default or '-': standard output)")
     add_arch_filter_argument(export)
     _add_evaluation_argument(export)
@@ -91,6 +98,12 @@ def _register_plot(subparsers: argparse._SubParsersAction) -> None:
         help="only this task (repeatable; default every task in the store)",
     )
     plot.add_argument("--out", required=True, help="image file, e.g. accuracy.png")
+    plot.add_argument(
+        "--prefix",
+        action="store_true",
+        help="DeltaProduct's cumulative sequence accuracy against prefix length instead (at "
+        "the longest test length; --metric does not apply)",
+    )
     add_arch_filter_argument(plot)
     _add_evaluation_argument(plot)
     _add_metric_argument(plot)
@@ -157,9 +170,11 @@ def _add_metric_argument(parser: argparse.ArgumentParser) -> None:
         "--metric",
         choices=METRICS,
         default="token",
-        help="token: per-token accuracy (default, as in the paper); exact: "
-        "exact match, the share of sequences with every scored token right; scaled: "
-        "(accuracy - chance) / (1 - chance), Grazzi et al.'s scaled accuracy",
+        help="token: per-token accuracy (default, as in the paper); exact (or sequence, "
+        "its name in the word-problem papers): the share of sequences with every scored token "
+        "right; scaled: (accuracy - chance) / (1 - chance), Grazzi et al.'s scaled accuracy; "
+        "pooled: correct / scored tokens of all test sequences together (100 - it: "
+        "flip-flop's read error)",
     )
 
 
@@ -198,15 +213,20 @@ def table_command(args: argparse.Namespace) -> int:
 
 def export_command(args: argparse.Namespace) -> int:
     from che_bench.reports.export import curves_frame, export_frame
+    from che_bench.reports.prefix import prefix_frame
 
     if args.curves and (args.metric != "token" or args.evaluation != "original"):
         raise CheBenchError(
             "--curves exports training histories: --metric and --evaluation do not apply"
         )
+    if args.prefix and args.metric != "token":
+        raise CheBenchError("--prefix exports the prefix curves: --metric does not apply")
     store = existing_store(args.store)
     run_ids = runs_of_arch_filter(store, args.archs)
     if args.curves:
         frame = curves_frame(store, run_ids)
+    elif args.prefix:
+        frame = prefix_frame(store, run_ids, args.evaluation)
     else:
         frame = export_frame(
             store,
@@ -223,8 +243,21 @@ def export_command(args: argparse.Namespace) -> int:
 
 def plot_command(args: argparse.Namespace) -> int:
     from che_bench.reports.plots import plot_accuracy
+    from che_bench.reports.prefix import plot_prefix
 
     store = existing_store(args.store)
+    if args.prefix:
+        if args.metric != "token":
+            raise CheBenchError("--prefix plots the prefix curves: --metric does not apply")
+        path = plot_prefix(
+            store,
+            args.out,
+            tasks=args.tasks,
+            run_ids=runs_of_arch_filter(store, args.archs),
+            evaluation=args.evaluation,
+        )
+        print(f"wrote {path}")
+        return 0
     path = plot_accuracy(
         store,
         args.out,

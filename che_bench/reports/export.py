@@ -39,6 +39,9 @@ _EXPORT_PER_LENGTH = [
     "length",
     "accuracy",
     "exact_accuracy",
+    "correct",
+    "scored",
+    "pooled_accuracy",
     "run_id",
     "evaluation",
 ]
@@ -50,6 +53,8 @@ _EXPORT_RUNS = [
     "train_accuracy",
     "exact_score",
     "train_exact_accuracy",
+    "pooled_score",
+    "train_pooled_accuracy",
     "status",
     "run_id",
     "evaluation",
@@ -82,9 +87,9 @@ def export_frame(
     ``train_s``, ``total_s``, ``cpu`` and ``cpu_capability`` ("unknown" where not
     recorded) are the run's. ``pe`` is blank for an architecture other
     than the transformer (it has no positional encoding). The exact-match columns are always there;
-    with ``metric="exact"``, ``score`` / ``train_accuracy`` / ``accuracy`` hold exact match
-    too, and only runs that have it are exported (``with_metric``); with ``"scaled"``, scaled
-    accuracy (``reports.scaled``)."""
+    with ``metric="exact"`` (or ``"sequence"``) or ``"pooled"``, ``score`` / ``train_accuracy``
+    / ``accuracy`` hold exact match or the pooled accuracy too, and only runs that have it are
+    exported (``with_metric``); with ``"scaled"``, scaled accuracy (``reports.scaled``)."""
     check_metric(metric)
     runs = store.runs(run_ids, evaluation)
     if metric != "token":
