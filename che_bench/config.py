@@ -309,8 +309,7 @@ def _preset_with_overrides(preset: str, overrides: dict[str, Any], arch: str) ->
     unless ``ffn`` is given too."""
     from che_bench.model.architectures import get_architecture
 
-    values = protocol.preset_settings(preset)
-    values.update(get_architecture(arch).presets.get(preset, {}))
+    values = protocol.preset_settings(preset, get_architecture(arch).presets)
     known = {setting.name for setting in settings.run_settings()}
     unknown = sorted(set(overrides) - known)
     if unknown:

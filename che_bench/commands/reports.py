@@ -54,6 +54,12 @@ def _register_table(subparsers: argparse._SubParsersAction) -> None:
         "differ only in them share a column '(best of K)', each cell naming its best "
         "configuration (the CHE paper's Tape-RNN: --best-over computation_steps_mult,n_tapes)",
     )
+    table.add_argument(
+        "--min-depth",
+        action="store_true",
+        help="Merrill et al.'s table instead: over runs that differ in their number of layers, "
+        "the fewest layers reaching 90%% sequence accuracy at each test length k (text only)",
+    )
     add_store_argument(table)
     table.set_defaults(handler=table_command)
 
@@ -196,6 +202,9 @@ def table_command(args: argparse.Namespace) -> int:
     from che_bench.reports.tables import format_table
 
     store = existing_store(args.store)
+    if args.min_depth:
+        sys.stdout.write(_min_depth_text(store, args))
+        return 0
     sys.stdout.write(
         format_table(
             store,
@@ -209,6 +218,23 @@ def table_command(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _min_depth_text(store, args: argparse.Namespace) -> str:
+    """``table --min-depth``: the options of the CHE table that do not apply are refused."""
+    from che_bench.reports.min_depth import format_min_depth
+
+    if args.compare != "none" or args.fmt != "text" or args.metric != "token" or args.best_over:
+        raise CheBenchError(
+            "--min-depth is a text table of sequence accuracy: --compare, --format, --metric "
+            "and --best-over do not apply"
+        )
+    return format_min_depth(
+        store,
+        tasks=args.tasks,
+        run_ids=runs_of_arch_filter(store, args.archs),
+        evaluation=args.evaluation,
+    )
 
 
 def export_command(args: argparse.Namespace) -> int:
