@@ -37,12 +37,12 @@ PRESETS: dict[str, dict[str, Any]] = {name: preset_values(name) for name in PRES
 #: the settings it changes). An architecture's own settings under the base come between.
 PROTOCOL_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     # DeltaProduct's state_tracking/ README (spec 2.2): train at length 128, test at 512; AdamW
-    # (wd 1e-6), cosine to 0 over all steps (100 epochs x 99,000 / 2048 = 4,834 steps); one
+    # (wd 1e-6), cosine to 0 over all steps (100 epochs of 49 batches of 2048 from 99,000); one
     # layer, 8 heads; 1,000 test sequences. A GPU budget.
     "deltaproduct": (
         "state_tracking",
         {
-            "steps": 4_834,
+            "steps": 4_900,
             "batch_size": 2048,
             "lr": 1e-3,
             "weight_decay": 1e-6,

@@ -70,14 +70,14 @@ def test_the_deltaproduct_preset_is_its_readme_protocol():
     assert (config.train_max_length, config.test_lengths, config.train_eval_lengths) == (
         128, (512,), (128,))
     assert config.curriculum == "fixed" and config.curriculum_options == {"sequence_length": 128}
-    assert (config.steps, config.batch_size, config.lr) == (4_834, 2048, 1e-3)
+    assert (config.steps, config.batch_size, config.lr) == (4_900, 2048, 1e-3)
     assert (config.optimizer, config.weight_decay, config.lr_schedule) == (
         "adamw", 1e-6, "warmup_cosine")
     assert (config.warmup_steps, config.min_lr_ratio, config.eval_samples) == (0, 0.0, 1000)
     assert config.model_options["layers"] == 1 and config.model_options["heads"] == 8
     product = make_config("word_problem", preset="deltaproduct", arch="deltaproduct",
                           arch_options={"layers": 1, "negative_eigenvalues": True})
-    assert product.steps == 4_834 and product.arch_options["layers"] == 1
+    assert product.steps == 4_900 and product.arch_options["layers"] == 1
 
 
 def test_the_flip_flop_presets_are_the_splits_protocol_and_its_length_variant():
@@ -119,7 +119,7 @@ def test_an_architecture_s_own_preset_settings_lie_between_base_and_protocol():
     paper = {"paper": {"steps": 7, "lr": 0.5}}
     assert preset_settings("paper", paper)["steps"] == 7
     assert preset_settings("deltaproduct", {"state_tracking": {"steps": 7, "lr": 0.5}})[
-        "steps"] == 4_834
+        "steps"] == 4_900
     assert preset_settings("deltaproduct", {"state_tracking": {"eval_seed": 3}})["eval_seed"] == 3
     with pytest.raises(CheBenchError, match="unknown preset"):
         preset_settings("nope")

@@ -6,7 +6,10 @@ sequences whatever lengths are evaluated, and every member of a pack sees the sa
 sub-batch's accuracy is the masked token accuracy pooled over its sequences, its exact-match
 accuracy the share of its sequences whose every masked position is right; a length's
 accuracies are the means over its sub-batches; the run's scores are the means over the test
-lengths (``RunConfig.score_lengths``). Dropout is off unless ``dropout_at_eval`` (the
+lengths (``RunConfig.score_lengths``). Counted exactly besides: each length's correct and
+scored positions over all its sequences (their ratio pooled over the score's lengths: the
+pooled score), and at the longest test length the sequences right up to each position (the
+prefix curve, ``LengthScores``). Dropout is off unless ``dropout_at_eval`` (the
 reference keeps it on; it then draws one seed per sequence from torch's RNG seeded per length,
 and its masks are a function of those seeds, ``che_bench.model.dropout``); randomized encodings
 draw from their own generators, seeded per length, once per sub-batch, and only if
