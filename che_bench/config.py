@@ -3,9 +3,9 @@
 ``make_config`` resolves a preset plus overrides into a validated ``RunConfig``; what a run
 produced is ``che_bench.outcomes``' (``Scores``, ``RunResult``). This module
 imports nothing that trains or evaluates, so configuration flows one way: config -> training,
-evaluation -> runner. It does not import torch either (the model-build check of
-``check_evaluation`` is ``che_bench.model.check``'s, imported when a config is checked), so
-the store and the command line load it cheaply.
+evaluation -> runner. It does not import torch either (``che_bench.model.check``'s
+``check_evaluation`` builds the model once, imported when a config is checked), so the store
+and the command line load it cheaply.
 """
 
 from __future__ import annotations
@@ -235,6 +235,7 @@ def make_config(
     anything invalid.
     """
     from che_bench.model.architectures import architecture_overrides
+    from che_bench.model.check import check_evaluation
     from che_bench.tasks import get_task
 
     overrides, pe = architecture_overrides(overrides, pe)  # the arch canonical, None dropped
@@ -370,67 +371,3 @@ def _run_fields(values: dict[str, Any], task) -> dict[str, Any]:
     else:
         fields["train_eval_lengths"] = protocol.parse_lengths(fields["train_eval_lengths"])
     return fields
-
-
-def _checked_evaluation_task(config: RunConfig):
-    """The evaluation task (``build_evaluation_task``); its parameters must change the
-    run's own and keep the model's inputs and outputs (the trained model reads them)."""
-    task = config.build_evaluation_task()
-    if not config.eval_task_params:
-        return task
-    trained = config.build_task()
-    same = [
-        key for key, value in config.eval_task_params.items() if trained.params().get(key) == value
-    ]
-    if same:
-        raise CheBenchError(
-            f"eval_task_params {', '.join(same)}: the run's own value (leave it out)"
-        )
-    if (task.input_size, task.output_size, task.output_layout) != (
-        trained.input_size,
-        trained.output_size,
-        trained.output_layout,
-    ):
-        raise CheBenchError(
-            f"eval_task_params {config.eval_task_params} change the inputs or outputs of task "
-            f"{config.task!r}: a model trained on {trained.params()} cannot read them"
-        )
-    return task
-
-
-def check_evaluation(config: RunConfig) -> None:
-    """Refuse, before anything runs, an evaluation protocol the run cannot have: sizes below
-    1, lengths below the task's minimum or beyond what the task can produce (the recall
-    probes have a longest length) or the model can take (learned and randomized positions
-    end at their table / range), no length to average with score_from_42. Builds the model
-    once (``che_bench.model.check``), so bad model options fail here too."""
-    from che_bench.model.check import max_input_tokens
-
-    for name in ("eval_samples", "eval_batch_size"):
-        settings.BY_NAME[name].validate(getattr(config, name))
-    task = _checked_evaluation_task(config)
-    for label, lengths in (
-        ("test", config.test_lengths),
-        ("in-distribution", config.train_eval_lengths),
-    ):
-        if lengths[0] < task.min_length:
-            raise CheBenchError(
-                f"{label} length {lengths[0]} is below the minimum length {task.min_length} "
-                f"of task {task.name!r}"
-            )
-    if not config.score_lengths:
-        raise CheBenchError(
-            f"no test length above {config.train_max_length + 1} to average with score_from_42"
-        )
-    lengths = config.test_lengths
-    task.check_length(max(lengths))
-    max_tokens = max_input_tokens(
-        config.task, config.task_params, config.arch, config.model_arguments()
-    )
-    longest = max(task.model_length(n) for n in lengths)
-    if max_tokens is not None and longest > max_tokens:
-        raise CheBenchError(
-            f"test length {max(lengths)} needs {longest} model input tokens but encoding "
-            f"{config.pe!r} takes at most {max_tokens} (raise max_positions / noise_max_length "
-            "with --pe-option)"
-        )

@@ -15,6 +15,7 @@ from che_bench.cli import main
 from che_bench.config import make_config
 from che_bench.eval.evaluation import evaluate, pooled_accuracy, seed_for_length
 from che_bench.model.architectures import build_architecture
+from che_bench.model.packs import stack_members
 from che_bench.outcomes import RunResult
 from che_bench.reports.export import export_frame
 from che_bench.reports.prefix import prefix_frame
@@ -106,6 +107,24 @@ def test_an_evaluation_records_the_pooled_counts_and_the_prefix_curve_of_its_tes
     assert result.pooled_score == pytest.approx(pooled)
     assert result.train_pooled_accuracy == pytest.approx(
         result.train_correct_per_length[3] / result.train_scored_per_length[3])
+
+
+def test_each_member_of_a_pack_gets_its_own_counts_and_curve():
+    config = make_config("flip_flop", preset="smoke", test_lengths="7", eval_samples=6,
+                         eval_batch_size=4, train_eval_lengths="3")
+    task = config.build_task()
+    members = []
+    for seed in (0, 1, 2):  # (three: a mix-up of the member and count axes shows)
+        torch.manual_seed(seed)
+        members.append(build_architecture("lstm", task, hidden_size=4))
+    alone = [evaluate(m, task, config, torch.device("cpu"), progress=False)[0] for m in members]
+    packed = evaluate(stack_members(members), task, config, torch.device("cpu"), progress=False)
+    for one, member in zip(alone, packed, strict=True):
+        assert member.correct_per_length == one.correct_per_length
+        assert member.scored_per_length == one.scored_per_length
+        assert member.prefix_accuracies == pytest.approx(one.prefix_accuracies)
+        assert member.pooled_score == pytest.approx(one.pooled_score)
+    assert alone[0].correct_per_length != alone[1].correct_per_length  # (two different models)
 
 
 def counted_result(seed: int = 0, **overrides) -> RunResult:

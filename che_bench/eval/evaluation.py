@@ -177,20 +177,19 @@ def length_scores(
 ) -> LengthScores:
     """Each member's ``LengthScores`` at one length; ``rows``: see ``ForwardRows``."""
     data_rng, seed = seed_for_length(model, config, length)
-    sub_batch_scores, totals, prefix = [], torch.zeros(2), torch.zeros(())
+    sub_batch_scores, counts, prefixes = [], [], []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)  # dropout at evaluation
         for size in _sub_batch_sizes(config.eval_samples, config.eval_batch_size):
             batch = task.sample(length, size, data_rng)
             correct, counted, exact, sequences, right = _count_correct(model, batch, device, rows)
             sub_batch_scores.append(torch.stack([correct / counted, exact / sequences]))
-            totals = totals.to(correct.device) + torch.stack([correct, counted])
-            prefix = prefix.to(right.device) + right
+            counts.append(torch.stack([correct, counted]))  # [2, M]
+            prefixes.append(right)  # [M, L]
     token, exact = torch.stack(sub_batch_scores).mean(0).tolist()
-    correct_total, scored_total = totals.round().long().tolist()
-    return LengthScores(
-        token, exact, correct_total, scored_total, (prefix / config.eval_samples).tolist()
-    )
+    correct_total, scored_total = torch.stack(counts).sum(0).round().long().tolist()
+    prefix = torch.stack(prefixes).sum(0) / config.eval_samples
+    return LengthScores(token, exact, correct_total, scored_total, prefix.tolist())
 
 
 def _sub_batch_sizes(samples: int, batch_size: int) -> list[int]:

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from che_bench import protocol
-from che_bench.config import RunConfig, check_evaluation, group_into_packs
+from che_bench.config import RunConfig, group_into_packs
 from che_bench.eval.evaluation import Evaluation, evaluate
 from che_bench.model.base import BenchModel
+from che_bench.model.check import check_evaluation
 from che_bench.model.packs import stack_members
 from che_bench.settings import BY_NAME
 

@@ -140,8 +140,21 @@ def insert_evaluation(
             json.dumps(scores.prefix_accuracies) if scores.prefix_accuracies else None,
         ),
     )
-    accuracies = [
-        (run_id, evaluation_id, split, n, acc, exact.get(n), correct.get(n), scored.get(n))
+    accuracies = [(run_id, evaluation_id, *row) for row in _accuracy_rows(scores)]
+    connection.executemany(
+        """INSERT INTO accuracies (run_id, evaluation_id, split, length, accuracy, exact_accuracy,
+                                   correct, scored)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
+        accuracies,
+    )
+
+
+def _accuracy_rows(scores: Scores) -> list[tuple]:
+    """The ``accuracies`` rows of ``scores`` after their run and evaluation ids: split,
+    length, accuracy, exact accuracy, correct and scored positions (None where not
+    measured)."""
+    return [
+        (split, n, accuracy, exact.get(n), correct.get(n), scored.get(n))
         for split, curve, exact, correct, scored in (
             (
                 "test",
@@ -158,14 +171,8 @@ def insert_evaluation(
                 scores.train_scored_per_length,
             ),
         )
-        for n, acc in curve.items()
+        for n, accuracy in curve.items()
     ]
-    connection.executemany(
-        """INSERT INTO accuracies (run_id, evaluation_id, split, length, accuracy, exact_accuracy,
-                                   correct, scored)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
-        accuracies,
-    )
 
 
 def replace_history(
