@@ -3,9 +3,9 @@
 ``make_config`` resolves a preset plus overrides into a validated ``RunConfig``; what a run
 produced is ``che_bench.outcomes``' (``Scores``, ``RunResult``). This module
 imports nothing that trains or evaluates, so configuration flows one way: config -> training,
-evaluation -> runner. It does not import torch either (the model-build check of
-``check_evaluation`` is ``che_bench.model.check``'s, imported when a config is checked), so
-the store and the command line load it cheaply.
+evaluation -> runner. It does not import torch either (``che_bench.model.check``'s
+``check_evaluation`` builds the model once, imported when a config is checked), so the store
+and the command line load it cheaply.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ EVALUATION_FIELDS = (
     "eval_seed",
     "dropout_at_eval",
     "score_from_42",
+    "eval_task_params",
 )
 DEFAULT_MIN_LR_RATIO = settings.BY_NAME["min_lr_ratio"].default
 #: Fields in which the members of one pack may differ (everything else shapes every step).
@@ -100,6 +101,8 @@ class RunConfig:
     #: The training-length curriculum (``che_bench.curricula``) and its options, defaults filled.
     curriculum: str = curricula.UNIFORM
     curriculum_options: dict[str, Any] = field(default_factory=dict)
+    #: Task parameters of the evaluation only, over ``task_params`` (e.g. flip-flop's splits).
+    eval_task_params: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-compatible dict (tuples become lists)."""
@@ -128,9 +131,10 @@ class RunConfig:
         return hash(self.run_id())
 
     def evaluation_protocol(self) -> dict[str, Any]:
-        """How this run is evaluated (JSON-compatible); see ``protocol_id``."""
+        """How this run is evaluated (JSON-compatible); see ``protocol_id``. Fields left out
+        of the run id at their default are left out here too (protocol ids stay valid)."""
         data = self.to_dict()
-        return {name: data[name] for name in EVALUATION_FIELDS}
+        return {name: data[name] for name in EVALUATION_FIELDS if name in data}
 
     def pack_key(self) -> str:
         """Equal for runs that can train as one pack: everything but the member fields."""
@@ -169,6 +173,13 @@ class RunConfig:
         from che_bench.tasks import get_task
 
         return get_task(self.task, **self.task_params)
+
+    def build_evaluation_task(self):
+        """The task instance this run is evaluated on: ``task_params`` updated with
+        ``eval_task_params``."""
+        from che_bench.tasks import get_task
+
+        return get_task(self.task, **{**self.task_params, **self.eval_task_params})
 
 
 def group_into_packs(configs: Sequence[RunConfig], width: int | None) -> list[list[RunConfig]]:
@@ -224,6 +235,7 @@ def make_config(
     anything invalid.
     """
     from che_bench.model.architectures import architecture_overrides
+    from che_bench.model.check import check_evaluation
     from che_bench.tasks import get_task
 
     overrides, pe = architecture_overrides(overrides, pe)  # the arch canonical, None dropped
@@ -298,8 +310,7 @@ def _preset_with_overrides(preset: str, overrides: dict[str, Any], arch: str) ->
     unless ``ffn`` is given too."""
     from che_bench.model.architectures import get_architecture
 
-    values = protocol.preset_settings(preset)
-    values.update(get_architecture(arch).presets.get(preset, {}))
+    values = protocol.preset_settings(preset, get_architecture(arch).presets)
     known = {setting.name for setting in settings.run_settings()}
     unknown = sorted(set(overrides) - known)
     if unknown:
@@ -345,6 +356,7 @@ def _run_fields(values: dict[str, Any], task) -> dict[str, Any]:
         fields[setting.name] = setting.validate(value)
     fields["task_params"] = task.params()
     fields["pe_options"] = dict(fields["pe_options"])
+    fields["eval_task_params"] = dict(fields["eval_task_params"])
     fields["arch_options"] = dict(fields["arch_options"])
     train_max_length = fields["train_max_length"]
     # (Refuses a train_max_length below the task's minimum length first.)
@@ -359,41 +371,3 @@ def _run_fields(values: dict[str, Any], task) -> dict[str, Any]:
     else:
         fields["train_eval_lengths"] = protocol.parse_lengths(fields["train_eval_lengths"])
     return fields
-
-
-def check_evaluation(config: RunConfig) -> None:
-    """Refuse, before anything runs, an evaluation protocol the run cannot have: sizes below
-    1, lengths below the task's minimum or beyond what the task can produce (the recall
-    probes have a longest length) or the model can take (learned and randomized positions
-    end at their table / range), no length to average with score_from_42. Builds the model
-    once (``che_bench.model.check``), so bad model options fail here too."""
-    from che_bench.model.check import max_input_tokens
-
-    for name in ("eval_samples", "eval_batch_size"):
-        settings.BY_NAME[name].validate(getattr(config, name))
-    task = config.build_task()
-    for label, lengths in (
-        ("test", config.test_lengths),
-        ("in-distribution", config.train_eval_lengths),
-    ):
-        if lengths[0] < task.min_length:
-            raise CheBenchError(
-                f"{label} length {lengths[0]} is below the minimum length {task.min_length} "
-                f"of task {task.name!r}"
-            )
-    if not config.score_lengths:
-        raise CheBenchError(
-            f"no test length above {config.train_max_length + 1} to average with score_from_42"
-        )
-    lengths = config.test_lengths
-    task.check_length(max(lengths))
-    max_tokens = max_input_tokens(
-        config.task, config.task_params, config.arch, config.model_arguments()
-    )
-    longest = max(task.model_length(n) for n in lengths)
-    if max_tokens is not None and longest > max_tokens:
-        raise CheBenchError(
-            f"test length {max(lengths)} needs {longest} model input tokens but encoding "
-            f"{config.pe!r} takes at most {max_tokens} (raise max_positions / noise_max_length "
-            "with --pe-option)"
-        )

@@ -26,6 +26,14 @@ class Scores:
     train_exact_accuracy: float | None = None
     exact_per_length: dict[int, float] = field(default_factory=dict)
     train_exact_per_length: dict[int, float] = field(default_factory=dict)
+    pooled_score: float | None = None
+    train_pooled_accuracy: float | None = None
+    correct_per_length: dict[int, int] = field(default_factory=dict)
+    scored_per_length: dict[int, int] = field(default_factory=dict)
+    train_correct_per_length: dict[int, int] = field(default_factory=dict)
+    train_scored_per_length: dict[int, int] = field(default_factory=dict)
+    prefix_length: int | None = None
+    prefix_accuracies: list[float] = field(default_factory=list)
 
     def take_scores(self, other: Scores) -> None:
         """Copy ``other``'s scores into this object."""
@@ -40,6 +48,11 @@ class Scores:
             or bool(self.exact_per_length)
             or bool(self.train_exact_per_length)
         )
+
+    def has_pooled_counts(self) -> bool:
+        """Whether the pooled counts and the prefix curve were measured (stores of schema 3
+        and older have none)."""
+        return self.pooled_score is not None or bool(self.scored_per_length)
 
 
 @dataclass(kw_only=True)

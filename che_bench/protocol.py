@@ -5,7 +5,10 @@ published CHE / DAPE protocol (a GPU budget), ``quick`` is sized for a laptop CP
 single-output task, enough to see learning, far too short to reproduce the paper's numbers) and
 ``smoke`` only checks that everything runs (seconds). ``state_tracking`` is the xLSTM
 harness's formal-language protocol as Grazzi et al. (ICLR 2025) ran it, translated to CHE's
-tasks (docs/protocol.md).
+tasks (docs/protocol.md). The protocol presets (``PROTOCOL_PRESETS``) are published
+state-tracking protocols, each a base preset with its own settings over it: DeltaProduct's
+(``deltaproduct``), flip-flop's splits (``flip_flop``) and their length-generalisation variant
+(``flip_flop_length``), Merrill et al.'s in-distribution one (``merrill``).
 """
 
 from __future__ import annotations
@@ -30,15 +33,128 @@ GRAD_CLIP_NORM = BY_NAME["grad_clip_norm"].default
 #: setting in ``che_bench.settings``).
 PRESETS: dict[str, dict[str, Any]] = {name: preset_values(name) for name in PRESET_NAMES}
 
+#: Published protocols (shared/spec/word_problems.md; docs/protocol.md): name -> (base preset,
+#: the settings it changes). An architecture's own settings under the base come between.
+PROTOCOL_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    # DeltaProduct's state_tracking/ README (spec 2.2): train at length 128, test at 512; AdamW
+    # (wd 1e-6), cosine to 0 over all steps (100 epochs of 49 batches of 2048 from 99,000); one
+    # layer, 8 heads; 1,000 test sequences. A GPU budget.
+    "deltaproduct": (
+        "state_tracking",
+        {
+            "steps": 4_900,
+            "batch_size": 2048,
+            "lr": 1e-3,
+            "weight_decay": 1e-6,
+            "warmup_steps": 0,
+            "min_lr_ratio": 0.0,
+            "curriculum": "fixed",
+            "train_max_length": 128,
+            "test_lengths": "512",
+            "train_eval_lengths": "128",
+            "eval_samples": 1000,
+            "eval_batch_size": 250,
+            "layers": 1,
+            "heads": 8,
+            "dim": 256,
+            "ffn": 1024,
+        },
+    ),
+    # Liu et al.'s flip-flop (spec 4.2-4.4): FFL(0.8) at T = 512 (n = 256), 10,000 steps x 16,
+    # AdamW lr 3e-4 wd 0.1, 50 warm-up steps then decay to 0; the 6-layer, 512-wide, 8-head
+    # transformer; 1,000 in-distribution test sequences (the sparse and dense splits:
+    # ``che-bench evaluate --eval-task-param p_ignore=...``).
+    "flip_flop": (
+        "state_tracking",
+        {
+            "steps": 10_000,
+            "batch_size": 16,
+            "lr": 3e-4,
+            "weight_decay": 0.1,
+            "warmup_steps": 50,
+            "min_lr_ratio": 0.0,
+            "curriculum": "fixed",
+            "train_max_length": 256,
+            "test_lengths": "256",
+            "train_eval_lengths": "256",
+            "eval_samples": 1000,
+            "eval_batch_size": 100,
+            "layers": 6,
+            "dim": 512,
+            "heads": 8,
+            "ffn": 2048,
+        },
+    ),
+    # The length-generalisation variant of Grazzi et al.'s notebook (spec 4.5): train on the
+    # first 64 tokens (n = 32), test at T = 512 (n = 256); AdamW lr 3e-3, batch 32, 16,000
+    # steps (one pass over its batches).
+    "flip_flop_length": (
+        "flip_flop",
+        {
+            "steps": 16_000,
+            "batch_size": 32,
+            "lr": 3e-3,
+            "warmup_steps": 0,
+            "train_max_length": 32,
+            "train_eval_lengths": "32",
+        },
+    ),
+    # Merrill, Petty & Sabharwal's in-distribution protocol (spec 1.5-1.6): train on lengths
+    # 2..k, test at k = 20 (``--train-max-length K --test-lengths K`` for another k); one
+    # layer of d_model 512, 8 heads, d_ff 2048, no dropout; AdamW lr 1e-4 wd 0.01, batch 32.
+    # Fresh sequences stand in for the fixed 80/20 sample set (docs/protocol.md).
+    "merrill": (
+        "state_tracking",
+        {
+            "steps": 20_000,
+            "batch_size": 32,
+            "lr": 1e-4,
+            "weight_decay": 0.01,
+            "warmup_steps": 0,
+            "lr_schedule": "constant",
+            "train_max_length": 20,
+            "test_lengths": "20",
+            "train_eval_lengths": "auto",
+            "eval_samples": 1000,
+            "eval_batch_size": 100,
+            "layers": 1,
+            "dim": 512,
+            "heads": 8,
+            "ffn": 2048,
+        },
+    ),
+}
+
 #: Number of in-distribution lengths evaluated when ``train_eval_lengths`` is "auto".
 AUTO_TRAIN_EVAL_COUNT = 5
 
 
-def preset_settings(name: str) -> dict[str, Any]:
-    """A copy of the preset's settings; unknown names are a CheBenchError."""
-    if name not in PRESETS:
+def preset_settings(
+    name: str, architecture_presets: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A copy of the preset's settings, with an architecture's own settings by preset
+    (``architecture_presets``) over those of its base preset and under those a protocol
+    preset changes; unknown names are a CheBenchError."""
+    if name not in PRESETS and name not in PROTOCOL_PRESETS:
         raise CheBenchError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
-    return dict(PRESETS[name])
+    chain = _protocol_chain(name)
+    values = dict(PRESETS[chain[0]])
+    values.update((architecture_presets or {}).get(chain[0], {}))
+    for preset in chain[1:]:
+        values.update(PROTOCOL_PRESETS[preset][1])
+    return values
+
+
+def _protocol_chain(name: str) -> list[str]:
+    """The preset of ``PRESET_NAMES`` that preset ``name`` builds on, then the protocol
+    presets from the first built on it to ``name`` (just ``[name]`` for a base preset)."""
+    chain = [name]
+    while chain[0] in PROTOCOL_PRESETS:
+        chain.insert(0, PROTOCOL_PRESETS[chain[0]][0])
+    return chain
+
+
+PRESETS.update({name: preset_settings(name) for name in PROTOCOL_PRESETS})
 
 
 def parse_lengths(spec: str | int | Iterable[int]) -> tuple[int, ...]:

@@ -98,10 +98,10 @@ class Setting:
     """One run setting. ``presets``: its value per preset (every preset names it); else
     ``default`` holds for all (an ``IN_ID_UNLESS_DEFAULT`` setting with presets has both:
     ``default`` is then the value left out of the run id). ``flag=None``: no command-line
-    flag (suite files and the Python API only). ``follows``: the setting whose value it takes
-    when not given; ``task_default``: the ``Task`` attribute that gives its value when not
-    given (the task is defined with it), instead of ``default``. ``check``: its validator
-    (``validate``)."""
+    flag (suite files and the Python API only); ``metavar``: its flag's (KEY=VALUE for
+    KEY_VALUES). ``follows``: the setting whose value it takes when not given;
+    ``task_default``: the ``Task`` attribute that gives its value when not given (the task is
+    defined with it), instead of ``default``. ``check``: its validator (``validate``)."""
 
     name: str
     kind: Any
@@ -119,6 +119,8 @@ class Setting:
     def __post_init__(self) -> None:
         if self.flag == "":
             object.__setattr__(self, "flag", "--" + self.name.replace("_", "-"))
+        if self.kind == KEY_VALUES and self.metavar is None:
+            object.__setattr__(self, "metavar", "KEY=VALUE")
 
     def default_for(self, preset: str) -> Any:
         """The value this setting has under ``preset`` when not overridden."""

@@ -1,15 +1,11 @@
 """Every run setting, declared once: name, type, default (per preset where presets differ),
-command-line flag and help, and whether and how it enters the run id.
-
-The presets (``protocol.PRESETS``), the flags of ``che-bench run``, ``sweep``, ``evaluate``
-and ``selftest`` (``che_bench.commands.common``), the keys ``make_config`` and a suite's
-``[overrides]`` accept, the checks of their values (one validator each, whichever way a value
-comes), the fields of ``RuntimeOptions``, the fields left out of the run id while at their
-default, and the ``che-bench run`` commands a report prints to reproduce a run all derive
-from ``SETTINGS``. Adding a setting is one entry here (plus its use where it
-takes effect); a setting added after runs were stored must be ``IN_ID_UNLESS_DEFAULT`` so
-that their run ids stay valid (``tests/test_run_ids.py`` pins a few).
-"""
+command-line flag and help, and whether and how it enters the run id. The presets
+(``protocol.PRESETS``), the flags of ``che-bench run``, ``sweep``, ``evaluate`` and ``selftest``
+(``che_bench.commands.common``), the keys ``make_config`` and a suite's ``[overrides]`` accept,
+the checks of their values (one validator each), the fields of ``RuntimeOptions``, the fields
+left out of the run id at their default, and the ``che-bench run`` commands a report prints
+all derive from ``SETTINGS``. Adding a setting is one entry here (plus its use); one added
+after runs were stored must be ``IN_ID_UNLESS_DEFAULT`` (``tests/test_run_ids.py``)."""
 
 from __future__ import annotations
 
@@ -42,9 +38,8 @@ from che_bench.setting_types import task_default as task_default
 PRESET_NAMES = ("paper", "quick", "smoke", "state_tracking")
 #: Optimizers: Adam (CHE's) and AdamW (decoupled weight decay, the xLSTM harness's).
 OPTIMIZERS = ("adam", "adamw")
-#: Learning-rate schedules (``che_bench.train.optimizer.LrSchedule``): constant after an optional
-#: linear warm-up (CHE's, without one), or linear warm-up then cosine decay (the xLSTM
-#: harness's).
+#: Learning-rate schedules (``train.optimizer.LrSchedule``): constant after an optional linear
+#: warm-up (CHE's, without one), or linear warm-up then cosine decay (the xLSTM harness's).
 LR_SCHEDULES = ("constant", "warmup_cosine")
 
 
@@ -81,9 +76,8 @@ SETTINGS: tuple[Setting, ...] = (
         presets=_per_preset(1e-4, 1e-3, 1e-3, 1e-3),
         check=positive_number,
     ),
-    # The optimizer and its schedule: CHE's (Adam after global-norm clipping at 1, constant
-    # learning rate) unless a preset or flag says otherwise; added after runs were stored, so
-    # out of the run id at those defaults (grad_clip_norm was always in it).
+    # The optimizer and its schedule: CHE's (Adam, clipping at 1, constant lr) unless a preset
+    # or flag says otherwise; out of the run id at those (grad_clip_norm was always in it).
     Setting(
         "optimizer",
         str,
@@ -173,7 +167,6 @@ SETTINGS: tuple[Setting, ...] = (
         KEY_VALUES,
         "curriculum option (repeatable), e.g. tau=0.5; docs/protocol.md lists them",
         flag="--curriculum-option",
-        metavar="KEY=VALUE",
         in_id=IN_ID_UNLESS_DEFAULT,
         default={},
     ),
@@ -234,7 +227,6 @@ SETTINGS: tuple[Setting, ...] = (
         "option of a non-transformer architecture (repeatable), e.g. hidden_size=128; VALUE "
         "parsed as JSON when possible",
         flag="--arch-option",
-        metavar="KEY=VALUE",
         in_id=IN_ID_UNLESS_DEFAULT,
         default={},
     ),
@@ -266,7 +258,6 @@ SETTINGS: tuple[Setting, ...] = (
         KEY_VALUES,
         "encoding option (repeatable); VALUE parsed as JSON when possible",
         flag="--pe-option",
-        metavar="KEY=VALUE",
         default={},
     ),
     Setting(
@@ -274,7 +265,14 @@ SETTINGS: tuple[Setting, ...] = (
         KEY_VALUES,
         "task parameter (repeatable); VALUE parsed as JSON when possible",
         flag="--task-param",
-        metavar="KEY=VALUE",
+        default={},
+    ),
+    Setting(
+        "eval_task_params",
+        KEY_VALUES,
+        "task parameter of the evaluation only (repeatable), e.g. p_ignore=0.98 (a split)",
+        flag="--eval-task-param",
+        in_id=IN_ID_UNLESS_DEFAULT,
         default={},
     ),
     # DAPE (only with a kernel).

@@ -558,9 +558,10 @@ def test_an_evaluations_scores_are_declared_once_and_are_the_stores_columns(tmp_
                    "timings", "created_at"}
     assert set(single) == columns["evaluations"] - bookkeeping  # no score column without a field
     assert set(curves) == {"per_length", "train_per_length", "exact_per_length",
-                           "train_exact_per_length"}
+                           "train_exact_per_length", "correct_per_length", "scored_per_length",
+                           "train_correct_per_length", "train_scored_per_length"}
     assert columns["accuracies"] == {"run_id", "evaluation_id", "split", "length", "accuracy",
-                                     "exact_accuracy"}
+                                     "exact_accuracy", "correct", "scored"}
     from che_bench.eval.evaluation import Evaluation
 
     assert issubclass(Evaluation, Scores) and issubclass(RunResult, Scores)

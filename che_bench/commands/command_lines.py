@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from che_bench import settings
+from che_bench import protocol, settings
 from che_bench.errors import CheBenchError
 
 
@@ -86,8 +86,8 @@ def _preset_value(setting: settings.Setting, config: dict[str, Any]) -> Any:
     """The value the run's preset gives ``setting`` for the run's architecture."""
     from che_bench.model.architectures import get_architecture
 
-    own = get_architecture(config.get("arch", "transformer")).presets.get(config["preset"], {})
-    return own.get(setting.name, setting.default_for(config["preset"]))
+    presets = get_architecture(config.get("arch", "transformer")).presets
+    return protocol.preset_settings(config["preset"], presets).get(setting.name, setting.default)
 
 
 def _flag_value(value: Any) -> str:

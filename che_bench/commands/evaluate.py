@@ -15,6 +15,7 @@ from che_bench.commands.common import (
     add_store_argument,
     check_samples_arguments,
     existing_store,
+    overrides_from_args,
     runtime_options_from_args,
     use_threads,
 )
@@ -36,6 +37,7 @@ CHANGEABLE_SETTINGS = (
     "eval_batch_size",
     "dropout_at_eval",
     "score_from_42",
+    "eval_task_params",
 )
 #: The runtime options that apply to an evaluation.
 RUNTIME_SETTINGS = ("device", "threads", "deterministic", "portable_cpu")
@@ -165,7 +167,7 @@ def _evaluate_checkpoints(store, run_ids: list[str], args, device, progress: boo
     for run_id, original, config in zip(run_ids, originals, configs, strict=True):
         step, model = checkpoint_model(run_file(store.path, CHECKPOINTS, run_id), original)
         (result,) = evaluate(
-            model.to(device), config.build_task(), config, device, progress=progress
+            model.to(device), config.build_evaluation_task(), config, device, progress=progress
         )
         print_wrapped(
             f"run {run_id} at step {step:,} of {config.steps:,} (its checkpoint; nothing "
@@ -182,7 +184,11 @@ def _evaluation_configs(originals, runs, args) -> list:
     once their cost has been stated or refused (``_state_cost``)."""
     from che_bench.eval.reevaluation import reevaluation_config
 
-    changes = {name: getattr(args, name) for name in CHANGEABLE_SETTINGS}
+    changes = {
+        name: value
+        for name, value in overrides_from_args(args).items()
+        if name in CHANGEABLE_SETTINGS
+    }
     configs = [reevaluation_config(config, **changes) for config in originals]
     _state_cost(originals, configs, runs, args.yes)
     return configs
@@ -255,10 +261,16 @@ def _record_evaluation(store, run_id: str, config, result, device) -> str:
     print_wrapped(
         f"run {run_id}: evaluation {evaluation_id} ({describe_protocol(protocol)}) on "
         f"{described}: score {result.score:.2%}, in-distribution "
-        f"{result.train_accuracy:.2%}, exact match {result.exact_score:.2%}; "
-        f"{result.seconds:.0f} s"
+        f"{result.train_accuracy:.2%}, exact match {result.exact_score:.2%}, pooled error "
+        f"{pooled_error_text(result.pooled_score)}; {result.seconds:.0f} s"
     )
     return evaluation_id
+
+
+def pooled_error_text(pooled_score: float | None) -> str:
+    """1 - the pooled accuracy (errors / scored positions of all test sequences; flip-flop's
+    read error), in percent with enough digits for rare errors."""
+    return "-" if pooled_score is None else f"{1 - pooled_score:.4%}"
 
 
 def _recorded_tf32(details: dict[str, dict]) -> bool:

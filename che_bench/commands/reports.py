@@ -61,6 +61,12 @@ def _register_table(subparsers: argparse._SubParsersAction) -> None:
         "differ only in them share a column '(best of K)', each cell naming its best "
         "configuration (the CHE paper's Tape-RNN: --best-over computation_steps_mult,n_tapes)",
     )
+    table.add_argument(
+        "--min-depth",
+        action="store_true",
+        help="Merrill et al.'s table instead: over runs that differ in their number of layers, "
+        "the fewest layers reaching 90%% sequence accuracy at each test length k (text only)",
+    )
     add_store_argument(table)
     table.set_defaults(handler=table_command)
 
@@ -80,6 +86,13 @@ def _register_export(subparsers: argparse._SubParsersAction) -> None:
         help="the training histories: one row per run and logged step (loss, "
         "training accuracy, gradient norm, lr, elapsed seconds)",
     )
+    rows.add_argument(
+        "--prefix",
+        action="store_true",
+        help="DeltaProduct's cumulative sequence accuracy: one row per run and output "
+        "position t, the share of sequences with every scored position 0..t right (at the "
+        "longest test length)",
+    )
     export.add_argument("--out", help="output file (default or '-': standard output)")
     add_arch_filter_argument(export)
     _add_evaluation_argument(export)
@@ -98,6 +111,12 @@ def _register_plot(subparsers: argparse._SubParsersAction) -> None:
         help="only this task (repeatable; default every task in the store)",
     )
     plot.add_argument("--out", required=True, help="image file, e.g. accuracy.png")
+    plot.add_argument(
+        "--prefix",
+        action="store_true",
+        help="DeltaProduct's cumulative sequence accuracy against prefix length instead (at "
+        "the longest test length; --metric does not apply)",
+    )
     add_arch_filter_argument(plot)
     _add_evaluation_argument(plot)
     _add_metric_argument(plot)
@@ -164,9 +183,11 @@ def _add_metric_argument(parser: argparse.ArgumentParser) -> None:
         "--metric",
         choices=METRICS,
         default="token",
-        help="token: per-token accuracy (default, as in the paper); exact: "
-        "exact match, the share of sequences with every scored token right; scaled: "
-        "(accuracy - chance) / (1 - chance), Grazzi et al.'s scaled accuracy",
+        help="token: per-token accuracy (default, as in the paper); exact (or sequence, "
+        "its name in the word-problem papers): the share of sequences with every scored token "
+        "right; scaled: (accuracy - chance) / (1 - chance), Grazzi et al.'s scaled accuracy; "
+        "pooled: correct / scored tokens of all test sequences together (100 - it: "
+        "flip-flop's read error)",
     )
 
 
@@ -189,6 +210,9 @@ def table_command(args: argparse.Namespace) -> int:
     from che_bench.reports.tables import format_table
 
     store = existing_store(args.store)
+    if args.min_depth:
+        sys.stdout.write(_min_depth_text(store, args))
+        return 0
     run_ids = runs_of_arch_filter(store, args.archs)
     best_over = parse_best_over(args.best_over)
     if args.suite is not None:
@@ -210,17 +234,39 @@ def table_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _min_depth_text(store, args: argparse.Namespace) -> str:
+    """``table --min-depth``: the options of the CHE table that do not apply are refused."""
+    from che_bench.reports.min_depth import format_min_depth
+
+    if args.compare != "none" or args.fmt != "text" or args.metric != "token" or args.best_over:
+        raise CheBenchError(
+            "--min-depth is a text table of sequence accuracy: --compare, --format, --metric "
+            "and --best-over do not apply"
+        )
+    return format_min_depth(
+        store,
+        tasks=args.tasks,
+        run_ids=runs_of_arch_filter(store, args.archs),
+        evaluation=args.evaluation,
+    )
+
+
 def export_command(args: argparse.Namespace) -> int:
     from che_bench.reports.export import curves_frame, export_frame
+    from che_bench.reports.prefix import prefix_frame
 
     if args.curves and (args.metric != "token" or args.evaluation != "original"):
         raise CheBenchError(
             "--curves exports training histories: --metric and --evaluation do not apply"
         )
+    if args.prefix and args.metric != "token":
+        raise CheBenchError("--prefix exports the prefix curves: --metric does not apply")
     store = existing_store(args.store)
     run_ids = runs_of_arch_filter(store, args.archs)
     if args.curves:
         frame = curves_frame(store, run_ids)
+    elif args.prefix:
+        frame = prefix_frame(store, run_ids, args.evaluation)
     else:
         frame = export_frame(
             store,
@@ -237,8 +283,21 @@ def export_command(args: argparse.Namespace) -> int:
 
 def plot_command(args: argparse.Namespace) -> int:
     from che_bench.reports.plots import plot_accuracy
+    from che_bench.reports.prefix import plot_prefix
 
     store = existing_store(args.store)
+    if args.prefix:
+        if args.metric != "token":
+            raise CheBenchError("--prefix plots the prefix curves: --metric does not apply")
+        path = plot_prefix(
+            store,
+            args.out,
+            tasks=args.tasks,
+            run_ids=runs_of_arch_filter(store, args.archs),
+            evaluation=args.evaluation,
+        )
+        print(f"wrote {path}")
+        return 0
     path = plot_accuracy(
         store,
         args.out,

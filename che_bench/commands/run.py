@@ -51,7 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--preset",
         default="quick",
         choices=list(PRESETS),
-        help="paper: published protocol (GPU); quick: CPU minutes; smoke: seconds "
+        help="paper: published protocol (GPU); quick: CPU minutes; smoke: seconds; "
+        "state_tracking: the xLSTM harness's; deltaproduct, flip_flop, flip_flop_length, "
+        "merrill: published state-tracking protocols (GPU; docs/protocol.md) "
         "(default: %(default)s)",
     )
     add_override_arguments(parser)

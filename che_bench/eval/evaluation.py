@@ -6,7 +6,10 @@ sequences whatever lengths are evaluated, and every member of a pack sees the sa
 sub-batch's accuracy is the masked token accuracy pooled over its sequences, its exact-match
 accuracy the share of its sequences whose every masked position is right; a length's
 accuracies are the means over its sub-batches; the run's scores are the means over the test
-lengths (``RunConfig.score_lengths``). Dropout is off unless ``dropout_at_eval`` (the
+lengths (``RunConfig.score_lengths``). Counted exactly besides: each length's correct and
+scored positions over all its sequences (their ratio pooled over the score's lengths: the
+pooled score), and at the longest test length the sequences right up to each position (the
+prefix curve, ``LengthScores``). Dropout is off unless ``dropout_at_eval`` (the
 reference keeps it on; it then draws one seed per sequence from torch's RNG seeded per length,
 and its masks are a function of those seeds, ``che_bench.model.dropout``); randomized encodings
 draw from their own generators, seeded per length, once per sub-batch, and only if
@@ -26,6 +29,7 @@ import functools
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,7 +41,7 @@ from che_bench.model.base import BenchModel
 from che_bench.outcomes import Scores
 from che_bench.tasks.base import Task
 from che_bench.train.batches import host_to_device
-from che_bench.train.metrics import check_token_ids, exact_counts, masked_counts
+from che_bench.train.metrics import check_token_ids, exact_counts, masked_counts, prefix_counts
 from che_bench.train.progress import AverageTimeRemaining, ProgressLines, progress_display
 
 #: Share of the free GPU memory an evaluation's row chunks may fill (the rest: weights,
@@ -60,55 +64,71 @@ def evaluate(
     started = time.perf_counter()
     model.train(config.dropout_at_eval)
     use_evaluation_budget(model, device)
-    accuracies, exact = _scores_by_length(model, task, config, device, progress)
+    scores = _scores_by_length(model, task, config, device, progress)
     seconds = time.perf_counter() - started
-    evaluations = []
-    for member in range(model.members):
-        test, train, test_exact, train_exact = (
-            {n: values[n][member] for n in lengths}
-            for values, lengths in (
-                (accuracies, config.test_lengths),
-                (accuracies, config.train_eval_lengths),
-                (exact, config.test_lengths),
-                (exact, config.train_eval_lengths),
-            )
-        )
-        evaluations.append(
-            Evaluation(
-                per_length=test,
-                train_per_length=train,
-                score=float(np.mean([test[n] for n in config.score_lengths])),
-                train_accuracy=float(np.mean(list(train.values()))),
-                seconds=seconds,
-                exact_per_length=test_exact,
-                train_exact_per_length=train_exact,
-                exact_score=float(np.mean([test_exact[n] for n in config.score_lengths])),
-                train_exact_accuracy=float(np.mean(list(train_exact.values()))),
-            )
-        )
-    return evaluations
+    return [_member_evaluation(scores, member, config, seconds) for member in range(model.members)]
+
+
+def _member_evaluation(
+    scores: dict[int, LengthScores], member: int, config: RunConfig, seconds: float
+) -> Evaluation:
+    """One member's ``Evaluation`` from the ``LengthScores`` of every evaluated length."""
+
+    def curve(name: str, lengths: tuple[int, ...]) -> dict[int, Any]:
+        return {n: getattr(scores[n], name)[member] for n in lengths}
+
+    test, train = config.test_lengths, config.train_eval_lengths
+    score_lengths = config.score_lengths
+    token, exact = curve("token", test), curve("exact", test)
+    train_token, train_exact = curve("token", train), curve("exact", train)
+    correct, scored = curve("correct", test), curve("scored", test)
+    train_correct, train_scored = curve("correct", train), curve("scored", train)
+    return Evaluation(
+        per_length=token,
+        train_per_length=train_token,
+        score=float(np.mean([token[n] for n in score_lengths])),
+        train_accuracy=float(np.mean(list(train_token.values()))),
+        seconds=seconds,
+        exact_per_length=exact,
+        train_exact_per_length=train_exact,
+        exact_score=float(np.mean([exact[n] for n in score_lengths])),
+        train_exact_accuracy=float(np.mean(list(train_exact.values()))),
+        correct_per_length=correct,
+        scored_per_length=scored,
+        train_correct_per_length=train_correct,
+        train_scored_per_length=train_scored,
+        pooled_score=pooled_accuracy(correct, scored, score_lengths),
+        train_pooled_accuracy=pooled_accuracy(train_correct, train_scored, train),
+        prefix_length=max(test),
+        prefix_accuracies=scores[max(test)].prefix[member],
+    )
+
+
+def pooled_accuracy(
+    correct: dict[int, int], scored: dict[int, int], lengths: tuple[int, ...]
+) -> float | None:
+    """Correct / scored positions pooled over ``lengths`` (None when none is scored)."""
+    total = sum(scored[n] for n in lengths)
+    return sum(correct[n] for n in lengths) / total if total else None
 
 
 def _scores_by_length(
     model: BenchModel, task: Task, config: RunConfig, device: torch.device, progress: bool
-) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
-    """Each member's token and exact-match accuracies at every in-distribution and test
-    length (``length_scores``), in that order, with the progress shown (``_progress_bar``)."""
+) -> dict[int, LengthScores]:
+    """Each member's ``LengthScores`` at every in-distribution and test length
+    (``length_scores``), in that order, with the progress shown (``_progress_bar``)."""
     lengths = list(dict.fromkeys([*config.train_eval_lengths, *config.test_lengths]))
     work = [length_work(task, config, length) for length in lengths]
-    accuracies: dict[int, list[float]] = {}
-    exact: dict[int, list[float]] = {}
+    scores: dict[int, LengthScores] = {}
     rows = ForwardRows()
     with _progress_bar(progress, len(lengths), sum(work)) as bar:
         for done, (length, cost) in enumerate(zip(lengths, work, strict=True), start=1):
-            accuracies[length], exact[length] = length_scores(
-                model, task, config, length, device, rows
-            )
+            scores[length] = length_scores(model, task, config, length, device, rows)
             if isinstance(bar, Progress):
                 bar.update(bar.task_ids[0], advance=cost, done=done, description=f"eval n={length}")
             elif bar is not None:
                 bar.report(done, f"n={length} done", done_share=sum(work[:done]) / sum(work))
-    return accuracies, exact
+    return scores
 
 
 def length_work(task: Task, config: RunConfig, length: int) -> float:
@@ -145,7 +165,23 @@ def length_accuracies(
     model: BenchModel, task: Task, config: RunConfig, length: int, device: torch.device
 ) -> list[float]:
     """Each member's mean over sub-batches of the pooled masked token accuracy at one length."""
-    return length_scores(model, task, config, length, device)[0]
+    return length_scores(model, task, config, length, device).token
+
+
+@dataclass
+class LengthScores:
+    """Each member's scores at one length: token accuracy (mean over sub-batches of the
+    pooled masked token accuracy), exact match (mean over sub-batches of the share of
+    sequences with every masked position right), the correct and scored positions of all
+    its sequences (their ratio: the pooled accuracy, 1 - flip-flop's read error) and the
+    cumulative sequence accuracy by prefix (``prefix_counts`` over all sequences / their
+    number; one value per output position)."""
+
+    token: list[float]
+    exact: list[float]
+    correct: list[int]
+    scored: list[int]
+    prefix: list[list[float]]
 
 
 def length_scores(
@@ -155,20 +191,22 @@ def length_scores(
     length: int,
     device: torch.device,
     rows: ForwardRows | None = None,
-) -> tuple[list[float], list[float]]:
-    """Each member's token accuracy (``length_accuracies``) and exact-match accuracy (mean
-    over sub-batches of the share of sequences with every masked position right) at one
-    length; ``rows``: see ``ForwardRows``."""
+) -> LengthScores:
+    """Each member's ``LengthScores`` at one length; ``rows``: see ``ForwardRows``."""
     data_rng, seed = seed_for_length(model, config, length)
-    sub_batch_scores = []
+    sub_batch_scores, counts, prefixes = [], [], []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)  # dropout at evaluation
         for size in _sub_batch_sizes(config.eval_samples, config.eval_batch_size):
             batch = task.sample(length, size, data_rng)
-            correct, counted, exact, sequences = _count_correct(model, batch, device, rows)
+            correct, counted, exact, sequences, right = _count_correct(model, batch, device, rows)
             sub_batch_scores.append(torch.stack([correct / counted, exact / sequences]))
+            counts.append(torch.stack([correct, counted]))  # [2, M]
+            prefixes.append(right)  # [M, L]
     token, exact = torch.stack(sub_batch_scores).mean(0).tolist()
-    return token, exact
+    correct_total, scored_total = torch.stack(counts).sum(0).round().long().tolist()
+    prefix = torch.stack(prefixes).sum(0) / config.eval_samples
+    return LengthScores(token, exact, correct_total, scored_total, prefix.tolist())
 
 
 def _sub_batch_sizes(samples: int, batch_size: int) -> list[int]:
@@ -187,8 +225,9 @@ class ForwardRows:
 def _count_correct(
     model: BenchModel, batch, device: torch.device, rows: ForwardRows | None = None
 ) -> tuple[torch.Tensor, ...]:
-    """Correct and counted positions, exactly right and counted sequences of one sub-batch per
-    member (``[M]`` each, on the device, so that a length costs one synchronisation); one
+    """Correct and counted positions, exactly right and counted sequences (``[M]`` each) and
+    the sequences right up to each position (``[M, L]``, ``prefix_counts``) of one sub-batch
+    per member, on the device, so that a length costs one synchronisation; one
     random draw serves the whole sub-batch (positions, and dropout's per-sequence seeds). On
     out-of-memory the model's memory budget is halved (for the rest of the evaluation too),
     down to one query row of one sequence; a model that does not split its forward pass is
@@ -233,13 +272,14 @@ def _row_slices(total: int, step: int) -> list[slice]:
 
 
 def _counts(model: BenchModel, inputs, targets, mask, draws, dropout_seeds, rows: slice):
-    """``_count_correct``'s four counts ``[M]`` of the sequences ``rows`` of a sub-batch."""
+    """``_count_correct``'s counts of the sequences ``rows`` of a sub-batch."""
     seeds = None if dropout_seeds is None else dropout_seeds[..., rows]
     logits = model(inputs[rows], draws, evaluating=True, dropout_seeds=seeds)
     part_targets, part_mask = targets[rows], mask[rows]
     return (
         *masked_counts(logits, part_targets, part_mask),
         *exact_counts(logits, part_targets, part_mask),
+        prefix_counts(logits, part_targets, part_mask),
     )
 
 

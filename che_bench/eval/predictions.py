@@ -39,7 +39,7 @@ def sample_predictions(
     """The records (see the module docstring) of a one-member ``model``, the kept model of
     stored run ``run_id``, under ``config``'s evaluation protocol (the run's own, or a
     re-evaluation's), length by length."""
-    task = config.build_task()
+    task = config.build_evaluation_task()
     model.to(device).train(config.dropout_at_eval)
     sub_batch = min(config.eval_batch_size, config.eval_samples)
     shown = min(count, sub_batch)

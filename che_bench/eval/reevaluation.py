@@ -1,9 +1,10 @@
 """Re-evaluation of kept models under another evaluation protocol (longer test lengths, more
 sequences, dropout at evaluation, the reference's 42..500 average), and what it costs.
 
-A re-evaluation changes only the fields of ``config.EVALUATION_FIELDS``: the model is the
-run's own, rebuilt from its kept weights. Runs of one table cell are evaluated as one pack, on
-the same test batches.
+A re-evaluation changes only the fields of ``config.EVALUATION_FIELDS`` (among them the task
+parameters of the evaluation, ``eval_task_params``: flip-flop's sparse and dense splits): the
+model is the run's own, rebuilt from its kept weights. Runs of one table cell are evaluated as
+one pack, on the same test batches.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Any
 import torch
 
 from che_bench import protocol
-from che_bench.config import RunConfig, check_evaluation, group_into_packs
+from che_bench.config import RunConfig, group_into_packs
 from che_bench.eval.evaluation import Evaluation, evaluate
 from che_bench.model.base import BenchModel
+from che_bench.model.check import check_evaluation
 from che_bench.model.packs import stack_members
 from che_bench.settings import BY_NAME
 
@@ -39,7 +41,7 @@ def reevaluation_config(config: RunConfig, **changes: Any) -> RunConfig:
 def evaluation_cost(config: RunConfig) -> float:
     """Relative cost of an evaluation protocol: sequences x (model input tokens)^2 summed
     over its lengths (attention, the dominant term at long lengths, is quadratic)."""
-    task = config.build_task()
+    task = config.build_evaluation_task()
     lengths = set(config.test_lengths) | set(config.train_eval_lengths)
     return float(sum(config.eval_samples * task.model_length(n) ** 2 for n in lengths))
 
@@ -62,7 +64,7 @@ def reevaluate(
         members = [by_run[config.run_id()][1] for config in cell]
         model = members[0] if len(members) == 1 else stack_members(members)
         evaluations = evaluate(
-            model.to(device), cell[0].build_task(), cell[0], device, progress=progress
+            model.to(device), cell[0].build_evaluation_task(), cell[0], device, progress=progress
         )
         results.update(
             {config.run_id(): result for config, result in zip(cell, evaluations, strict=False)}

@@ -1,6 +1,7 @@
-"""Building a run's model once before it runs, so that bad model, encoding or DAPE options
-fail before any training (``config.check_evaluation``), what the model can take and how many
-parameters it has (shown in the run header)."""
+"""The check of a run's configuration before it runs (``check_evaluation``): its evaluation
+protocol and task parameters, and its model built once, so that bad model, encoding or DAPE
+options fail before any training; what the model can take and how many parameters it has
+(shown in the run header)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from typing import Any
 
 import torch
 
+from che_bench import settings
+from che_bench.errors import CheBenchError
 from che_bench.model.architectures import build_architecture
 from che_bench.tasks import get_task
+from che_bench.tasks.base import Task
 
 
 def max_input_tokens(
@@ -37,3 +41,63 @@ def _build_model_once(arguments_json: str) -> tuple[int | None, int]:
     with torch.random.fork_rng(devices=[]):  # leave the global torch RNG untouched
         model = build_architecture(arch, get_task(task, **task_params), **arguments)
     return model.max_input_tokens(), sum(p.numel() for p in model.parameters()) // model.members
+
+
+def check_evaluation(config: Any) -> None:
+    """Refuse, before anything runs, an evaluation protocol the run (a ``RunConfig``, read by
+    its attributes: this layer is below the config's) cannot have: sizes below 1, lengths
+    below the task's minimum or beyond what the task can produce (the recall probes have a
+    longest length) or the model can take (learned and randomized positions end at their
+    table / range), no length to average with score_from_42, task parameters of the
+    evaluation the model cannot read (``_checked_evaluation_task``). Builds the model once,
+    so bad model options fail here too."""
+    for name in ("eval_samples", "eval_batch_size"):
+        settings.BY_NAME[name].validate(getattr(config, name))
+    task = _checked_evaluation_task(config)
+    for label, lengths in (
+        ("test", config.test_lengths),
+        ("in-distribution", config.train_eval_lengths),
+    ):
+        if lengths[0] < task.min_length:
+            raise CheBenchError(
+                f"{label} length {lengths[0]} is below the minimum length {task.min_length} "
+                f"of task {task.name!r}"
+            )
+    if not config.score_lengths:
+        raise CheBenchError(
+            f"no test length above {config.train_max_length + 1} to average with score_from_42"
+        )
+    lengths = config.test_lengths
+    task.check_length(max(lengths))
+    max_tokens = max_input_tokens(
+        config.task, config.task_params, config.arch, config.model_arguments()
+    )
+    longest = max(task.model_length(n) for n in lengths)
+    if max_tokens is not None and longest > max_tokens:
+        raise CheBenchError(
+            f"test length {max(lengths)} needs {longest} model input tokens but encoding "
+            f"{config.pe!r} takes at most {max_tokens} (raise max_positions / noise_max_length "
+            "with --pe-option)"
+        )
+
+
+def _checked_evaluation_task(config: Any) -> Task:
+    """The run's evaluation task (``build_evaluation_task``); its parameters must change the
+    run's own and keep the model's inputs and outputs (the trained model reads them)."""
+    task = config.build_evaluation_task()
+    if not config.eval_task_params:
+        return task
+    trained = config.build_task()
+    own = trained.params()
+    same = [key for key, value in config.eval_task_params.items() if own.get(key) == value]
+    if same:
+        raise CheBenchError(
+            f"eval_task_params {', '.join(same)}: the run's own value (leave it out)"
+        )
+    shape = ("input_size", "output_size", "output_layout")
+    if any(getattr(task, name) != getattr(trained, name) for name in shape):
+        raise CheBenchError(
+            f"eval_task_params {config.eval_task_params} change the inputs or outputs of task "
+            f"{config.task!r}: a model trained on {own} cannot read them"
+        )
+    return task

@@ -41,13 +41,16 @@ def _exact_match_chance(task_name: str, task_params_json: str, length: int) -> f
 
 def run_exact_chance(settings: dict[str, Any]) -> float:
     """A uniform guesser's exact-match score under a run's settings (``reports.run_settings``):
-    the mean of ``exact_match_chance`` over the test lengths its score averages; NaN when the
+    the mean of ``exact_match_chance`` over the test lengths its score averages (of the task it
+    was evaluated on: ``eval_task_params`` over its own); NaN when the
     task's plugin is not loaded."""
     from che_bench.tasks import get_task
 
     if not unregistered.task_known(settings["task"]):
         return math.nan
-    task = get_task(settings["task"], **settings["task_params"])
+    task = get_task(
+        settings["task"], **{**settings["task_params"], **settings.get("eval_task_params", {})}
+    )
     lengths = protocol.score_lengths(
         settings["test_lengths"], settings["train_max_length"], settings["score_from_42"]
     )

@@ -42,6 +42,9 @@ _EXPORT_PER_LENGTH = [
     "length",
     "accuracy",
     "exact_accuracy",
+    "correct",
+    "scored",
+    "pooled_accuracy",
     "run_id",
     "evaluation",
 ]
@@ -56,6 +59,8 @@ _EXPORT_RUNS = [
     "train_accuracy",
     "exact_score",
     "train_exact_accuracy",
+    "pooled_score",
+    "train_pooled_accuracy",
     "status",
     "run_id",
     "evaluation",
@@ -90,10 +95,10 @@ def export_frame(
     ``key=value, ...``), ``parameters`` (one member's, blank where not recorded) and
     ``plugins`` (each with its version and source hash, ``plugins.describe_plugins``). ``pe``
     is blank for an architecture other than the transformer (it has no positional
-    encoding). The exact-match columns are always there;
-    with ``metric="exact"``, ``score`` / ``train_accuracy`` / ``accuracy`` hold exact match
-    too, and only runs that have it are exported (``with_metric``); with ``"scaled"``, scaled
-    accuracy (``reports.scaled``)."""
+    encoding). The exact-match columns are always there; with ``metric="exact"`` (or
+    ``"sequence"``) or ``"pooled"``, ``score`` / ``train_accuracy`` / ``accuracy`` hold exact
+    match or the pooled accuracy too, and only runs that have it are exported
+    (``with_metric``); with ``"scaled"``, scaled accuracy (``reports.scaled``)."""
     check_metric(metric)
     runs = store.runs(run_ids, evaluation)
     if metric != "token":

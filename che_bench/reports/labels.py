@@ -163,6 +163,15 @@ def _registered_task_facts(name: str, params_json: str) -> tuple[str, float, str
     return LEVEL_LABELS.get(task.level, task.level), task.chance, label
 
 
+def tested_label(label: str, eval_task_params: dict[str, Any] | None) -> str:
+    """A task's table label, naming the task parameters it was evaluated under where they
+    are not the trained ones (``eval_task_params``), e.g. ``flip_flop, tested at
+    p_ignore=0.98``."""
+    if not eval_task_params:
+        return label
+    return f"{label}, tested at {', '.join(f'{k}={v}' for k, v in eval_task_params.items())}"
+
+
 def run_settings(config_json: str, protocol_json: str | None) -> dict[str, Any]:
     """A run's config with the fields of the evaluation shown (its protocol JSON, None for a
     run without an evaluation) in place of the original ones."""
@@ -187,7 +196,10 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     facts = [_task_facts(c["task"], json.dumps(c["task_params"], sort_keys=True)) for c in configs]
     frame["level"] = [level for level, _, _ in facts]
     frame["chance"] = [chance for _, chance, _ in facts]
-    frame["task_label"] = [label for _, _, label in facts]
+    frame["task_label"] = [
+        tested_label(label, config.get("eval_task_params"))
+        for (_, _, label), config in zip(facts, configs, strict=True)
+    ]
     frame["encoding"] = [run_encoding_label(config) for config in configs]
     frame["architecture"] = [run_architecture(config) for config in configs]
     frame["paper_differences"] = [tuple(paper_protocol_differences(c)) for c in configs]

@@ -20,7 +20,12 @@ from che_bench.errors import CheBenchError
 from che_bench.reports.chance import exact_match_chance
 from che_bench.reports.export import curves_frame
 from che_bench.reports.labels import labelled_runs
-from che_bench.reports.tables import complete_runs, with_metric
+from che_bench.reports.tables import (
+    METRIC_COLUMNS,
+    SEQUENCE_METRICS,
+    complete_runs,
+    with_metric,
+)
 from che_bench.reports.unregistered import task_known
 from che_bench.store import ORIGINAL, ResultStore
 from che_bench.tasks import Task, get_task
@@ -46,7 +51,7 @@ def plot_data(
         raise CheBenchError(
             "no complete runs to plot"
             + (" for the given task(s)" if tasks else "")
-            + (" with exact match recorded" if metric == "exact" else "")
+            + (f" with {metric} recorded" if metric in METRIC_COLUMNS else "")
         )
     runs = labelled_runs(runs)
     per_length = store.per_length(runs["run_id"], evaluation).merge(
@@ -91,10 +96,10 @@ def plot_accuracy(
     if evaluation != ORIGINAL:
         figure.suptitle(f"evaluation {evaluation}")
     figure.tight_layout()
-    return _save(figure, out)
+    return save_figure(figure, out)
 
 
-def _save(figure, out: Path) -> Path:
+def save_figure(figure, out: Path) -> Path:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(out, dpi=120)
@@ -156,7 +161,12 @@ def _draw_panel(ax, runs: pd.DataFrame, curves: pd.DataFrame, label: str) -> Non
     ax.set_xlabel(task.length_label if task else "length")
     metric = curves.attrs.get("metric", "token")
     ax.set_ylabel(
-        {"exact": "exact match (%)", "scaled": "scaled accuracy (%)"}.get(metric, "accuracy (%)")
+        {
+            "exact": "exact match (%)",
+            "sequence": "sequence accuracy (%)",
+            "scaled": "scaled accuracy (%)",
+            "pooled": "pooled accuracy (%)",
+        }.get(metric, "accuracy (%)")
     )
     # Scaled accuracy falls below 0 where a model does worse than chance.
     ax.set_ylim(min(0, 100 * task_curves["accuracy"].min()) - 1 if metric == "scaled" else 0, 101)
@@ -204,7 +214,7 @@ def _draw_task_guides(ax, task: Task, max_length: int, metric: str) -> None:
     if metric == "scaled":
         ax.axhline(0, color="0.4", linestyle=":", label="chance")
         return
-    if metric == "exact":
+    if metric in SEQUENCE_METRICS:
         ax.plot(
             lengths,
             [100 * exact_match_chance(task, int(n)) for n in lengths],
@@ -273,7 +283,7 @@ def plot_curves(store: ResultStore, run_ids: Iterable[str], out: str | Path) -> 
     loss_ax, accuracy_ax = figure.subplots(1, 2)
     _draw_curves(loss_ax, accuracy_ax, curves)
     figure.tight_layout()
-    return _save(figure, Path(out))
+    return save_figure(figure, Path(out))
 
 
 def curves_png(curves: pd.DataFrame, title: str, *, dpi: int = 100) -> bytes:

@@ -6,11 +6,14 @@ other architecture ("LSTM", ...), cells = the maximum score over seeds and learn
 mean +- std and the number of runs, in percent. Only complete runs count. Runs that differ in
 anything else (preset, steps, model size, options, ...) get separate, labelled columns.
 
-Scores are token accuracies (the default, as in the paper) or, with ``metric="exact"``, exact
-match: the share of sequences whose every scored position is right (runs evaluated before
-exact match was recorded are left out), or with ``metric="scaled"`` Grazzi et al.'s scaled
-accuracy (``reports.scaled``). Scores come from one evaluation of each run: its
-original one (the default) or a re-evaluation under another protocol, chosen by protocol id
+Scores are token accuracies (the default, as in the paper) or, with ``metric="exact"`` (or
+``"sequence"``, its name in the word-problem papers), exact match: the share of sequences whose
+every scored position is right (runs evaluated before exact match was recorded are left out),
+with ``metric="scaled"`` Grazzi et al.'s scaled accuracy (``reports.scaled``), or with
+``metric="pooled"`` the pooled accuracy: correct / scored positions of all test sequences
+together (1 - it: flip-flop's read error; runs evaluated before it was recorded are left out).
+Scores come from one evaluation of each run: its original one (the default) or a
+re-evaluation under another protocol, chosen by protocol id
 (see ``che_bench.store.result_store``). Published values are set beside a cell always, but
 subtracted only where its runs followed the published protocol (``paper_protocol_differences``).
 """
@@ -49,9 +52,29 @@ from che_bench.reports.scaled import with_scaled_accuracy
 from che_bench.reports.table_formats import PAPER_SUFFIX, cell_text, chance_text, paper_text
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
 
+#: The two names of exact match.
+SEQUENCE_METRICS = ("exact", "sequence")
+#: The stored columns a metric other than token accuracy reads, by the columns it fills.
+METRIC_COLUMNS = {
+    "exact": {
+        "score": "exact_score",
+        "train_accuracy": "train_exact_accuracy",
+        "accuracy": "exact_accuracy",
+    },
+    "pooled": {
+        "score": "pooled_score",
+        "train_accuracy": "train_pooled_accuracy",
+        "accuracy": "pooled_accuracy",
+    },
+}
+METRIC_COLUMNS["sequence"] = METRIC_COLUMNS["exact"]
 METRIC_NOTES = {
     "token": "accuracy % = correct scored tokens / scored tokens",
     "exact": "exact match % = sequences with every scored token right / sequences",
+    "sequence": "sequence accuracy % (exact match) = sequences with every scored token right / "
+    "sequences",
+    "pooled": "pooled accuracy % = correct / scored tokens of all test sequences together "
+    "(100 - it: the pooled error, flip-flop's read error)",
     "scaled": "scaled accuracy % = (accuracy - chance) / (1 - chance), chance = 1 / number of "
     "classes (Grazzi et al.)",
 }
@@ -62,7 +85,9 @@ CHANCE_NOTES = {
     "power of a sequence's scored positions, averaged over sequences and the "
     "score's test lengths",
     "scaled": "chance = 0 on this scale",
+    "pooled": "chance = 1 / number of classes",
 }
+CHANCE_NOTES["sequence"] = CHANCE_NOTES["exact"]
 
 
 def check_metric(metric: str) -> None:
@@ -72,19 +97,19 @@ def check_metric(metric: str) -> None:
 
 def with_metric(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     """A ``ResultStore.runs()`` or ``per_length()`` frame whose ``score`` / ``train_accuracy``
-    / ``accuracy`` columns hold ``metric``; for exact match, rows without it are left out."""
+    / ``accuracy`` columns hold ``metric``; for exact match and pooled accuracy, rows without
+    it are left out."""
     check_metric(metric)
     if metric == "token":
         return frame
     if metric == "scaled":
         return with_scaled_accuracy(frame)
-    exact = {
-        "score": "exact_score",
-        "train_accuracy": "train_exact_accuracy",
-        "accuracy": "exact_accuracy",
-    }
     frame = frame.assign(
-        **{name: frame[source] for name, source in exact.items() if source in frame}
+        **{
+            name: frame[source]
+            for name, source in METRIC_COLUMNS[metric].items()
+            if source in frame
+        }
     )
     key = "score" if "score" in frame else "accuracy"
     return frame[frame[key].notna()].reset_index(drop=True)
@@ -145,7 +170,7 @@ def _summarize_runs(
     runs = best_of.labelled(runs, best_over)
     if compare in COMPARISONS:
         runs = COMPARISONS[compare].with_protocol_differences(runs)
-    if metric == "exact":
+    if metric in SEQUENCE_METRICS:
         runs["chance"] = [run_exact_chance(settings) for settings in runs["settings"]]
     elif metric == "scaled":
         runs["chance"] = 0.0
@@ -349,8 +374,8 @@ def _notes(
         f"runs); complete runs only; preset(s): {presets}{preset_changes(runs['config'])}; "
         f"{CHANCE_NOTES[metric]}",
     ]
-    if metric == "exact":
-        notes.append("exact match: runs evaluated before it was recorded are left out")
+    if metric in METRIC_COLUMNS:
+        notes.append(f"{metric}: runs evaluated before it was recorded are left out")
     if evaluation != ORIGINAL:
         summary = describe_protocol(json.loads(runs["protocol"].iloc[0]))
         notes.append(f"scores of evaluation {evaluation} ({summary}); runs without it are left out")

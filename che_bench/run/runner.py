@@ -316,7 +316,13 @@ def _train_and_evaluate(
     return (
         model,
         training,
-        evaluate(model, task, configs[0], device, progress=training_options["progress"]),
+        evaluate(
+            model,
+            configs[0].build_evaluation_task(),
+            configs[0],
+            device,
+            progress=training_options["progress"],
+        ),
     )
 
 

@@ -34,6 +34,9 @@ def describe_protocol(protocol: dict[str, Any]) -> str:
         parts.append(f"eval seed {protocol['eval_seed']}")
     if protocol["dropout_at_eval"]:
         parts.append("dropout at eval")
+    if protocol.get("eval_task_params"):
+        given = ", ".join(f"{key}={value}" for key, value in protocol["eval_task_params"].items())
+        parts.append(f"task {given}")
     return ", ".join(parts)
 
 
@@ -77,15 +80,17 @@ class StoreReads:
     ) -> pd.DataFrame:
         """One row per run, oldest first; ``kernel`` is None without DAPE. ``score``,
         ``train_accuracy``, ``exact_score``, ``train_exact_accuracy`` (NaN where exact match
-        was not recorded) and ``EVALUATION_COLUMNS`` come from ``evaluation``: ``"original"``
-        (every run, each with its original evaluation where it has one) or a protocol id (only
-        the runs evaluated under it)."""
+        was not recorded), ``pooled_score``, ``train_pooled_accuracy`` (NaN where pooled
+        counts were not recorded) and ``EVALUATION_COLUMNS`` come from ``evaluation``:
+        ``"original"`` (every run, each with its original evaluation where it has one) or a
+        protocol id (only the runs evaluated under it)."""
         run_columns = ", ".join(f"r.{column}" for column in RUN_COLUMNS)
         with self._connect() as connection:
             join, params = self._evaluation_join(connection, evaluation)
             frame = pd.read_sql_query(
                 f"""SELECT {run_columns}, e.score, e.train_accuracy, e.exact_score,
-                           e.train_exact_accuracy, e.evaluation_id AS evaluation, e.protocol,
+                           e.train_exact_accuracy, e.pooled_score, e.train_pooled_accuracy,
+                           e.evaluation_id AS evaluation, e.protocol,
                            e.device AS eval_device, e.timings AS eval_timings
                     FROM runs r {join}
                     ORDER BY r.created_at, r.run_id""",
@@ -98,14 +103,16 @@ class StoreReads:
         self, run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL
     ) -> pd.DataFrame:
         """Per-length accuracies of complete runs under ``evaluation`` (as in ``runs``):
-        ``accuracy`` and ``exact_accuracy`` (NaN where not recorded), with the evaluation id and
+        ``accuracy``, ``exact_accuracy``, and the ``correct`` and ``scored`` positions with
+        their ratio ``pooled_accuracy`` (NaN where not recorded), with the evaluation id and
         the run's identifying columns."""
         with self._connect() as connection:
             join, params = self._evaluation_join(connection, evaluation, inner=True)
             frame = pd.read_sql_query(
                 f"""SELECT r.run_id, e.evaluation_id AS evaluation, r.task, r.pe, r.kernel,
                            r.seed, r.lr, r.steps, r.preset, a.split, a.length, a.accuracy,
-                           a.exact_accuracy
+                           a.exact_accuracy, a.correct, a.scored,
+                           CAST(a.correct AS REAL) / a.scored AS pooled_accuracy
                     FROM runs r {join}
                     JOIN accuracies a
                         ON a.run_id = e.run_id AND a.evaluation_id = e.evaluation_id
@@ -115,6 +122,35 @@ class StoreReads:
                 params=params,
             )
         return _selected(frame, run_ids)
+
+    def prefix_curves(
+        self, run_ids: Iterable[str] | None = None, evaluation: str = ORIGINAL
+    ) -> pd.DataFrame:
+        """DeltaProduct's cumulative sequence accuracy of complete runs under ``evaluation``
+        (as in ``runs``): one row per run and output position: ``run_id``, ``evaluation``,
+        ``length`` (the test length it was measured at), ``position`` (t, from 0) and
+        ``accuracy`` (the share of sequences with every scored position 0..t right); runs
+        evaluated before it was recorded have no rows."""
+        with self._connect() as connection:
+            join, params = self._evaluation_join(connection, evaluation, inner=True)
+            stored = connection.execute(
+                f"""SELECT r.run_id, e.evaluation_id, e.prefix_length, e.prefix_accuracies
+                    FROM runs r {join}
+                    WHERE r.status = 'complete' AND e.prefix_accuracies IS NOT NULL
+                    ORDER BY r.created_at, r.run_id""",
+                params,
+            ).fetchall()
+        rows = [
+            (run_id, evaluation_id, length, position, accuracy)
+            for run_id, evaluation_id, length, curve in stored
+            for position, accuracy in enumerate(json.loads(curve))
+        ]
+        frame = pd.DataFrame(
+            rows, columns=["run_id", "evaluation", "length", "position", "accuracy"]
+        )
+        if run_ids is not None:
+            frame = frame[frame["run_id"].isin(set(run_ids))]
+        return frame.reset_index(drop=True)
 
     def history(self, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
         """Training history rows (``che_bench.train.history.HISTORY_FIELDS``) with their ``run_id``,

@@ -1,6 +1,6 @@
 """The result store's schema: its tables, its version and the migrations of older versions
-(1: one curve per run; 2: no exact match, no training history; 3: no plugin provenance), each
-run inside the caller's transaction."""
+(1: one curve per run; 2: no exact match, no training history; 3: no plugin provenance; 4: no
+pooled counts, no prefix curve), each run inside the caller's transaction."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import json
 import sqlite3
 from typing import Any
 
-from che_bench.config import EVALUATION_FIELDS, protocol_id
+from che_bench.config import EVALUATION_FIELDS, OMITTED_AT_DEFAULT, protocol_id
 from che_bench.errors import CheBenchError
 
 APPLICATION_ID = 0x43484542  # "CHEB"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 RUNS_SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -90,7 +90,25 @@ CREATE TABLE history (
 PLUGINS_SCHEMA = """
 ALTER TABLE runs ADD COLUMN plugins TEXT;
 """
-SCHEMA = RUNS_SCHEMA + EVALUATIONS_SCHEMA + EXACT_AND_HISTORY_SCHEMA + PLUGINS_SCHEMA
+#: What version 5 added to version 4: per length the correct and scored positions of all
+#: sequences (pooled accuracy, flip-flop's read error), the pooled score, and DeltaProduct's
+#: cumulative sequence accuracy by prefix at one length (a JSON list); NULL in evaluations
+#: made before; run by ``opening._create`` and by the upgrade.
+POOLED_AND_PREFIX_SCHEMA = """
+ALTER TABLE evaluations ADD COLUMN pooled_score REAL;
+ALTER TABLE evaluations ADD COLUMN train_pooled_accuracy REAL;
+ALTER TABLE evaluations ADD COLUMN prefix_length INTEGER;
+ALTER TABLE evaluations ADD COLUMN prefix_accuracies TEXT;
+ALTER TABLE accuracies ADD COLUMN correct INTEGER;
+ALTER TABLE accuracies ADD COLUMN scored INTEGER;
+"""
+SCHEMA = (
+    RUNS_SCHEMA
+    + EVALUATIONS_SCHEMA
+    + EXACT_AND_HISTORY_SCHEMA
+    + PLUGINS_SCHEMA
+    + POOLED_AND_PREFIX_SCHEMA
+)
 
 #: Columns of ``runs()`` taken from the ``runs`` table; the evaluation shown adds ``score``,
 #: ``train_accuracy`` and ``EVALUATION_COLUMNS``.
@@ -191,8 +209,19 @@ def _migrate_3_to_4(connection: sqlite3.Connection) -> None:
     execute_script(connection, PLUGINS_SCHEMA)
 
 
+def _migrate_4_to_5(connection: sqlite3.Connection) -> None:
+    """Schema version 4 -> 5 inside the caller's transaction: every stored evaluation keeps
+    its values, without pooled counts or prefix curve (NULL)."""
+    execute_script(connection, POOLED_AND_PREFIX_SCHEMA)
+
+
 #: The migration from each older schema version to the next one.
-MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4}
+MIGRATIONS = {
+    1: _migrate_1_to_2,
+    2: _migrate_2_to_3,
+    3: _migrate_3_to_4,
+    4: _migrate_4_to_5,
+}
 
 
 def migrate(connection: sqlite3.Connection, from_version: int) -> None:
@@ -209,14 +238,22 @@ def migrate(connection: sqlite3.Connection, from_version: int) -> None:
 
 
 def checked_protocol(protocol: Any, run_id: str | None = None) -> dict[str, Any]:
-    """``protocol`` as plain JSON data with exactly the evaluation fields, or a CheBenchError."""
+    """``protocol`` as plain JSON data with exactly the evaluation fields (those left out of the
+    run id at their default: only when not at it), or a CheBenchError."""
     whose = f"run {run_id}: " if run_id else ""
     fields = set(EVALUATION_FIELDS)
-    if not isinstance(protocol, dict) or set(protocol) != fields:
+    optional = fields & set(OMITTED_AT_DEFAULT)  # absent at their default
+    if not isinstance(protocol, dict) or not fields - optional <= set(protocol) <= fields:
         given = sorted(protocol) if isinstance(protocol, dict) else type(protocol).__name__
         raise CheBenchError(
             f"{whose}an evaluation protocol has the fields {', '.join(sorted(fields))}; got {given}"
         )
+    # An optional field at its default is no field (as in ``RunConfig.evaluation_protocol``).
+    protocol = {
+        name: value
+        for name, value in protocol.items()
+        if not (name in optional and value == OMITTED_AT_DEFAULT[name])
+    }
     try:
         return json.loads(json.dumps(protocol))
     except (TypeError, ValueError) as exc:

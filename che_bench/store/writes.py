@@ -23,15 +23,22 @@ def check_accuracy(name: str, value: Any) -> None:
         raise CheBenchError(f"{name} must be an accuracy in [0, 1], got {value!r}")
 
 
-def check_curve(split: str, curve: dict[int, float], lengths: list[int]) -> None:
-    """A re-evaluation's curve must hold one accuracy per length of its protocol."""
+def check_curve(
+    split: str, curve: dict[int, Any], lengths: list[int], *, counts: bool = False
+) -> None:
+    """A re-evaluation's curve must hold one accuracy (with ``counts``: one count, an
+    integer >= 0) per length of its protocol."""
+    what = "counts" if counts else "accuracies"
     if sorted(curve) != sorted(lengths):
         raise CheBenchError(
-            f"the {split} accuracies cover lengths {format_lengths(curve)}, the protocol's "
+            f"the {split} {what} cover lengths {format_lengths(curve)}, the protocol's "
             f"{split} lengths are {format_lengths(lengths)}"
         )
-    for length, accuracy in curve.items():
-        check_accuracy(f"{split} accuracy at length {length}", accuracy)
+    for length, value in curve.items():
+        if not counts:
+            check_accuracy(f"{split} accuracy at length {length}", value)
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CheBenchError(f"{split} count at length {length} must be >= 0, got {value!r}")
 
 
 def delete_evaluation(connection: sqlite3.Connection, run_id: str, evaluation_id: str) -> None:
@@ -75,6 +82,37 @@ def check_scores(scores: Scores, protocol: dict[str, Any]) -> None:
         check_accuracy(name, value)
     for split, curve, lengths in curves:
         check_curve(split, curve, protocol[lengths])
+    if scores.has_pooled_counts():
+        check_pooled_counts(scores, protocol)
+
+
+def check_pooled_counts(scores: Scores, protocol: dict[str, Any]) -> None:
+    """Counts over exactly the protocol's lengths, none correct beyond those scored; the
+    pooled scores accuracies (or None: nothing scored); a prefix curve of accuracies at the
+    longest test length."""
+    for split, correct, scored, lengths in (
+        ("test", scores.correct_per_length, scores.scored_per_length, "test_lengths"),
+        (
+            "in-distribution",
+            scores.train_correct_per_length,
+            scores.train_scored_per_length,
+            "train_eval_lengths",
+        ),
+    ):
+        for name, counts in (("correct", correct), ("scored", scored)):
+            check_curve(f"{split} {name}-position", counts, protocol[lengths], counts=True)
+        if any(correct[n] > scored[n] for n in scored):
+            raise CheBenchError(f"more correct than scored {split} positions")
+    for name in ("pooled_score", "train_pooled_accuracy"):
+        if getattr(scores, name) is not None:
+            check_accuracy(name, getattr(scores, name))
+    if scores.prefix_length != max(protocol["test_lengths"]):
+        raise CheBenchError(
+            f"the prefix curve is at length {scores.prefix_length}, the protocol's longest "
+            f"test length is {max(protocol['test_lengths'])}"
+        )
+    for position, accuracy in enumerate(scores.prefix_accuracies):
+        check_accuracy(f"prefix accuracy at position {position}", accuracy)
 
 
 def insert_evaluation(
@@ -92,8 +130,9 @@ def insert_evaluation(
     connection.execute(
         """INSERT INTO evaluations (run_id, evaluation_id, protocol, is_original, score,
                                     train_accuracy, device, versions, timings, created_at,
-                                    exact_score, train_exact_accuracy)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                                    exact_score, train_exact_accuracy, pooled_score,
+                                    train_pooled_accuracy, prefix_length, prefix_accuracies)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
         (
             run_id,
             evaluation_id,
@@ -107,21 +146,45 @@ def insert_evaluation(
             now(),
             scores.exact_score,
             scores.train_exact_accuracy,
+            scores.pooled_score,
+            scores.train_pooled_accuracy,
+            scores.prefix_length,
+            json.dumps(scores.prefix_accuracies) if scores.prefix_accuracies else None,
         ),
     )
-    accuracies = [
-        (run_id, evaluation_id, "test", n, acc, scores.exact_per_length.get(n))
-        for n, acc in scores.per_length.items()
-    ]
-    accuracies += [
-        (run_id, evaluation_id, "train", n, acc, scores.train_exact_per_length.get(n))
-        for n, acc in scores.train_per_length.items()
-    ]
+    accuracies = [(run_id, evaluation_id, *row) for row in _accuracy_rows(scores)]
     connection.executemany(
-        """INSERT INTO accuracies (run_id, evaluation_id, split, length, accuracy, exact_accuracy)
-           VALUES (?, ?, ?, ?, ?, ?)""",
+        """INSERT INTO accuracies (run_id, evaluation_id, split, length, accuracy, exact_accuracy,
+                                   correct, scored)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
         accuracies,
     )
+
+
+def _accuracy_rows(scores: Scores) -> list[tuple]:
+    """The ``accuracies`` rows of ``scores`` after their run and evaluation ids: split,
+    length, accuracy, exact accuracy, correct and scored positions (None where not
+    measured)."""
+    return [
+        (split, n, accuracy, exact.get(n), correct.get(n), scored.get(n))
+        for split, curve, exact, correct, scored in (
+            (
+                "test",
+                scores.per_length,
+                scores.exact_per_length,
+                scores.correct_per_length,
+                scores.scored_per_length,
+            ),
+            (
+                "train",
+                scores.train_per_length,
+                scores.train_exact_per_length,
+                scores.train_correct_per_length,
+                scores.train_scored_per_length,
+            ),
+        )
+        for n, accuracy in curve.items()
+    ]
 
 
 def replace_history(

@@ -52,3 +52,12 @@ def exact_counts(
     wrong = (logits.argmax(-1) != targets) & mask
     scored = mask.expand_as(wrong).any(-1)
     return (scored & ~wrong.any(-1)).sum(-1), scored.sum(-1)
+
+
+def prefix_counts(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per member and output position t, the sequences whose every masked-in position
+    0..t is right (DeltaProduct's cumulative sequence accuracy before the mean; a sequence
+    with no masked-in position up to t counts as right there): ``[M, L]``, shapes as in
+    ``masked_counts``."""
+    wrong = (logits.argmax(-1) != targets) & mask
+    return (wrong.cumsum(-1) == 0).sum(-2)
