@@ -40,7 +40,8 @@ from che_bench.checks.speed import peak_memory_bytes, step_seconds, synchronize
 from che_bench.config import make_config
 from che_bench.eval.evaluation import length_accuracies, use_evaluation_budget
 from che_bench.run.device import configure_numerics, describe_device, resolve_device
-from che_bench.run.runner import build_pack_model, execute_run, software_versions
+from che_bench.run.provenance import software_versions
+from che_bench.run.runner import build_pack_model, execute_run
 from che_bench.train.loop import sync_every_for, train_pack
 
 PAPER_STEPS = 200_000

@@ -13,7 +13,7 @@ from che_bench.config import make_config
 from che_bench.model.state_tracking import delta_rule, delta_rule_native
 from che_bench.model.state_tracking.delta_rule import delta_product
 from che_bench.model.state_tracking.delta_rule_recurrent import recurrent_delta_product
-from che_bench.run.runner import software_versions
+from che_bench.run.provenance import software_versions
 from tests.test_delta_rule import rule_inputs
 
 CPU = torch.device("cpu")

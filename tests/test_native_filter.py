@@ -17,7 +17,7 @@ from che_bench import cpu, native_build
 from che_bench.cli import main
 from che_bench.config import make_config
 from che_bench.model.dape import native
-from che_bench.run.runner import software_versions
+from che_bench.run.provenance import software_versions
 from che_bench.store import ResultStore
 
 def reference(scores, content, residual, addend, weights, softmax=False, first_row=None):

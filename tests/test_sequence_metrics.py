@@ -166,15 +166,15 @@ def test_the_store_keeps_the_counts_and_the_curve_and_the_metrics_read_them(tmp_
     assert set(prefix["trained_positions"]) == {80.0}  # 2 x train_max_length 40
 
 
-def test_a_version_3_store_is_upgraded_and_its_evaluations_have_no_counts(tmp_path):
-    path = tmp_path / "v3.sqlite"
+def test_a_version_4_store_is_upgraded_and_its_evaluations_have_no_counts(tmp_path):
+    path = tmp_path / "v4.sqlite"
     ResultStore(path).record(counted_result())
-    with sqlite3.connect(path) as connection:  # back to version 3: the step's columns dropped
+    with sqlite3.connect(path) as connection:  # back to version 4: the step's columns dropped
         for statement in POOLED_AND_PREFIX_SCHEMA.split(";"):
             if statement.strip():
                 table, column = statement.split()[2], statement.split()[-2]
                 connection.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
-        connection.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+        connection.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
     store = ResultStore(path)
     with sqlite3.connect(path) as connection:
         assert connection.execute("SELECT value FROM meta WHERE key = 'schema_version'"

@@ -59,7 +59,7 @@ from che_bench.checks.training_checks import check_determinism, check_resume, ch
 from che_bench.encodings import list_encodings
 from che_bench.model.encoder import build_model
 from che_bench.run.device import configure_numerics, prepare_deterministic_cublas
-from che_bench.run.runner import software_versions
+from che_bench.run.provenance import software_versions
 
 #: (a)'s DAPE V2 beyond ``KERNELS``, with one encoding: (encoding, kernel, causal).
 DAPE_VARIANTS = (("kerple", 5, False), ("kerple", 7, False), ("kerple", 3, True))

@@ -245,7 +245,7 @@ def _stored_runs(store, run_ids: list[str]):
 def _record_evaluation(store, run_id: str, config, result, device) -> str:
     """Record a re-evaluation under a new protocol and say what it scored; its id."""
     from che_bench.run.device import describe_device
-    from che_bench.run.runner import software_versions
+    from che_bench.run.provenance import software_versions
     from che_bench.store import describe_protocol
 
     protocol = config.evaluation_protocol()

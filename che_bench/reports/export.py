@@ -20,7 +20,7 @@ from che_bench.reports.labels import (
     run_settings,
     short_value,
 )
-from che_bench.reports.tables import check_metric, with_metric
+from che_bench.reports.metrics import check_metric, with_metric
 from che_bench.store import ORIGINAL, ResultStore
 
 _EXPORT_KEYS = [

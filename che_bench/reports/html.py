@@ -25,12 +25,13 @@ import pandas as pd
 from che_bench.errors import CheBenchError
 from che_bench.reports.export import curves_frame
 from che_bench.reports.labels import labelled_runs, run_encoding_label
+from che_bench.reports.metrics import METRIC_NOTES
 from che_bench.reports.page import escaped, page_html
 from che_bench.reports.paper import paper_table_or_none
 from che_bench.reports.reproduce import CommandLine, page_command, reproduce_html
 from che_bench.reports.selection import select_runs, suite_best_over
 from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
-from che_bench.reports.tables import METRIC_NOTES, display_table
+from che_bench.reports.tables import display_table
 from che_bench.reports.what_ran import what_ran_html
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
 

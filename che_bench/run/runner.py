@@ -9,25 +9,20 @@ run in any worker process; the caller records the returned ``RunResult``s (see
 from __future__ import annotations
 
 import json
-import platform
-import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-import che_bench
 from che_bench import plugins
 from che_bench.config import RunConfig
-from che_bench.cpu import cpu_facts
 from che_bench.device_memory import release_memory
 from che_bench.errors import CheBenchError
 from che_bench.eval.evaluation import Evaluation, evaluate
-from che_bench.model.architectures import build_members, native_kernels
+from che_bench.model.architectures import build_members
 from che_bench.model.base import BenchModel
 from che_bench.model.packs import member_state_dict
 from che_bench.outcomes import RunResult
@@ -42,49 +37,12 @@ from che_bench.run.device import (
 from che_bench.run.kept_models import save_model
 from che_bench.run.options import RuntimeOptions, runtime_options
 from che_bench.run.packing import packs_on
+from che_bench.run.provenance import plugin_origins, software_versions
 from che_bench.run.trackers import Trackers
 from che_bench.tasks.base import Task
 from che_bench.train.checkpoints import checkpoint_step
 from che_bench.train.loop import PackTraining, train_pack
 from che_bench.train.readings import Diverged
-
-
-def software_versions(
-    config: RunConfig | None = None, device: torch.device | None = None
-) -> dict[str, str]:
-    """The software a run used: che-bench, torch, numpy, Python, the platform and the plugins
-    that registered ``config``'s task, encoding or model (``plugin NAME``: version); the
-    CPU it ran on (``cpu``, ``cpu_capability``: ``che_bench.cpu.cpu_facts``); and, given the
-    ``device`` it ran on, how its DAPE filter and the kernels its model may compile run
-    there (``architectures.native_kernels``; a kernel is compiled for a CPU only)."""
-    used = {} if config is None else plugins.versions_of(*plugin_origins(config))
-    return {
-        "che_bench": che_bench.__version__,
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        **cpu_facts(),
-        **(
-            {}
-            if config is None or device is None
-            else native_kernels(config.arch, config.arch_options, config.kernel, device)
-        ),
-        **used,
-    }
-
-
-def plugin_origins(config: RunConfig) -> tuple[str | None, str | None, str | None]:
-    """The plugins that registered ``config``'s task, encoding and model (None: che-bench)."""
-    from che_bench.encodings.base import ENCODINGS
-    from che_bench.model.architectures import ARCHITECTURES
-    from che_bench.tasks import TASKS
-
-    return (
-        TASKS.origin(config.task),
-        ENCODINGS.origin(config.pe),
-        ARCHITECTURES.origin(config.arch),
-    )
 
 
 def checkpoint_path(checkpoint_dir: str | Path, run_id: str) -> Path:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from che_bench import plugins
 from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
-from che_bench.run.runner import plugin_origins
+from che_bench.run.provenance import plugin_origins
 
 
 def stale_runs(complete: Mapping[str, RunConfig], store) -> dict[str, str]:

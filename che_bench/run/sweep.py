@@ -28,7 +28,8 @@ from che_bench.outcomes import RunResult
 from che_bench.run.local_backend import LocalBackend as LocalBackend  # the sweep's backends
 from che_bench.run.options import RuntimeOptions
 from che_bench.run.packing import AUTO, CPU_AUTO_WIDTH
-from che_bench.run.runner import execute_runs, plugin_origins, software_versions
+from che_bench.run.provenance import plugin_origins, software_versions
+from che_bench.run.runner import execute_runs
 from che_bench.run.stale import stale_notice, stale_runs
 from che_bench.run.sweep_views import GridView, SweepView
 from che_bench.store.files import CHECKPOINTS, files_dir
