@@ -131,6 +131,10 @@ def test_the_sparse_column_compares_a_run_trained_on_ffl_0_8_evaluated_at_0_98(t
     assert main(["table", *store_flag, "--metric", "pooled", "--evaluation", sparse]) == 0
     out = one_line(capsys.readouterr().out)
     assert "59.70 (+2.30)" in out and "59.70 (not comparable: layers 2 (theirs 1))" in out
+    # The table of the original evaluations names the evaluation that holds the split.
+    assert main(["table", *store_flag, "--metric", "pooled"]) == 0
+    out = one_line(capsys.readouterr().out)
+    assert f"in evaluation(s) {sparse} (p_ignore=0.98): --evaluation ID sets them" in out
     assert main(["table", *store_flag]) == 2  # token accuracy is not the read error
     assert "--compare path needs --metric pooled" in capsys.readouterr().err
 

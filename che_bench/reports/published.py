@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from che_bench.reports import grazzi
 from che_bench.reports.labels import run_settings
 from che_bench.reports.paper import read_published_table
 from che_bench.settings import BY_NAME, stored_value
+from che_bench.store import ResultStore
 
 #: Published values in another unit than che-bench's accuracy in percent, as that accuracy:
 #: a read error e % is accuracy 100 - e (flip-flop's read error is 1 - the pooled accuracy,
@@ -190,6 +192,24 @@ def protocol_differences(row: pd.Series, settings: dict[str, Any]) -> list[str]:
             text = f"no option {key}" if ours is None else f"{key} {ours}"
             differences.append(f"{text} (theirs {theirs})")
     return differences
+
+
+def split_evaluations_note(store: ResultStore, run_ids: Iterable[str]) -> list[str]:
+    """A note naming the re-evaluations of ``run_ids`` under other task parameters
+    (``eval_task_params``: flip-flop's sparse and dense splits) and how to show them, for a
+    table of the runs' original evaluations; none when there are none."""
+    evaluations = store.evaluations(list(run_ids))
+    found = []
+    for evaluation in dict.fromkeys(evaluations.loc[~evaluations["original"], "evaluation"]):
+        protocol = json.loads(store.runs(None, evaluation)["protocol"].iloc[0])
+        if protocol.get("eval_task_params"):
+            found.append(f"{evaluation} ({_params_text(protocol['eval_task_params'])})")
+    if not found:
+        return []
+    return [
+        f"these runs were also tested under other task parameters, in evaluation(s) "
+        f"{', '.join(found)}: --evaluation ID sets them beside the published values"
+    ]
 
 
 def _params_text(params: dict[str, Any]) -> str:
