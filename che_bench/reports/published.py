@@ -8,7 +8,8 @@ Each of the five is a long table shipped inside the package (a copy of results/r
 which the tests keep identical), one published value a row, as the spec
 (shared/spec/word_problems.md) gives it (``as_printed``, ``spec_line``): the che-bench
 architecture, its options (``arch_options``, JSON, the transformer's ``pe`` too), task and
-task parameters a run must have for the value to sit beside its cell (no architecture or no
+task parameters a run must be tested under (its own or its evaluation's ``eval_task_params``)
+for the value to sit beside its cell (no architecture or no
 task: che-bench has no such model or task, and the value is listed in the notes); the
 settings of the source's protocol (``protocol``, JSON: che-bench settings, a run's model
 options, ``train_task_params`` and ``test_lengths``); and ``not_comparable``, what keeps every
