@@ -60,29 +60,83 @@ def record(store, task, score, **overrides):
                                   **overrides))
 
 
-def test_flip_flop_error_rates_sit_beside_accuracy_compared_on_the_matching_split(tmp_path):
+def with_pooled(result, pooled):
+    """``result`` (a ``RunResult``) with pooled counts: ``pooled`` of 100 reads right at each
+    length."""
+    result.pooled_score, result.train_pooled_accuracy = pooled, 1.0
+    result.correct_per_length = {n: round(100 * pooled) for n in result.per_length}
+    result.scored_per_length = {n: 100 for n in result.per_length}
+    result.train_correct_per_length = {n: 100 for n in result.train_per_length}
+    result.train_scored_per_length = {n: 100 for n in result.train_per_length}
+    result.prefix_length, result.prefix_accuracies = max(result.per_length), [pooled]
+    return result
+
+
+def record_flip_flop(store, pooled, **overrides):
+    """A flip_flop run with token accuracy 0.5 and pooled accuracy ``pooled`` (its result)."""
+    result = with_pooled(synthetic_result("flip_flop", overrides.pop("pe", "rope"), None,
+                                          score=0.5, **overrides), pooled)
+    store.record(result)
+    return result
+
+
+def evaluate_at(store, result, pooled, **eval_task_params):
+    """Record an evaluation of ``result``'s run under ``eval_task_params`` (pooled accuracy
+    ``pooled``); its id."""
+    protocol = {**result.config.evaluation_protocol(), "eval_task_params": eval_task_params}
+    return store.record_evaluation(result.run_id, protocol, with_pooled(result, pooled),
+                                   device="synthetic", versions={}, timings={})
+
+
+def test_flip_flop_read_errors_sit_beside_the_pooled_accuracy_of_the_matching_split(tmp_path):
     store = ResultStore(tmp_path / "s.sqlite")
-    record(store, "flip_flop", 0.95, pe="rope", **PATH_PROTOCOL)
-    record(store, "flip_flop", 0.6, pe="rope", task_params={"p_ignore": 0.98}, **PATH_PROTOCOL)
-    record(store, "flip_flop", 0.9, pe="rope", layers=2, heads=2, dim=64, ffn=128)
-    cells = summarize(store, compare="path")
+    record_flip_flop(store, 0.95, **PATH_PROTOCOL)
+    record_flip_flop(store, 0.6, task_params={"p_ignore": 0.98}, **PATH_PROTOCOL)
+    record_flip_flop(store, 0.9, layers=2, heads=2, dim=64, ffn=128)
+    cells = summarize(store, compare="path", metric="pooled")
     followed, other, sparse = (cells.iloc[i] for i in range(3))
-    # 6.9 % read error is 93.1 % accuracy; ours 95.
+    # 6.9 % read error is 93.1 % accuracy; our pooled accuracy 95 (token accuracy 50).
     assert followed["task"] == "flip_flop" and followed["column"].startswith("RoPE")
-    assert followed["paper"] == pytest.approx(93.1) and followed["comparable"]
-    assert followed["diff"] == pytest.approx(95 - 93.1)
+    assert followed["max"] == 95 and followed["paper"] == pytest.approx(93.1)
+    assert followed["comparable"] and followed["diff"] == pytest.approx(95 - 93.1)
     assert other["paper"] == pytest.approx(93.1) and not other["comparable"]
     assert other["differences"][0] == "layers 2 (theirs 1)"
     assert sparse["task"] == "flip_flop(p_ignore=0.98)"
     assert sparse["paper"] == pytest.approx(100 - 40.3) and not sparse["comparable"]
     assert sparse["differences"] == ("trained on p_ignore=0.98 (theirs p_ignore=0.8)",)
-    text = format_table(store, compare="path", fmt="markdown")
-    assert "93.10 (+1.90)" in text
+    text = format_table(store, compare="path", fmt="markdown", metric="pooled")
+    assert "93.10 (+1.90)" in text and "pooled accuracy %" in text
     assert "not comparable: trained on p_ignore=0.98 (theirs p_ignore=0.8)" in text
     assert "layers 2 (theirs 1)" in text and "arXiv 2505.16381" in text
     # Published values no cell shows are listed with their source's words.
     assert "SBA (read error %, che-bench has no SBA (stick-breaking attention)): ID 9.6" in text
     assert "PaTH (read error %, che-bench has no PaTH attention): ID 0, sparse 0.0001" in text
+
+
+def test_the_sparse_column_compares_a_run_trained_on_ffl_0_8_evaluated_at_0_98(tmp_path, capsys):
+    store = ResultStore(tmp_path / "s.sqlite")
+    followed = record_flip_flop(store, 0.95, **PATH_PROTOCOL)
+    larger = record_flip_flop(store, 0.9, layers=2, heads=2, dim=64, ffn=128, test_lengths="256",
+                              train_max_length=256, eval_samples=2, eval_batch_size=2)
+    sparse = evaluate_at(store, followed, 0.62, p_ignore=0.98)
+    assert evaluate_at(store, larger, 0.5, p_ignore=0.98) == sparse  # one protocol
+    evaluated, other = summarize(store, compare="path", metric="pooled", evaluation=sparse
+                                 ).to_dict("records")
+    assert evaluated["task"] == "flip_flop, tested at p_ignore=0.98"
+    assert evaluated["max"] == 62 and evaluated["paper"] == pytest.approx(100 - 40.3)
+    assert evaluated["comparable"] and evaluated["diff"] == pytest.approx(62 - 59.7)
+    assert other["paper"] == pytest.approx(59.7) and not other["comparable"]
+    assert other["differences"] == ("layers 2 (theirs 1)",)
+    store_flag = ["--store", str(store.path), "--compare", "path"]
+    assert main(["table", *store_flag, "--metric", "pooled", "--evaluation", sparse]) == 0
+    out = one_line(capsys.readouterr().out)
+    assert "59.70 (+2.30)" in out and "59.70 (not comparable: layers 2 (theirs 1))" in out
+    # The table of the original evaluations names the evaluation that holds the split.
+    assert main(["table", *store_flag, "--metric", "pooled"]) == 0
+    out = one_line(capsys.readouterr().out)
+    assert f"in evaluation(s) {sparse} (p_ignore=0.98): --evaluation ID sets them" in out
+    assert main(["table", *store_flag]) == 2  # token accuracy is not the read error
+    assert "--compare path needs --metric pooled" in capsys.readouterr().err
 
 
 def test_a_value_no_run_can_follow_is_set_beside_but_never_compared(tmp_path):
@@ -119,14 +173,15 @@ def test_every_comparison_is_a_table_choice_with_its_metric(tmp_path, capsys):
     assert set(COMPARISONS) == {"grazzi", "path", "flip_flop", "pd_ssm", "slice",
                                 "deltaproduct"}
     store = ResultStore(tmp_path / "s.sqlite")
-    record(store, "flip_flop", 0.9, arch="lstm", arch_options={"hidden_size": 8},
-           task_params={"p_ignore": 0.98})
-    assert main(["table", "--store", str(store.path), "--compare", "flip_flop"]) == 0
+    record_flip_flop(store, 0.9, pe=None, arch="lstm", arch_options={"hidden_size": 8},
+                     task_params={"p_ignore": 0.98})
+    assert main(["table", "--store", str(store.path), "--compare", "flip_flop", "--metric",
+                 "pooled"]) == 0
     out = one_line(capsys.readouterr().out)
     assert "100.00 (not comparable: hidden_size 8 (theirs 128)" in out
-    assert main(["table", "--store", str(store.path), "--compare", "path", "--metric",
+    assert main(["table", "--store", str(store.path), "--compare", "slice", "--metric",
                  "exact"]) == 2
-    assert "--compare path needs --metric token" in capsys.readouterr().err
+    assert "--compare slice needs --metric token" in capsys.readouterr().err
 
 
 def test_the_command_line_names_every_comparison_in_order():

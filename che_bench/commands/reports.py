@@ -36,9 +36,9 @@ def _register_table(subparsers: argparse._SubParsersAction) -> None:
         default="none",
         help="paper: add the published DAPE V2 Table 6 value and the difference; grazzi (with "
         "--metric scaled): Grazzi et al.'s Table 3 (ICLR 2025) beside parity_check and both "
-        "modular-arithmetic tasks; path, flip_flop: PaTH's Table 1 and Liu et al.'s flip-flop "
-        "error rates; pd_ssm, slice, deltaproduct: PD-SSM's Table 3, SLiCE's Table 2, "
-        "DeltaProduct's Figure 1 (results/reference/README.md)",
+        "modular-arithmetic tasks; path, flip_flop (with --metric pooled): PaTH's Table 1 and "
+        "Liu et al.'s flip-flop error rates; pd_ssm, slice, deltaproduct: PD-SSM's Table 3, "
+        "SLiCE's Table 2, DeltaProduct's Figure 1 (results/reference/README.md)",
     )
     table.add_argument("--format", dest="fmt", choices=FORMATS, default="text")
     selection = table.add_mutually_exclusive_group()

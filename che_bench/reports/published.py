@@ -8,7 +8,8 @@ Each of the five is a long table shipped inside the package (a copy of results/r
 which the tests keep identical), one published value a row, as the spec
 (shared/spec/word_problems.md) gives it (``as_printed``, ``spec_line``): the che-bench
 architecture, its options (``arch_options``, JSON, the transformer's ``pe`` too), task and
-task parameters a run must have for the value to sit beside its cell (no architecture or no
+task parameters a run must be tested under (its own or its evaluation's ``eval_task_params``)
+for the value to sit beside its cell (no architecture or no
 task: che-bench has no such model or task, and the value is listed in the notes); the
 settings of the source's protocol (``protocol``, JSON: che-bench settings, a run's model
 options, ``train_task_params`` and ``test_lengths``); and ``not_comparable``, what keeps every
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +34,11 @@ from che_bench.reports import grazzi
 from che_bench.reports.labels import run_settings
 from che_bench.reports.paper import read_published_table
 from che_bench.settings import BY_NAME, stored_value
+from che_bench.store import ResultStore
 
 #: Published values in another unit than che-bench's accuracy in percent, as that accuracy:
-#: a read error e % is accuracy 100 - e (flip-flop: 1 - token accuracy is the read error).
+#: a read error e % is accuracy 100 - e (flip-flop's read error is 1 - the pooled accuracy,
+#: which is why the flip-flop comparisons need ``--metric pooled``).
 AS_ACCURACY = {
     "read error %": lambda value: 100 - value,
     "prefix accuracy (approximate)": lambda value: 100 * value,
@@ -135,12 +139,14 @@ class PublishedComparison:
 
 def matching_row(table: pd.DataFrame, settings: dict[str, Any]) -> int | None:
     """The first published row whose architecture, options, task and task parameters the run
-    (``run_settings``) has; None when there is none."""
+    (``run_settings``) has, the task parameters those it was evaluated under (its
+    ``eval_task_params`` over its own: flip-flop's split); None when there is none."""
+    tested = {**settings["task_params"], **settings.get("eval_task_params", {})}
     for index, row in table.iterrows():
         if (
             row["arch"] == settings.get("arch", TRANSFORMER)
             and row["task"] == settings["task"]
-            and all(settings["task_params"].get(k) == v for k, v in row["task_params"].items())
+            and all(tested.get(k) == v for k, v in row["task_params"].items())
             and all(run_value(settings, k) == v for k, v in row["arch_options"].items())
         ):
             return int(index)
@@ -166,7 +172,9 @@ def run_value(settings: dict[str, Any], key: str) -> Any:
 
 def protocol_differences(row: pd.Series, settings: dict[str, Any]) -> list[str]:
     """How a run differs from the protocol of a published row: what keeps every run from it
-    first, then each published setting the run does not have (ours, then theirs)."""
+    first, then each published setting the run does not have (ours, then theirs); the
+    training distribution (``train_task_params``) is the run's own task parameters, whatever
+    its evaluation's ``eval_task_params``."""
     differences = [f"{row['column']}: {row['not_comparable']}"] if row["not_comparable"] else []
     for key, theirs in row["protocol"].items():
         if key == "train_task_params":
@@ -185,6 +193,24 @@ def protocol_differences(row: pd.Series, settings: dict[str, Any]) -> list[str]:
             text = f"no option {key}" if ours is None else f"{key} {ours}"
             differences.append(f"{text} (theirs {theirs})")
     return differences
+
+
+def split_evaluations_note(store: ResultStore, run_ids: Iterable[str]) -> list[str]:
+    """A note naming the re-evaluations of ``run_ids`` under other task parameters
+    (``eval_task_params``: flip-flop's sparse and dense splits) and how to show them, for a
+    table of the runs' original evaluations; none when there are none."""
+    evaluations = store.evaluations(list(run_ids))
+    found = []
+    for evaluation in dict.fromkeys(evaluations.loc[~evaluations["original"], "evaluation"]):
+        protocol = json.loads(store.runs(None, evaluation)["protocol"].iloc[0])
+        if protocol.get("eval_task_params"):
+            found.append(f"{evaluation} ({_params_text(protocol['eval_task_params'])})")
+    if not found:
+        return []
+    return [
+        f"these runs were also tested under other task parameters, in evaluation(s) "
+        f"{', '.join(found)}: --evaluation ID sets them beside the published values"
+    ]
 
 
 def _params_text(params: dict[str, Any]) -> str:
@@ -216,19 +242,23 @@ PUBLISHED = (
         "path_table1_flip_flop.csv",
         "PaTH (arXiv 2505.16381) Table 1: flip-flop read error % of a 1-layer, 2-head, "
         "width-64 model trained on FFL(0.8), in distribution (ID), on FFL(0.98) (sparse) and "
-        "FFL(0.1) (dense), shown as accuracy 100 - error (flip_flop's accuracy is 1 - the "
-        "read error, pooled over a sub-batch's reads; a pooled read-error column would plug "
-        "in here), beside flip_flop with that p_ignore",
+        "FFL(0.1) (dense), shown as accuracy 100 - error beside our pooled accuracy of "
+        "flip_flop tested at that p_ignore",
         "PaTH does not state its sequence length, steps or data source: a comparable cell "
-        "assumes T = 512 (n = 256) and may differ in budget; a run trained on FFL(0.8) and "
-        "tested on the sparse or dense split needs the cross-split evaluation",
+        "assumes T = 512 (n = 256) and may differ in budget; the sparse and dense columns sit "
+        "beside a run trained on FFL(0.8) and evaluated with --eval-task-param p_ignore=0.98 "
+        "or 0.1 (shown with --evaluation ID)",
+        metric="pooled",
     ),
     PublishedComparison(
         "flip_flop",
         "liu2023_flip_flop.csv",
         "Liu et al. 2023 (arXiv 2306.00946v2): flip-flop read error % (every run's; shown as "
-        "accuracy 100 - error, set against our mean) of a 1-layer LSTM, hidden 128, trained "
-        "500 steps x 16 on FFL(0.8) at T = 512, tested on FFL(0.98) and FFL(0.1)",
+        "accuracy 100 - error, set against our mean pooled accuracy) of a 1-layer LSTM, "
+        "hidden 128, trained 500 steps x 16 on FFL(0.8) at T = 512, tested on FFL(0.98) and "
+        "FFL(0.1): beside a run trained on FFL(0.8) and evaluated with --eval-task-param "
+        "p_ignore=0.98 or 0.1 (shown with --evaluation ID)",
+        metric="pooled",
     ),
     PublishedComparison(
         "pd_ssm",

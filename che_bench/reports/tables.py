@@ -55,9 +55,12 @@ from che_bench.reports.paper import (
     paper_table_or_none,
 )
 from che_bench.reports.preset_changes import preset_changes
-from che_bench.reports.published import COMPARISONS
+from che_bench.reports.published import COMPARISONS, PUBLISHED, split_evaluations_note
 from che_bench.reports.table_formats import PAPER_SUFFIX, cell_text, chance_text, paper_text
 from che_bench.store import ORIGINAL, ResultStore, describe_protocol
+
+#: The tables of ``reports.published`` (every comparison but ``paper`` and ``grazzi``).
+PUBLISHED_NAMES = {comparison.name for comparison in PUBLISHED}
 
 
 def summarize(
@@ -271,6 +274,8 @@ def display_table(
     if cells.empty:
         return pd.DataFrame(), []
     notes = _notes(runs, cells, compare, evaluation, metric) + best_of.notes(best_over)
+    if compare in PUBLISHED_NAMES and evaluation == ORIGINAL:
+        notes += split_evaluations_note(store, runs["run_id"])
     return _text_pivot(cells, compare), notes
 
 
