@@ -106,4 +106,4 @@ def test_runtime_options_reach_the_runner_as_one_object(tmp_path, monkeypatch):
                  "--no-keep-model"]) == 0
     (options,) = received
     assert options == RuntimeOptions(device="cpu", log_every=1, progress=False,
-                                     checkpoint_dir=tmp_path / "checkpoints")
+                                     checkpoint_dir=tmp_path / "store.checkpoints")

@@ -60,7 +60,7 @@ def test_a_model_that_does_not_split_is_given_fewer_sequences(monkeypatch):
     config = eval_config()
     task = config.build_task()
     whole = length_scores(Unsplit(task), task, config, 10, CPU)
-    assert 0 < whole[0][0] < 1
+    assert 0 < whole.token[0] < 1
     released = []
     monkeypatch.setattr(evaluation, "release_memory", released.append)
     model, rows = Unsplit(task, limit=2), ForwardRows()
