@@ -19,7 +19,7 @@ from che_bench.model.packs import stack_members
 from che_bench.outcomes import RunResult
 from che_bench.reports.export import export_frame
 from che_bench.reports.prefix import prefix_frame
-from che_bench.reports.tables import summarize, with_metric
+from che_bench.reports.tables import format_table, summarize, with_metric
 from che_bench.store import ResultStore
 from che_bench.store.schema import POOLED_AND_PREFIX_SCHEMA, SCHEMA_VERSION
 from che_bench.train.metrics import exact_counts, masked_counts, prefix_counts
@@ -182,6 +182,7 @@ def test_a_version_4_store_is_upgraded_and_its_evaluations_have_no_counts(tmp_pa
     assert store.runs().loc[0, "score"] == 0.7 and pd.isna(store.runs().loc[0, "pooled_score"])
     assert store.per_length()["scored"].isna().all() and store.prefix_curves().empty
     assert summarize(store, metric="pooled").empty  # runs without it are left out
+    assert format_table(store, metric="pooled") == "(no complete runs with pooled scores recorded)\n"
     store.record(counted_result(seed=1))  # and it takes new ones
     assert len(summarize(store, metric="pooled")) == 1
 

@@ -248,6 +248,8 @@ def format_table(
         return "" if cells.empty else _numeric_pivot(cells, compare).to_csv(float_format="%.4f")
     table, notes = display_table(store, **selection)
     if table.empty:
+        if metric in METRIC_COLUMNS:  # evaluations stored before che-bench recorded it lack it
+            return f"(no complete runs with {metric} scores recorded)\n"
         return "(no complete runs)\n"
     if fmt == "text":
         return table_formats.as_text(table, notes)
