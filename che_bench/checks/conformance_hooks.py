@@ -11,6 +11,7 @@ after its query are never used, so they are not compared.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -64,18 +65,28 @@ def _queries_and_keys(members: int) -> tuple[torch.Tensor, torch.Tensor]:
     return q, k
 
 
+def _prepared_hooks(
+    encoding: PositionalEncoding,
+) -> Iterator[tuple[int, AttentionHook, Any]]:
+    """Each layer's hook of ``encoding`` (``MEMBERS`` members) with its context, prepared for
+    ``LENGTH`` keys under the training draws of a randomized encoding (its callers
+    iterate it under ``torch.no_grad``)."""
+    draws = _training_draws(encoding)
+    q, k = _queries_and_keys(MEMBERS)
+    for layer, hook in enumerate(encoding.layer_hooks()):
+        _, _, ctx = hook.prepare(q, k, draws.layer(layer))
+        yield layer, hook, ctx
+
+
 def check_bias_shape(pe: str, options: dict[str, Any], causal: bool = False) -> list[str]:
     """Every hook's ``bias(rows, T, ctx)`` is ``[M or 1, 1, H, R, T]`` (M members, H heads, R
     query rows) when the encoding class sets ``carries_bias`` (what che-bench reads: DAPE
     takes the bias as H extra channels), and None when it does not; with three members,
     whole and part row chunks, and the training draws of a randomized encoding."""
     encoding = _encoding(pe, options, MEMBERS)
-    draws = _training_draws(encoding)
-    q, k = _queries_and_keys(MEMBERS)
     failures = []
     with torch.no_grad():
-        for layer, hook in enumerate(encoding.layer_hooks()):
-            _, _, ctx = hook.prepare(q, k, draws.layer(layer))
+        for layer, hook, ctx in _prepared_hooks(encoding):
             for rows in ROW_CHUNKS:
                 where = f"layer {layer}, rows {rows.start}:{rows.stop} of {LENGTH} keys"
                 problem = _bias_problem(
@@ -157,13 +168,9 @@ def check_reference_bias(pe: str, options: dict[str, Any], causal: bool = False)
     the formula, one query and key at a time): ``bias(rows, T, ctx)`` equals it at every
     (i, j), with three members, whole and part row chunks, and the training draws of a
     randomized encoding (a map of the right shape with i and j swapped fails here)."""
-    encoding = _encoding(pe, options, MEMBERS)
-    draws = _training_draws(encoding)
-    q, k = _queries_and_keys(MEMBERS)
     failures = []
     with torch.no_grad():
-        for layer, hook in enumerate(encoding.layer_hooks()):
-            _, _, ctx = hook.prepare(q, k, draws.layer(layer))
+        for layer, hook, ctx in _prepared_hooks(_encoding(pe, options, MEMBERS)):
             reference = _reference_map(hook, ctx)
             if reference is None:
                 continue
