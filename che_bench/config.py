@@ -103,6 +103,10 @@ class RunConfig:
     curriculum_options: dict[str, Any] = field(default_factory=dict)
     #: Task parameters of the evaluation only, over ``task_params`` (e.g. flip-flop's splits).
     eval_task_params: dict[str, Any] = field(default_factory=dict)
+    #: Training batches of one length per step (CHE's) or mixed lengths (the xLSTM harness's).
+    batch_lengths: str = settings.ONE_LENGTH
+    #: Training precision: float32, or bf16 autocast (the xLSTM harness's).
+    train_precision: str = settings.FLOAT32
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-compatible dict (tuples become lists)."""

@@ -13,12 +13,12 @@ from typing import Any
 
 # (The curricula; Setting, its validators and the names of where it lives, re-exported.)
 from che_bench.curricula import CURRICULA, UNIFORM
+from che_bench.runtime_settings import RUNTIME_SETTINGS
 from che_bench.setting_types import (
     DAPE,
     IN_ID_UNLESS_DEFAULT,
     KEY_VALUES,
     MODEL,
-    NOT_IN_ID,
     RUNTIME,
     SWITCH,
     Setting,
@@ -41,6 +41,11 @@ OPTIMIZERS = ("adam", "adamw")
 #: Learning-rate schedules (``train.optimizer.LrSchedule``): constant after an optional linear
 #: warm-up (CHE's, without one), or linear warm-up then cosine decay (the xLSTM harness's).
 LR_SCHEDULES = ("constant", "warmup_cosine")
+#: Training batches: every sequence of a step at one length (CHE's), or each its own (the
+#: xLSTM harness's, ``batch_lengths``).
+ONE_LENGTH, MIXED = "one", "mixed"
+#: Training precision: float32, or the xLSTM harness's bf16 autocast (``train_precision``).
+FLOAT32, BFLOAT16 = "float32", "bfloat16"
 
 
 def _per_preset(paper: Any, quick: Any, smoke: Any, state_tracking: Any) -> dict[str, Any]:
@@ -170,6 +175,25 @@ SETTINGS: tuple[Setting, ...] = (
         in_id=IN_ID_UNLESS_DEFAULT,
         default={},
     ),
+    Setting(
+        "batch_lengths",
+        str,
+        "one (CHE's: every sequence of a step at the step's length) or mixed (each sequence "
+        "its own length from the curriculum, padded after it, as the xLSTM harness's batches; "
+        "models that read per-sequence lengths, the causal state-tracking ones)",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        default=ONE_LENGTH,
+        check=one_of(ONE_LENGTH, MIXED),
+    ),
+    Setting(
+        "train_precision",
+        str,
+        "float32, or bfloat16: each training step's forward pass and loss under bf16 autocast "
+        "with float32 weights and optimizer, as the xLSTM harness trains (evaluation: float32)",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        default=FLOAT32,
+        check=one_of(FLOAT32, BFLOAT16),
+    ),
     # Evaluation protocol.
     Setting(
         "test_lengths",
@@ -293,82 +317,7 @@ SETTINGS: tuple[Setting, ...] = (
         flag=None,
     ),
     # Runtime options: how a run executes, recorded with it, never in its run id.
-    Setting(
-        "device",
-        str,
-        "auto (default: a CUDA GPU when torch sees one, else the CPU), cpu, "
-        "cuda or cuda:N; several processes may share one GPU",
-        where=RUNTIME,
-        in_id=NOT_IN_ID,
-        default="auto",
-    ),
-    Setting(
-        "threads",
-        int,
-        "torch CPU threads per process (default: 1 in this process, as "
-        "these small models ran many-fold slower with more on a busy machine; sweep's local "
-        "workers: cores / workers)",
-        where=RUNTIME,
-        in_id=NOT_IN_ID,
-        metavar="N",
-        check=at_least(1),
-    ),
-    Setting(
-        "tf32",
-        SWITCH,
-        "on a GPU, let matrix products and convolutions use TF32 (faster, "
-        "~1e-3 relative error; off by default, recorded with the runs)",
-        where=RUNTIME,
-        in_id=NOT_IN_ID,
-        default=False,
-    ),
-    Setting(
-        "deterministic",
-        SWITCH,
-        "deterministic algorithms only (cuDNN, cuBLAS, attention): "
-        "on a GPU the same seeds give the same numbers again, a little slower; recorded with "
-        "the runs",
-        where=RUNTIME,
-        in_id=NOT_IN_ID,
-        default=False,
-    ),
-    Setting(
-        "portable_cpu",
-        SWITCH,
-        "on a CPU, numerics meant not to depend on the CPU model (torch's AVX2 kernels, MKL's "
-        "COMPATIBLE branch, no oneDNN); slower, see docs/protocol.md; recorded with the runs",
-        where=RUNTIME,
-        in_id=NOT_IN_ID,
-        default=False,
-    ),
-    Setting(
-        "log_every",
-        int,
-        "a training-history row (loss, accuracy, gradient norm, lr, time) "
-        "every K steps and at the last step (default 100)",
-        where=RUNTIME,
-        in_id=NOT_IN_ID,
-        default=100,
-        metavar="K",
-        check=at_least(1),
-    ),
-    Setting(
-        "tensorboard",
-        str,
-        "also log to TensorBoard event files in DIR/<run id>/ (extra [tensorboard])",
-        where=RUNTIME,
-        in_id=NOT_IN_ID,
-        metavar="DIR",
-    ),
-    Setting(
-        "wandb",
-        str,
-        "also log to this Weights & Biases project (extra [wandb]; "
-        "WANDB_MODE=offline keeps it on disk)",
-        where=RUNTIME,
-        in_id=NOT_IN_ID,
-        metavar="PROJECT",
-    ),
+    *RUNTIME_SETTINGS,
 )
 
 BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}

@@ -67,6 +67,10 @@ class BenchModel(nn.Module):
     #: True for a model trained with teacher forcing: the training step then passes the
     #: targets (``forward(inputs, draws, targets=...)``, ``[M, B, L]``); evaluation never does.
     uses_targets: ClassVar[bool] = False
+    #: True for a model that trains on mixed-length batches (``batch_lengths = "mixed"``):
+    #: its ``forward`` then takes ``lengths`` (``[B]``, each sequence's input tokens, the
+    #: rest of its row padding) and reads each sequence's outputs after its own inputs.
+    reads_lengths: ClassVar[bool] = False
 
     task: Task
     members: int

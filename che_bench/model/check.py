@@ -27,6 +27,14 @@ def max_input_tokens(
     return _build_model_once(json.dumps([task, task_params, arch, arguments], sort_keys=True))[0]
 
 
+def reads_lengths(
+    task: str, task_params: dict[str, Any], arch: str, arguments: dict[str, Any]
+) -> bool:
+    """Whether a model built with these arguments trains on mixed-length batches
+    (``BenchModel.reads_lengths``), from the same cached build as ``max_input_tokens``."""
+    return _build_model_once(json.dumps([task, task_params, arch, arguments], sort_keys=True))[2]
+
+
 def parameter_count(
     task: str, task_params: dict[str, Any], arch: str, arguments: dict[str, Any]
 ) -> int:
@@ -36,11 +44,12 @@ def parameter_count(
 
 
 @functools.lru_cache(maxsize=1024)
-def _build_model_once(arguments_json: str) -> tuple[int | None, int]:
+def _build_model_once(arguments_json: str) -> tuple[int | None, int, bool]:
     task, task_params, arch, arguments = json.loads(arguments_json)
     with torch.random.fork_rng(devices=[]):  # leave the global torch RNG untouched
         model = build_architecture(arch, get_task(task, **task_params), **arguments)
-    return model.max_input_tokens(), sum(p.numel() for p in model.parameters()) // model.members
+    parameters = sum(p.numel() for p in model.parameters()) // model.members
+    return model.max_input_tokens(), parameters, model.reads_lengths
 
 
 def check_evaluation(config: Any) -> None:
@@ -72,6 +81,14 @@ def check_evaluation(config: Any) -> None:
     max_tokens = max_input_tokens(
         config.task, config.task_params, config.arch, config.model_arguments()
     )
+    if config.batch_lengths == settings.MIXED and not reads_lengths(
+        config.task, config.task_params, config.arch, config.model_arguments()
+    ):
+        raise CheBenchError(
+            f"architecture {config.arch!r} cannot train on mixed-length batches (batch_lengths "
+            "mixed): only a causal model that reads each sequence's length can (the "
+            "state-tracking models: mamba, deltanet, gated_deltanet, deltaproduct, mlstm, slstm)"
+        )
     longest = max(task.model_length(n) for n in lengths)
     if max_tokens is not None and longest > max_tokens:
         raise CheBenchError(

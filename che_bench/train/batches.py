@@ -1,12 +1,13 @@
-"""A pack's training batches: one length per step (the run's curriculum), each member's own
-data and random positions, made ahead on a background thread (on a GPU, copied from pinned
-memory) or in worker processes for a wide pack."""
+"""A pack's training batches: one length per step (the run's curriculum; or, with
+``batch_lengths = "mixed"``, one per sequence, padded), each member's own data and random
+positions, made ahead on a background thread (on a GPU, copied from pinned memory) or in worker
+processes for a wide pack."""
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from che_bench.device_memory import usable_cpus
 from che_bench.encodings.base import Draws
 from che_bench.errors import CheBenchError
 from che_bench.model.base import BenchModel
+from che_bench.settings import MIXED
 from che_bench.tasks.base import Task
 from che_bench.train.metrics import check_token_ids
 
@@ -59,6 +61,9 @@ class PackBatch:
     rng_states: dict[str, Any]
     #: The randomized encoding's sample for this batch (on the model's device), or None.
     draws: Draws | None = None
+    #: A mixed-length batch's input tokens per sequence ``[B]`` (each row padded after them;
+    #: ``length`` is then the longest), or None: every sequence ``length`` long.
+    lengths: torch.Tensor | None = None
 
 
 class BatchStream:
@@ -98,7 +103,8 @@ class BatchStream:
         # Without a length seed (a single run) the lengths come from the data generator.
         seeded = first.length_seed is not None
         self.length_rng = np.random.default_rng(first.length_seed) if seeded else None
-        self.workers = workers if seeded else 0
+        self.mixed = first.batch_lengths == MIXED
+        self.workers = workers if seeded and not self.mixed else 0
         self.model = model
         if model is not None:
             model.seed_draws([draw_seed(config.seed) for config in configs])
@@ -136,9 +142,15 @@ class BatchStream:
         self.step += 1
         return length
 
-    def _batch(self, length: int, arrays: tuple[np.ndarray, ...], states: dict) -> PackBatch:
+    def _batch(
+        self,
+        length: int,
+        arrays: tuple[np.ndarray, ...],
+        states: dict,
+        lengths: np.ndarray | None = None,
+    ) -> PackBatch:
         """The batch of ``arrays`` with its sample drawn; ``states``: the length and data
-        generators' after it."""
+        generators' after it; ``lengths``: a mixed batch's input tokens per sequence."""
         inputs, targets, mask = arrays
         check_token_ids(inputs, self.task)
         draws = draw_states = None
@@ -152,9 +164,12 @@ class BatchStream:
             torch.from_numpy(mask),
             {**states, "draw": draw_states},
             draws,
+            None if lengths is None else torch.from_numpy(lengths),
         )
 
     def _in_process(self) -> Iterator[PackBatch]:
+        if self.mixed:
+            yield from self._mixed_in_process()
         while True:
             length = self._draw_length()
             batches = [self.task.sample(length, self.batch_size, rng) for rng in self.data_rngs]
@@ -163,6 +178,20 @@ class BatchStream:
                 for name in ("inputs", "targets", "mask")
             )
             yield self._batch(length, arrays, self.states())  # (its "draw" replaced)
+
+    def _mixed_in_process(self) -> Iterator[PackBatch]:
+        """Mixed-length batches: each sequence's length drawn from the curriculum in turn
+        (one draw per sequence, shared by the members), each member's sequences sampled
+        length by length, shortest first, from its own generator and padded."""
+        while True:
+            length_rng = self.length_rng or self.data_rngs[0]
+            drawn = [self.curriculum.length(self.step, length_rng) for _ in range(self.batch_size)]
+            self.step += 1
+            counts = sorted(Counter(drawn).items())
+            members = [mixed_batch(self.task, counts, rng) for rng in self.data_rngs]
+            arrays = tuple(np.stack([member[part] for member in members]) for part in range(3))
+            lengths = members[0][3]
+            yield self._batch(int(lengths.max()), arrays, self.states(), lengths)
 
     def _from_workers(self) -> Iterator[PackBatch]:
         from che_bench.train.batch_workers import BatchWorkers
@@ -187,6 +216,38 @@ class BatchStream:
             workers.close()
 
 
+def mixed_batch(
+    task: Task, counts: Sequence[tuple[int, int]], rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(inputs, targets, mask, input tokens per sequence) of ``count`` sequences of each
+    requested length ``n`` in ``counts``, in that order, each row padded after its own tokens
+    (inputs with id 0, targets with class 0 and the mask off: nothing scores or, in a causal
+    model, reads the padding). The targets of an appended layout must have one length."""
+    parts = [task.sample(n, count, rng) for n, count in counts]
+    widths = {part.targets.shape[1] for part in parts}
+    if task.output_layout != "in_place" and len(widths) > 1:
+        raise CheBenchError(
+            f"task {task.name!r} has outputs of several lengths in one mixed-length batch: "
+            "mixed batches need one output length (or outputs at the inputs)"
+        )
+    lengths = np.concatenate([np.full(len(part.inputs), part.inputs.shape[1]) for part in parts])
+
+    def padded(arrays: list[np.ndarray], dtype: Any) -> np.ndarray:
+        out = np.zeros((len(lengths), max(array.shape[1] for array in arrays)), dtype=dtype)
+        row = 0
+        for array in arrays:
+            out[row : row + len(array), : array.shape[1]] = array
+            row += len(array)
+        return out
+
+    return (
+        padded([part.inputs for part in parts], np.int64),
+        padded([part.targets for part in parts], np.int64),
+        padded([part.mask for part in parts], bool),
+        lengths,
+    )
+
+
 def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``tensor`` (on the host) on ``device``; to a GPU copied from pinned memory without
     waiting for the copy (the caching host allocator keeps the pinned copy until it is done)."""
@@ -206,7 +267,10 @@ def on_device(
         inputs, targets, mask = (
             host_to_device(tensor, device) for tensor in (batch.inputs, batch.targets, batch.mask)
         )
-        return PackBatch(batch.length, inputs, targets, mask, batch.rng_states, batch.draws)
+        lengths = None if batch.lengths is None else host_to_device(batch.lengths, device)
+        return PackBatch(
+            batch.length, inputs, targets, mask, batch.rng_states, batch.draws, lengths
+        )
 
     on_the_device = (copied(batch) for batch in batches)
     return prefetched(on_the_device, PREFETCH_DEPTH) if prefetch else on_the_device

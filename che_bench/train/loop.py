@@ -42,6 +42,7 @@ import torch
 
 from che_bench.config import RunConfig
 from che_bench.model.base import BenchModel
+from che_bench.settings import BFLOAT16
 from che_bench.tasks.base import Task
 from che_bench.train.batches import BatchStream, PackBatch, batch_workers_for, on_device
 from che_bench.train.checkpoints import (
@@ -159,6 +160,7 @@ class _PackRun:
         self.micro_batches = micro_batches_for(len(configs), device)
         # In-place tasks: unscored positions have no answer to learn.
         self.masks_loss = task.output_layout == "in_place"
+        self.autocast = torch.bfloat16 if configs[0].train_precision == BFLOAT16 else None
         self.step, self.seconds_before = _resume(
             checkpoints, configs, self.optimizer, stream, history, device
         )
@@ -223,6 +225,8 @@ class _PackRun:
             self.micro_batches,
             batch.mask if self.masks_loss else None,
             batch.draws,
+            batch.lengths,
+            self.autocast,
         )
         self.step += 1
         self.last_states = batch.rng_states

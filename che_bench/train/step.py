@@ -3,6 +3,7 @@ a CPU's passes at a single run's size), then the optimizer and Kerple's projecti
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Sequence
 from typing import Any, Protocol, cast
@@ -24,11 +25,16 @@ def training_step(
     micro_batches: int = 1,
     loss_mask: torch.Tensor | None = None,
     draws: Draws | None = None,
+    lengths: torch.Tensor | None = None,
+    autocast: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step of every member: forward, per-member loss, backward, clipped Adam,
     projection of constrained parameters. Returns (losses ``[M]``, logits), on the device.
     ``loss_mask`` (like ``targets``): the positions the loss counts (default: all).
     ``draws``: the randomized encoding's sample, drawn with the batch (default: drawn here).
+    ``lengths``: a mixed-length batch's input tokens per sequence (``BenchModel.reads_lengths``).
+    ``autocast``: the forward pass and loss under autocast to this dtype (bf16, the xLSTM
+    harness's), the weights, gradients and update in float32.
 
     ``micro_batches`` > 1 splits the batch (every member's sequences alike) into that many
     forward/backward passes whose gradients add up to the whole batch's (the loss is a mean
@@ -39,15 +45,16 @@ def training_step(
     if draws is None:
         draws = model.sample_draws(inputs.shape[-1])
     optimizer.zero_grad()
-    if micro_batches <= 1:  # the GPU's step: no operator spent on splitting
-        logits = model(inputs, draws, **teacher_targets(model, targets))
-        losses = token_loss(logits, targets, loss_mask)
-        losses.sum().backward()  # members are independent: each gets its own loss's gradient
-        losses, logits = losses.detach(), logits.detach()
-    else:
-        losses, logits = _micro_batched_backward(
-            model, inputs, targets, loss_mask, draws, micro_batches
-        )
+    with autocast_to(autocast, inputs.device):
+        if micro_batches <= 1:  # the GPU's step: no operator spent on splitting
+            logits = model(inputs, draws, **forward_keywords(model, targets, lengths))
+            losses = token_loss(logits.float(), targets, loss_mask)
+            losses.sum().backward()  # members are independent: each gets its own gradient
+            losses, logits = losses.detach(), logits.detach().float()
+        else:
+            losses, logits = _micro_batched_backward(
+                model, inputs, targets, loss_mask, draws, micro_batches, lengths
+            )
     optimizer.step()
     for module in projected:
         module.project_()
@@ -61,6 +68,7 @@ def _micro_batched_backward(
     loss_mask: torch.Tensor | None,
     draws: Any,
     micro_batches: int,
+    lengths: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward in ``micro_batches`` passes, each weighted by its share of the
     batch; the whole batch's (losses, logits), detached."""
@@ -68,7 +76,10 @@ def _micro_batched_backward(
     losses, logits = [], []
     for rows in micro_batch_rows(batch, micro_batches):
         share = (rows.stop - rows.start) / batch
-        part_logits = model(inputs[:, rows], draws, **teacher_targets(model, targets[:, rows]))
+        keywords = forward_keywords(
+            model, targets[:, rows], None if lengths is None else lengths[rows]
+        )
+        part_logits = model(inputs[:, rows], draws, **keywords).float()
         part_losses = token_loss(
             part_logits, targets[:, rows], None if loss_mask is None else loss_mask[:, rows]
         )
@@ -81,6 +92,23 @@ def _micro_batched_backward(
 def teacher_targets(model: BenchModel, targets: torch.Tensor) -> dict[str, torch.Tensor]:
     """The targets, as keyword, for a model trained with teacher forcing (``uses_targets``)."""
     return {"targets": targets} if model.uses_targets else {}
+
+
+def forward_keywords(
+    model: BenchModel, targets: torch.Tensor, lengths: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """The training forward's keywords: the teacher's targets, a mixed batch's lengths."""
+    keywords = teacher_targets(model, targets)
+    return keywords if lengths is None else {**keywords, "lengths": lengths}
+
+
+def autocast_to(
+    dtype: torch.dtype | None, device: torch.device
+) -> contextlib.AbstractContextManager:
+    """Autocast to ``dtype`` on ``device``'s kind, or nothing (None)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def micro_batch_rows(batch: int, parts: int) -> list[slice]:

@@ -50,6 +50,7 @@ class StateTrackingModel(BenchModel):
     #: budget's estimate of one sequence; ``extra_floats`` adds what grows faster than T).
     activation_widths: ClassVar[int] = 16
     causal_outputs = True
+    reads_lengths = True
     #: Activations per read-out position beyond those, in multiples of the width: a last
     #: block that runs its position-wise part at the read positions only holds them there
     #: on top of its recurrence's outputs (all positions of a tagging task, one of parity).
@@ -143,23 +144,60 @@ class StateTrackingModel(BenchModel):
         *,
         evaluating: bool | None = None,
         dropout_seeds: torch.Tensor | None = None,
+        lengths: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[M, B, output_length(n), output_size]`` for ids ``[B, n]`` (shared by the
         members) or ``[M, B, n]``. Without gradients the batch is split to fit the memory
-        budget. The keywords are part of the contract and unused (nothing is drawn)."""
+        budget. ``lengths`` (a mixed-length batch, ``reads_lengths``): each sequence's input
+        tokens ``[B]``, read as ``with_sequence_lengths`` says. The other keywords are part
+        of the contract and unused (nothing is drawn)."""
         inputs = self.member_inputs(inputs)
+        if lengths is not None:
+            tokens, positions = self.with_sequence_lengths(inputs, lengths)
+            return self._logits(tokens, positions.shape[-1], positions)
         tokens, read = self.with_output_tokens(inputs)
         return self.in_sub_batches(lambda part: self._logits(part, read), tokens, inputs.shape[-1])
 
-    def _logits(self, tokens: torch.Tensor, read: int) -> torch.Tensor:
+    def with_sequence_lengths(
+        self, inputs: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A mixed-length batch's tokens and read-out positions ``[B, read]``: each row's own
+        ``lengths[b]`` inputs, then the empty output tokens of CHE's layout in place of its
+        padding (every position after its inputs; the model is causal, so nothing it reads
+        sees the rest), read there; an in-place task reads every position (its padding is
+        masked out of the loss and the counts)."""
+        if self.task.output_layout == "in_place":
+            positions = torch.arange(inputs.shape[-1], device=inputs.device)
+            return inputs, positions.expand(inputs.shape[1], -1)
+        placeholders = self.task.output_length(int(lengths.min()))  # one for every row
+        width = inputs.shape[-1] + placeholders
+        tokens = inputs.new_full((*inputs.shape[:2], width), self.task.input_size)
+        index = torch.arange(width, device=inputs.device)
+        inside = index[: inputs.shape[-1]] < lengths[:, None]
+        tokens[..., : inputs.shape[-1]] = torch.where(inside, inputs, self.task.input_size)
+        return tokens, lengths[:, None] + torch.arange(placeholders, device=inputs.device)
+
+    def _logits(
+        self, tokens: torch.Tensor, read: int, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The logits at the last ``read`` positions, or at ``positions`` ``[B, read]``."""
         x = self.embedding(tokens)
         *earlier, last = self.blocks
         for block in earlier:
             x = block(x)
-        x = self.last_block(last, x, read)
+        if positions is None:
+            x = self.last_block(last, x, read)
+        else:
+            x = block_output_at(last(x), positions)
         if self.norm is not None:
             x = self.norm(x)
         return self.head(x)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), **self.settings}
+
+
+def block_output_at(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``x [M, B, T, W]`` at each sequence's ``positions`` ``[B, read]``: ``[M, B, read, W]``."""
+    index = positions[None, :, :, None].expand(x.shape[0], -1, -1, x.shape[-1])
+    return x.gather(2, index)
