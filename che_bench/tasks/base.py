@@ -58,8 +58,9 @@ class Task(abc.ABC):
     output_length_formula: str
     #: Where the model reads its outputs: "appended" (``output_length(n)`` placeholder tokens
     #: after the input, the CHE format) or "in_place" (one output per input position, no
-    #: placeholders; then the loss, like the accuracy, counts the masked positions only).
-    output_layout: ClassVar[str] = "appended"
+    #: placeholders; then the loss, like the accuracy, counts the masked positions only). Set
+    #: on the class, or per instance where a parameter decides it (``layout="harness"``).
+    output_layout: str = "appended"
     #: Whether the task is defined with causal (decoder-style) attention: the default of the
     #: ``causal`` run setting for it (CHE's tasks: an encoder, bidirectional).
     causal: ClassVar[bool] = False

@@ -6,6 +6,14 @@ import numpy as np
 
 from che_bench.tasks.base import Batch, Task, check_int_param, single_class
 from che_bench.tasks.expressions import Vocabulary, evaluate
+from che_bench.tasks.harness_layout import (
+    CHE,
+    HARNESS,
+    HARNESS_MIN_LENGTH,
+    answer_at_last,
+    check_layout,
+    layout_params,
+)
 
 
 class EvenPairs(Task):
@@ -44,42 +52,68 @@ class ModularArithmetic(Task):
 
     Example (m = 5): n = 7, ``4 - 2 * 0 * 4`` -> 4 - 0 = 4 -> class 4; n = 6 gives
     5 tokens, e.g. ``3 + 4 + 0`` -> class 2.
+
+    ``layout="harness"`` (``che_bench.tasks.harness_layout``): the expression then ``=`` (id
+    m+3), n counting both: only even lengths exist (an odd n yields n-1 tokens), from n = 2;
+    the answer is read at ``=``. Example: n = 6, ``3 + 4 + 0 =`` -> class 2 at ``=``.
     """
 
     name = "modular_arithmetic"
     level = "regular"
     output_length_formula = "1"
 
-    def __init__(self, modulus: int = 5) -> None:
+    def __init__(self, modulus: int = 5, layout: str = CHE) -> None:
         self.modulus = check_int_param(self.name, "modulus", modulus, 2)
+        self.layout = check_layout(self.name, layout)
+        equals = "=" if self.layout == HARNESS else "_"
         self.vocab = Vocabulary(
             self.modulus,
             {
                 "+": self.modulus,
                 "-": self.modulus + 1,
                 "*": self.modulus + 2,
-                "_": self.modulus + 3,
+                equals: self.modulus + 3,
             },
         )
         self.input_size = self.modulus + 4
         self.output_size = self.modulus
+        if self.layout == HARNESS:
+            self.output_layout, self.output_length_formula = "in_place", "n"
+            self.min_length = HARNESS_MIN_LENGTH
+            self.output_size = self.modulus + 5  # the harness's vocabulary, padding included
 
     def params(self) -> dict:
-        return {"modulus": self.modulus}
+        return {"modulus": self.modulus, **layout_params(self.layout)}
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / self.modulus
 
     @property
     def input_symbols(self) -> tuple[str, ...]:
         return self.vocab.names(self.input_size)
 
     def input_length(self, n: int) -> int:
-        return n if n % 2 else n - 1
+        odd = n if n % 2 else n - 1
+        return odd if self.layout == CHE else (n if n % 2 == 0 else n - 1)
 
     def output_length(self, n: int) -> int:
-        return 1
+        return 1 if self.layout == CHE else self.input_length(n)
 
     def _sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch:
+        expression_length = self.input_length(n) - (self.layout == HARNESS)
+        inputs, values = self._expressions(expression_length, batch_size, rng)
+        if self.layout == CHE:
+            return Batch(inputs, *single_class(values))
+        inputs = np.concatenate([inputs, np.full((batch_size, 1), self.modulus + 3)], axis=1)
+        return Batch(inputs, *answer_at_last(inputs, values))
+
+    def _expressions(
+        self, length: int, batch_size: int, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``batch_size`` expressions of ``length`` (odd) tokens and their values."""
         m = self.modulus
-        terms = self.input_length(n) // 2 + 1
+        terms = length // 2 + 1
         digits = rng.integers(0, m, size=(batch_size, terms))
         ops = rng.integers(0, 3, size=(batch_size, terms - 1))  # 0 +, 1 -, 2 *
         inputs = np.empty((batch_size, 2 * terms - 1), dtype=np.int64)
@@ -94,16 +128,22 @@ class ModularArithmetic(Task):
             starts_term = op != 2
             total = np.where(starts_term, total + term, total)
             term = np.select([op == 0, op == 1], [digit, -digit], default=term * digit) % m
-        return Batch(inputs, *single_class((total + term) % m))
+        return inputs, (total + term) % m
 
     def _solve(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return single_class(np.array([evaluate(row, self.vocab)[1] for row in inputs]))
+        if self.layout == CHE:
+            return single_class(np.array([evaluate(row, self.vocab)[1] for row in inputs]))
+        values = np.array([evaluate(row[:-1], self.vocab)[1] for row in inputs])
+        return answer_at_last(inputs, values)
 
 
 class ParityCheck(Task):
     """n iid bits; target = number of 1s mod 2.
 
     Example: ``0 1 0 0 1 1 0`` -> three 1s -> class 1.
+
+    ``layout="harness"`` (``che_bench.tasks.harness_layout``): the answer read at the last
+    bit, from n = 2; the same example -> class 1 at its last bit.
     """
 
     name = "parity_check"
@@ -113,15 +153,33 @@ class ParityCheck(Task):
     permutation_invariant = True
     output_length_formula = "1"
 
+    def __init__(self, layout: str = CHE) -> None:
+        self.layout = check_layout(self.name, layout)
+        if self.layout == HARNESS:
+            self.output_layout, self.output_length_formula = "in_place", "n"
+            self.min_length = HARNESS_MIN_LENGTH
+            self.output_size = 3  # the harness's vocabulary: padding and two bits
+
+    def params(self) -> dict:
+        return layout_params(self.layout)
+
+    @property
+    def chance(self) -> float:
+        return 0.5
+
     def output_length(self, n: int) -> int:
-        return 1
+        return 1 if self.layout == CHE else n
 
     def _sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch:
         inputs = rng.integers(0, 2, size=(batch_size, n))
-        return Batch(inputs, *single_class(np.bitwise_xor.reduce(inputs, axis=1)))
+        parity = np.bitwise_xor.reduce(inputs, axis=1)
+        if self.layout == HARNESS:
+            return Batch(inputs, *answer_at_last(inputs, parity))
+        return Batch(inputs, *single_class(parity))
 
     def _solve(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return single_class(inputs.sum(axis=1) % 2)
+        parity = inputs.sum(axis=1) % 2
+        return answer_at_last(inputs, parity) if self.layout == HARNESS else single_class(parity)
 
 
 class CycleNavigation(Task):
