@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "che_bench"
 # Lowest first; a module may import its own layer and any lower one. Models are built from
 # plain arguments (a task, an encoding's name, options), so they sit below the run's config.
 LAYERS = (
-    ("che_bench", "che_bench.errors", "che_bench.registry", "che_bench.settings",
+    ("che_bench", "che_bench.errors", "che_bench.registry", "che_bench.settings", "che_bench.runtime_settings",
      "che_bench.setting_types", "che_bench.atomic", "che_bench.device_memory", "che_bench.cpu",
      "che_bench.allocator", "che_bench.native_build",
      "che_bench.plugins", "che_bench.protocol", "che_bench.members", "che_bench.curricula"),

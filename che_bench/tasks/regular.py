@@ -61,6 +61,7 @@ class ModularArithmetic(Task):
     name = "modular_arithmetic"
     level = "regular"
     output_length_formula = "1"
+    listed_params = ({"layout": HARNESS},)
 
     def __init__(self, modulus: int = 5, layout: str = CHE) -> None:
         self.modulus = check_int_param(self.name, "modulus", modulus, 2)
@@ -152,6 +153,7 @@ class ParityCheck(Task):
     output_size = 2
     permutation_invariant = True
     output_length_formula = "1"
+    listed_params = ({"layout": HARNESS},)
 
     def __init__(self, layout: str = CHE) -> None:
         self.layout = check_layout(self.name, layout)

@@ -1,0 +1,113 @@
+"""The options that make a state-tracking run follow the xLSTM harness (issue 47):
+``layout=harness`` for parity and modular arithmetic, bf16 training, and their use from suites
+and the command line (mixed-length batches: ``tests/test_mixed_lengths.py``)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from che_bench.cli import main
+from che_bench.config import make_config
+from che_bench.errors import CheBenchError
+from che_bench.model.architectures import build_architecture
+from che_bench.run.suites import load_suite
+from che_bench.tasks import get_task
+from che_bench.train.optimizer import pack_optimizer
+from che_bench.train.step import training_step
+
+
+def test_harness_parity_reads_the_answer_at_the_last_bit():
+    task = get_task("parity_check", layout="harness")
+    batch = task.sample(7, 16, np.random.default_rng(0))
+    assert batch.inputs.shape == batch.targets.shape == (16, 7)
+    assert batch.mask[:, -1].all() and not batch.mask[:, :-1].any()
+    assert (batch.targets[:, -1] == batch.inputs.sum(1) % 2).all()
+    assert task.output_size == 3 and task.chance == 0.5 and task.min_length == 2
+    targets, mask = task.solve(batch.inputs)
+    assert (targets == batch.targets).all() and (mask == batch.mask).all()
+
+
+def test_harness_modular_arithmetic_puts_equals_after_the_expression():
+    task = get_task("modular_arithmetic", layout="harness")
+    assert [task.input_length(n) for n in (2, 3, 6, 7, 39, 256)] == [2, 2, 6, 6, 38, 256]
+    batch = task.sample(7, 32, np.random.default_rng(0))
+    assert batch.inputs.shape == (32, 6) and (batch.inputs[:, -1] == 8).all()  # `=` is id m+3
+    che = get_task("modular_arithmetic")
+    assert (che.solve(batch.inputs[:, :-1])[0][:, 0] == batch.targets[:, -1]).all()
+    assert task.output_size == 10 and task.chance == pytest.approx(0.2)
+    assert task.input_symbols[8] == "=" and che.input_symbols[8] == "_"
+    # The spec's worked example: 3 + 4 + 0 = 2 (mod 5), read at `=`.
+    targets, mask = task.solve(np.array([[3, 5, 4, 5, 0, 8]]))
+    assert targets[0, -1] == 2 and mask[0].tolist() == [False] * 5 + [True]
+
+
+def test_the_harness_layout_enters_the_run_id_only_when_set():
+    che = make_config("modular_arithmetic", arch="deltanet", preset="smoke")
+    harness = make_config(
+        "modular_arithmetic",
+        arch="deltanet",
+        preset="smoke",
+        task_params={"layout": "harness"},
+    )
+    assert che.task_params == {"modulus": 5}
+    assert harness.task_params == {"modulus": 5, "layout": "harness"}
+    assert harness.run_id() != che.run_id()
+    assert harness.train_eval_lengths[0] == 2  # training from the harness's shortest, n = 2
+
+
+def test_an_unknown_layout_is_refused():
+    with pytest.raises(CheBenchError, match="layout"):
+        get_task("parity_check", layout="appended")
+
+
+def test_bf16_training_runs_the_forward_under_autocast_with_float32_weights():
+    task = get_task("modular_arithmetic")
+    config = make_config("modular_arithmetic", arch="deltanet", preset="smoke")
+    inputs = torch.from_numpy(task.sample(9, 8, np.random.default_rng(0)).inputs)
+    targets = torch.from_numpy(task.sample(9, 8, np.random.default_rng(0)).targets)[None]
+    logits = {}
+    for dtype in (None, torch.bfloat16):
+        torch.manual_seed(0)
+        model = build_architecture("deltanet", task, layers=1, width=16, heads=2)
+        losses, logits[dtype] = training_step(
+            model, pack_optimizer(model, [config]), inputs, targets, [], autocast=dtype
+        )
+        assert torch.isfinite(losses).all() and logits[dtype].dtype == torch.float32
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert not torch.equal(logits[None], logits[torch.bfloat16])  # bf16 rounds otherwise
+
+
+def test_the_options_work_in_a_suite(tmp_path):
+    path = tmp_path / "harness.toml"
+    path.write_text(
+        textwrap.dedent(
+            """
+            preset = "smoke"
+            tasks = [{ name = "parity_check", params = { layout = "harness" } }]
+            architectures = ["deltanet"]
+            [overrides]
+            batch_lengths = "mixed"
+            train_precision = "bfloat16"
+            """
+        )
+    )
+    (config,) = load_suite(path).configs()
+    assert (config.batch_lengths, config.train_precision) == ("mixed", "bfloat16")
+    assert config.task_params == {"layout": "harness"}
+
+
+def test_a_harness_run_from_the_command_line(tmp_path, capsys):
+    store = tmp_path / "runs.sqlite"
+    argv = [
+        "run", "--task", "parity_check", "--task-param", "layout=harness", "--arch", "deltanet",
+        "--arch-option", "layers=1", "--arch-option", "width=16", "--arch-option", "heads=2",
+        "--preset", "smoke", "--steps", "3", "--batch-lengths", "mixed",
+        "--train-precision", "bfloat16", "--test-lengths", "41", "--store", str(store),
+        "--no-progress",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert "parity_check(layout=harness)" in capsys.readouterr().out
