@@ -160,3 +160,20 @@ def test_the_tables_note_names_what_runs_changed_from_their_preset():
     assert preset_changes(texts) == (
         " with steps = 400, test_lengths = 41..60 (2 lengths), length_seed = 0")
     assert preset_changes([json.dumps(make_config("even_pairs", preset="quick").to_dict())]) == ""
+
+
+def test_preset_changes_of_another_architecture_and_the_run_header_name_them(capsys, tmp_path):
+    """A state-tracking run's changes are named too (the rebuild at its preset once passed
+    the transformer's empty encoding options to it, which refused them, and named none)."""
+    from che_bench.cli import main
+    from che_bench.reports.preset_changes import preset_changes
+
+    config = make_config("parity_check", arch="deltanet", preset="smoke", batch_lengths="mixed")
+    assert preset_changes([json.dumps(config.to_dict())]) == ' with batch_lengths = "mixed"'
+    argv = ["run", "--task", "parity_check", "--arch", "deltanet", "--arch-option", "layers=1",
+            "--arch-option", "width=16", "--preset", "smoke", "--steps", "2", "--test-lengths",
+            "41", "--train-precision", "bfloat16", "--store", str(tmp_path / "s.sqlite"),
+            "--no-progress"]
+    assert main(argv) == 0
+    assert 'preset smoke with train_precision = "bfloat16", 2 steps' in " ".join(
+        capsys.readouterr().err.split())

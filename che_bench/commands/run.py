@@ -215,6 +215,16 @@ def _print_table(store, run_ids: list[str]) -> None:
     print(format_table(store, run_ids=run_ids, compare=compare), end="")
 
 
+def _other_changes(config: RunConfig) -> str:
+    """`` with NAME = VALUE, ...``: the settings the run changes from its preset besides
+    those the header names anyway (steps, lengths), e.g. ``batch_lengths = "mixed"``."""
+    from che_bench.reports.preset_changes import changes_from_preset
+
+    shown = {"steps", "test_lengths", "train_eval_lengths"}
+    changes = [(name, value) for name, value in changes_from_preset(config) if name not in shown]
+    return " with " + ", ".join(f"{name} = {value}" for name, value in changes) if changes else ""
+
+
 def _evaluated_lengths(config: RunConfig) -> str:
     """The lengths the evaluation goes through (its bar counts them all): the test lengths
     and the in-distribution ones."""
@@ -262,7 +272,8 @@ class RunView:
         first = todo[0]
         several = f"{len(todo)} runs (seeds x learning rates), " if len(todo) > 1 else ""
         print_wrapped(
-            f"run {', '.join(c.run_id() for c in todo)}: {self.label}, preset {first.preset}, "
+            f"run {', '.join(c.run_id() for c in todo)}: {self.label}, preset {first.preset}"
+            f"{_other_changes(first)}, "
             f"{several}{first.steps} steps, lr {', '.join(sorted({f'{c.lr:g}' for c in todo}))}, "
             f"seed {', '.join(sorted({str(c.seed) for c in todo}, key=int))}, "
             f"{_evaluated_lengths(first)}, {self.parameters:,} parameters",

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
-from che_bench.config import OMITTED_AT_DEFAULT, make_config
+from che_bench.config import OMITTED_AT_DEFAULT, RunConfig, make_config
 from che_bench.errors import CheBenchError
 from che_bench.protocol import format_lengths
 
@@ -30,6 +30,12 @@ def preset_changes(configs: Iterable[str]) -> str:
     return f" with {changes}" if changes else ""
 
 
+def changes_from_preset(config: RunConfig) -> tuple[tuple[str, str], ...]:
+    """The (name, value as a suite spells it) of each setting ``config`` changes from its
+    preset, besides seeds and learning rates."""
+    return _changes(json.dumps(config.to_dict(), sort_keys=True))
+
+
 @cache
 def _changes(text: str) -> tuple[tuple[str, str], ...]:
     """The (name, value) of each field where the stored config ``text`` differs from its
@@ -41,7 +47,8 @@ def _changes(text: str) -> tuple[tuple[str, str], ...]:
             config.get("pe"),
             config.get("kernel"),
             config["preset"],
-            **{name: config[name] for name in NAMED_FIELDS if name in config},
+            # (empty ones left out: another architecture refuses even empty pe_options)
+            **{name: config[name] for name in NAMED_FIELDS if config.get(name)},
         ).to_dict()
     except (CheBenchError, KeyError, TypeError):
         return ()
