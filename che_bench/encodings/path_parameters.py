@@ -73,7 +73,7 @@ class PathProjections(nn.Module):
         self.anticausal = anticausal
         self.w_down = MemberLinear(members, dim, W_RANK, bias=False)
         self.w_up = MemberLinear(members, W_RANK, dim, bias=False)
-        self.w_conv = MemberCausalConv1d(members, dim, W_KERNEL, bias=False)
+        self.w_conv = MemberCausalConv1d(members, dim, W_KERNEL, bias=False, channels_last=True)
         self.beta_proj = MemberLinear(members, dim, heads)
         self.forget_proj = MemberLinear(members, dim, heads) if forget_gate else None
         for layer in (self.w_down, self.w_up, self.w_conv, self.beta_proj, self.forget_proj):

@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from che_bench.encodings.common import autocast_off, query_positions, running_sum
+from che_bench.encodings.common import autocast_off, chunk_length, query_positions, running_sum
 
 #: Tokens per block of the UT transform (fla's naive reference uses 64). The in-block work grows
 #: as ``T C^2``, the walk over key blocks as ``T^2 d / C`` steps of ``d x d``; a training batch
@@ -74,108 +74,100 @@ class Householders(NamedTuple):
 
 
 @dataclass
-class CausalPath:
-    """One direction's tensors prepared once per layer (shapes per head, ``Tp`` = T padded to a
-    multiple of ``block``): ``local [..., Tp, C]`` each query's scores over its own block (zero
-    right of the diagonal), and with more than one block ``queries`` q^ ``[..., Tp, d]``,
-    ``keys`` k^ ``[..., Tp/C, C, d]``, ``transitions`` the block products ``[..., Tp/C, d, d]``."""
+class Side:
+    """One side's tensors prepared once per layer, the padded sequence cut into ``n`` blocks of
+    ``C``: ``correction [..., n, C, C]``, what the side's factors take off ``q_i.k_j`` inside a
+    block (zero off the side), and, with more than one block, ``queries`` q^ and ``keys`` k^
+    ``[..., n, C, d]`` and the block products ``transitions`` P ``[..., n, d, d]``. The left
+    side's (``right=False``) q^ is carried to its block's start and k^ to its block's end, the
+    right side's the other way."""
 
-    length: int
-    block: int
-    local: Tensor
+    right: bool
+    correction: Tensor
     queries: Tensor | None
     keys: Tensor | None
     transitions: Tensor | None
 
-    def scores(self, rows: slice) -> Tensor:
-        """Unscaled ``q_i^T H_i ... H_{j+1} k_j`` of query ``rows`` (a slice of step 1) over all
-        keys, ``[..., R, T]``, zero right of the diagonal."""
-        start, stop, _ = rows.indices(self.length)
-        block = self.block
-        own = query_positions(slice(start, stop), self.length, self.local.device) // block
-        last = (stop - 1) // block  # the key blocks 0..last hold every key j <= i
-        local = self.local[..., start:stop, None, :]  # [..., R, 1, C]
-        key_blocks = torch.arange(last + 1, device=own.device)
-        same = (key_blocks[None, :] == own[:, None])[..., None]  # [R, last + 1, 1]
-        if last == 0:
-            by_block = local.expand(*local.shape[:-2], 1, block)
-        else:
-            earlier = (key_blocks[None, :] < own[:, None])[..., None]
-            cross = self._cross_blocks(start, stop, own, last)  # [..., R, last, C]
-            cross = F.pad(cross, (0, 0, 0, 1))  # block `last` is never left of a query's own
-            by_block = torch.where(same, local, torch.where(earlier, cross, 0.0))
-        flat = by_block.flatten(-2)
-        width = flat.shape[-1]
-        return (
-            flat[..., : self.length]
-            if width >= self.length
-            else F.pad(flat, (0, self.length - width))
-        )
 
-    def _cross_blocks(self, start: int, stop: int, own: Tensor, last: int) -> Tensor:
-        """``[..., R, last, C]``: row i's scores over key block J for every ``J < last``, valid
-        where ``J`` is left of row i's own block (the rest is discarded by the caller)."""
-        assert self.queries is not None and self.keys is not None and self.transitions is not None
-        carried = start_of_walk = self.queries[..., start:stop, :]  # [..., R, d]
-        per_block = []
-        for key_block in range(last - 1, -1, -1):
-            if key_block < last - 1:  # through block key_block + 1, or start at its own
-                starts = (own == key_block + 1)[:, None]
-                moved = carried @ self.transitions[..., key_block + 1, :, :]
-                carried = torch.where(starts, start_of_walk, moved)
-            per_block.append(carried @ self.keys[..., key_block, :, :].transpose(-1, -2))
-        return torch.stack(per_block[::-1], dim=-2)
+def prepare_side(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, right: bool) -> Side:
+    """``Side`` of ``q, k, w [..., n, C, d]`` and ``beta [..., n, C, 1]`` (module docstring; the
+    right side is its mirror image: ``I + U``, ``U_sr = beta_s w_s.w_r`` for ``r > s``, upper)."""
+    size, dim = q.shape[-2:]
+    weighted = beta * w  # beta_s w_s
+    ones = torch.ones(size, size, dtype=q.dtype, device=q.device)
+    # Masks as products: torch.tril on these small batched maps costs 3x a multiplication.
+    own, strict = (ones.triu(), ones.triu(1)) if right else (ones.tril(), ones.tril(-1))
+    # I + L (left) or I + U (right): the solves read its strict lower (upper) triangle only.
+    gram = weighted @ w.transpose(-1, -2)
+    query_w = (q @ w.transpose(-1, -2)).mul_(own)  # q_i.w_s, s on the query's side
+    w_keys = (weighted @ k.transpose(-1, -2)).mul_(strict)  # beta_r w_r.k_j, r between
+    solved = torch.linalg.solve_triangular(gram, w_keys, upper=right, unitriangular=True)
+    correction = query_w @ solved
+    if q.shape[-3] == 1:
+        return Side(right, correction, None, None, None)
+    carry = torch.linalg.solve_triangular(gram, weighted, upper=right, unitriangular=True)
+    transitions = torch.eye(dim, dtype=q.dtype, device=q.device) - w.transpose(-1, -2) @ carry
+    return Side(
+        right, correction, q - query_w @ carry, k - solved.transpose(-1, -2) @ w, transitions
+    )
 
 
-def prepare_causal(q: Tensor, k: Tensor, factors: Householders, block: int = BLOCK) -> CausalPath:
-    """The causal form's prepared tensors for ``q, k [..., T, d]``, in fp32 (fp64 stays fp64)."""
-    length, dim = q.shape[-2:]
-    size = min(block, length)
-    blocks = -(-length // size)
-    pad = blocks * size - length
-    dtype = torch.promote_types(q.dtype, torch.float32)
-
-    def blocked(x: Tensor) -> Tensor:  # [..., T, d] -> [..., blocks, C, d], zero-padded
-        return F.pad(x.to(dtype), (0, 0, 0, pad)).unflatten(-2, (blocks, size))
-
-    q_b, k_b, w_b = blocked(q), blocked(k), blocked(factors.w)
-    beta = F.pad(factors.beta.to(dtype), (0, pad)).unflatten(-1, (blocks, size))[..., None]
-    # I + L, L_sr = beta_s w_s.w_r (r < s); the unit diagonal is implied by `unitriangular`.
-    lower = torch.tril((beta * w_b) @ w_b.transpose(-1, -2), -1)
-    query_w = torch.tril(q_b @ w_b.transpose(-1, -2))  # q_i.w_s, s <= i
-    w_keys = torch.tril(w_b @ k_b.transpose(-1, -2), -1)  # w_r.k_j, r > j
-    solved = torch.linalg.solve_triangular(lower, beta * w_keys, upper=False, unitriangular=True)
-    local = (torch.tril(q_b @ k_b.transpose(-1, -2)) - query_w @ solved).flatten(-3, -2)
-    if blocks == 1:
-        return CausalPath(length, size, local, None, None, None)
-    carry = torch.linalg.solve_triangular(lower, beta * w_b, upper=False, unitriangular=True)
-    queries = (q_b - query_w @ carry).flatten(-3, -2)
-    keys = k_b - solved.transpose(-1, -2) @ w_b
-    eye = torch.eye(dim, dtype=carry.dtype, device=carry.device)
-    transitions = eye - w_b.transpose(-1, -2) @ carry
-    return CausalPath(length, size, local, queries, keys, transitions)
+def carried_keys(side: Side, first: int, last: int) -> Tensor:
+    """``[..., last - first + 1, n C, d]``: for each query block ``I`` in ``first..last`` every
+    key of a block ``J`` on the side carried to block I's edge (left: ``P_{I-1} ... P_{J+1} k^_j``,
+    right: ``P_{I+1} ... P_{J-1} k^_j``), zero for the other keys. Walks the blocks from the far
+    end: ``O(n^2 C d^2)``."""
+    assert side.keys is not None and side.transitions is not None
+    keys, transitions = side.keys, side.transitions
+    count = keys.shape[-3]
+    order = range(count - 1, first - 1, -1) if side.right else range(last + 1)
+    walked = keys[..., :0, :, :]  # the keys beyond `block`, carried to its edge
+    stack = []
+    for block in order:
+        source = block + 1 if side.right else block - 1  # the block just passed
+        if 0 <= source < count:
+            moved = walked @ transitions[..., source, None, :, :].transpose(-1, -2)
+            passed = keys[..., source : source + 1, :, :]
+            walked = torch.cat([passed, moved] if side.right else [moved, passed], dim=-3)
+        if first <= block <= last:
+            pad = (block + 1, 0) if side.right else (0, count - block)
+            stack.append(F.pad(walked, (0, 0, 0, 0, *pad)))
+    return torch.stack(stack[::-1] if side.right else stack, dim=-4).flatten(-3, -2)
 
 
 @dataclass
 class PreparedPath:
-    """What ``prepare_path`` returns: the causal direction and, for the bidirectional form, the
-    mirrored one (``right``, prepared on the time-reversed sequences), both from ``q d^-1/2``."""
+    """What ``prepare_path`` returns (from ``q d^-1/2``): ``local [..., n, C, C]``, each block's
+    scores over its own keys (zero right of the diagonal unless bidirectional), and the
+    ``Side``s whose carried queries and keys give the scores across blocks."""
 
-    left: CausalPath
-    right: CausalPath | None
+    length: int
+    local: Tensor
+    sides: tuple[Side, ...]
 
     def scores(self, rows: slice) -> Tensor:
-        """Scaled PaTH scores of query ``rows`` over all keys, ``[..., R, T]`` (fp32): causal
-        ones zero right of the diagonal (the caller masks them), bidirectional ones complete."""
-        left = self.left.scores(rows)
-        if self.right is None:
-            return left
-        length = self.left.length
-        start, stop, _ = rows.indices(length)
-        right = self.right.scores(slice(length - stop, length - start)).flip(-2, -1)
-        queries = query_positions(slice(start, stop), length, left.device)
-        to_the_left = torch.arange(length, device=left.device)[None, :] <= queries[:, None]
-        return torch.where(to_the_left, left, right)
+        """Scaled PaTH scores of query ``rows`` (a slice of step 1) over all keys, ``[..., R, T]``
+        (fp32): causal ones zero right of the diagonal (the caller masks them)."""
+        start, stop, _ = rows.indices(self.length)
+        count, size = self.local.shape[-3:-1]
+        first, last = start // size, (stop - 1) // size
+        local = self.local[..., first : last + 1, :, :]
+        if count == 1:
+            block_rows = local
+        else:  # one product for both sides, the in-block scores put on the diagonal
+            queries = torch.cat([self._queries(side, first, last) for side in self.sides], -1)
+            keys = torch.cat([carried_keys(side, first, last) for side in self.sides], -1)
+            block_rows = queries @ keys.transpose(-1, -2)  # [..., blocks, C, n C]
+            by_key_block = block_rows.unflatten(-1, (count, size))
+            for index in range(last - first + 1):
+                by_key_block[..., index, :, first + index, :] = local[..., index, :, :]
+        offset = first * size
+        return block_rows.flatten(-3, -2)[..., start - offset : stop - offset, : self.length]
+
+    @staticmethod
+    def _queries(side: Side, first: int, last: int) -> Tensor:
+        assert side.queries is not None
+        return side.queries[..., first : last + 1, :, :]
 
 
 def prepare_path(
@@ -187,17 +179,29 @@ def prepare_path(
 ) -> PreparedPath:
     """PaTH's prepared state for ``q, k [..., T, d]`` (any leading axes, e.g. ``[M, B, H]``) and
     the factors of keys left of the query (``left``) and, for the bidirectional form, right of
-    it (``right``, in natural order); ``block``: tokens per UT block. Computed in fp32 with
-    autocast off; ``.scores(rows)`` per query-row chunk."""
-    scale = 1 / math.sqrt(q.shape[-1])
-    q = q * scale  # the scores are linear in q: scaled once, here
+    it (``right``); blocks of at most ``block`` tokens (as few as fit, of equal length).
+    Computed in fp32 (fp64 stays fp64) with autocast off; ``.scores(rows)`` per row chunk."""
+    length, dim = q.shape[-2:]
+    size = chunk_length(length, block)
+    count = -(-length // size)
+    dtype = torch.promote_types(q.dtype, torch.float32)
+
+    def blocked(x: Tensor) -> Tensor:  # [..., T, m] -> [..., count, C, m], zero-padded
+        return F.pad(x.to(dtype), (0, 0, 0, count * size - length)).unflatten(-2, (count, size))
+
     with autocast_off(q.device.type):
-        causal = prepare_causal(q, k, left, block)
-        mirrored = None
-        if right is not None:
-            reversed_factors = Householders(right.w.flip(-2), right.beta.flip(-1))
-            mirrored = prepare_causal(q.flip(-2), k.flip(-2), reversed_factors, block)
-    return PreparedPath(causal, mirrored)
+        q_b, k_b = blocked(q / math.sqrt(dim)), blocked(k)  # the scores are linear in q
+        sides = tuple(
+            prepare_side(q_b, k_b, blocked(factors.w), blocked(factors.beta[..., None]), is_right)
+            for factors, is_right in ((left, False), (right, True))
+            if factors is not None
+        )
+        local = q_b @ k_b.transpose(-1, -2)
+        if right is None:
+            local.mul_(torch.ones(size, size, dtype=dtype, device=q.device).tril())
+        for side in sides:
+            local.sub_(side.correction)
+    return PreparedPath(length, local, sides)
 
 
 def path_scores_recurrent(
