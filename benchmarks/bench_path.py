@@ -7,7 +7,8 @@ at the paper encoder's head shape (width 64, 8 heads of 8), one thread by defaul
   per direction); and the plain recurrence (the tests' oracle). Median CPU and wall ms.
 * ``eval``: one layer's scores without gradients at batch 64, n = 500, over query-row chunks of
   ``--rows``, each in a fresh process: CPU s and the peak resident memory the computation
-  added (the prepared state plus one chunk's maps; the chunk's scores are dropped after use).
+  added (the prepared state plus one chunk's maps; the chunk's scores are dropped after use);
+  ``--block`` sets PaTH's most tokens per block (64).
 
     python benchmarks/bench_path.py train
     python benchmarks/bench_path.py eval --rows 100 500
@@ -16,7 +17,6 @@ at the paper encoder's head shape (width 64, 8 heads of 8), one thread by defaul
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -27,7 +27,12 @@ from bench_model import _status_bytes, in_fresh_process
 
 from che_bench.encodings.base import scaled_scores
 from che_bench.encodings.path_parameters import PathProjections
-from che_bench.encodings.path_transform import Householders, path_scores_recurrent, prepare_path
+from che_bench.encodings.path_transform import (
+    BLOCK,
+    Householders,
+    path_scores_recurrent,
+    prepare_path,
+)
 
 HEADS, HEAD_DIM = 8, 8
 
@@ -87,14 +92,17 @@ def cpu_and_wall(call: Callable[[], object], repeats: int) -> tuple[float, float
 
 
 def run_train(args) -> None:
-    print(f"one layer's scores, forward + backward: batch {args.batch}, n = {args.length}, "
-          f"{HEADS} heads of {HEAD_DIM}, {torch.get_num_threads()} thread(s), median of "
-          f"{args.repeats}")
+    print(
+        f"one layer's scores, forward + backward: batch {args.batch}, n = {args.length}, "
+        f"{HEADS} heads of {HEAD_DIM}, {torch.get_num_threads()} thread(s), median of "
+        f"{args.repeats}"
+    )
     print(f"{'scores':<30} {'cpu ms':>8} {'wall ms':>8} {'cpu/plain':>9}")
     tensors = inputs(args.batch, args.length, grad=True)
     weights = torch.randn(1, args.batch, HEADS, args.length, args.length)
     plain = None
     for name, scores in score_functions(args.batch, args.length).items():
+
         def step(scores=scores):
             (scores(tensors) * weights).sum().backward()
 
@@ -103,37 +111,39 @@ def run_train(args) -> None:
         print(f"{name:<30} {cpu * 1e3:8.1f} {wall * 1e3:8.1f} {cpu / plain:9.1f}", flush=True)
 
 
-def evaluate(name: str, batch: int, length: int, rows: int, threads: int) -> tuple[float, int]:
-    """(CPU s, peak bytes added) of one no-grad pass of variant ``name`` over row chunks."""
-    torch.set_num_threads(threads)
-    tensors = inputs(batch, length, grad=False)
-    scores = score_functions(batch, length)[name]
+def evaluate(name: str, args) -> tuple[float, int]:
+    """(CPU s, peak bytes added) of one no-grad pass of ``name`` over row chunks of ``args.rows``
+    (``args.block``: PaTH's most tokens per block)."""
+    torch.set_num_threads(args.threads)
+    length, rows = args.eval_length, args.chunk
+    t = inputs(args.eval_batch, length, grad=False)
     before = _status_bytes("VmRSS")
     cpu = time.process_time()
     with torch.inference_mode():
         if name == "plain q k^T":
             for start in range(0, length, rows):
-                scaled_scores(tensors["q"], tensors["k"], slice(start, start + rows))
+                scaled_scores(t["q"], t["k"], slice(start, start + rows))
         else:
-            bidirectional = "bidir" in name
-            left = Householders(tensors["w"], tensors["beta"])
-            right = Householders(tensors["w_right"], tensors["beta_right"])
-            prepared = prepare_path(tensors["q"], tensors["k"], left, right if bidirectional else None)
+            left = Householders(t["w"], t["beta"])
+            right = Householders(t["w_right"], t["beta_right"]) if "bidir" in name else None
+            prepared = prepare_path(t["q"], t["k"], left, right, block=args.block)
             for start in range(0, length, rows):
                 prepared.scores(slice(start, start + rows))
-    del scores
     return time.process_time() - cpu, _status_bytes("VmHWM") - before
 
 
 def run_eval(args) -> None:
-    print(f"one layer's scores without gradients: batch {args.eval_batch}, n = {args.eval_length}, "
-          f"{args.threads} thread(s), each row in a fresh process")
+    print(
+        f"one layer's scores without gradients: batch {args.eval_batch}, n = {args.eval_length}, "
+        f"{args.threads} thread(s), PaTH blocks of at most {args.block}, each row in a fresh "
+        "process"
+    )
     print(f"{'scores':<22} {'rows':>5} {'cpu s':>7} {'peak MiB':>9} {'[B,H,R,T] MiB':>14}")
     for rows in args.rows:
         chunk = 4 * args.eval_batch * HEADS * rows * args.eval_length / 2**20
         for name in ("plain q k^T", "PaTH causal", "PaTH bidirectional"):
             cpu, peak = in_fresh_process(
-                evaluate, name, args.eval_batch, args.eval_length, rows, args.threads
+                evaluate, name, argparse.Namespace(**vars(args), chunk=rows)
             )
             print(f"{name:<22} {rows:>5} {cpu:7.2f} {peak / 2**20:9.0f} {chunk:14.0f}", flush=True)
 
@@ -147,6 +157,7 @@ def main() -> None:
     parser.add_argument("--eval-batch", type=int, default=64)
     parser.add_argument("--eval-length", type=int, default=500)
     parser.add_argument("--rows", type=int, nargs="+", default=[100, 500])
+    parser.add_argument("--block", type=int, default=BLOCK)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -13,8 +13,11 @@ As fla's ``PaTHAttention`` (``fla/layers/path_attn.py``, spec ``data_dependent_e
   (the DeltaNet-style ablation, in neither PaTH source).
 * PaTH-FoX's gate: ``log f = logsigmoid(u_f . x + b_f)`` per head, in fp32.
 * Initialisation as fla's ``_init_weights``: every weight (linear and convolution) N(0, 0.02^2),
-  every bias 0, so ``beta`` starts near 1 (``H`` near the projection off ``w``) and ``f``
-  near 0.5.
+  every bias 0, so ``beta`` starts near 1 and ``f`` near 0.5. At che-bench's width (D = 64,
+  8 heads of 8) these small weights leave ``|w|^2`` before the normalisation near the 1e-6
+  epsilon, so ``w`` starts shorter than 1 (norm 0.15-0.92, mean 0.61, on unit-variance inputs)
+  and ``H_t`` nearer the identity than a projection; at fla's widths (D >= 1024) it starts
+  unit.
 
 The keys right of the query in the bidirectional form take a second module built with
 ``anticausal=True``: its convolution reads tokens ``t .. t+2`` instead of ``t-2 .. t``.

@@ -18,40 +18,50 @@ convolution), mirrored::
     s_ij = scale * q_i^T (H'_i H'_{i+1} ... H'_{j-1}) k_j        for j > i
 
 positions ``s in [i, j)``: the query's end included and the key's excluded, exactly the causal
-``(j, i]`` read backwards. Reversing time turns it into the causal form of the reversed
-sequences, which is how it is computed; the diagonal (``q_i . k_i``) is the same in both.
+``(j, i]`` read backwards (the oracle computes it as the causal form of the reversed sequences).
+The diagonal is ``q_i . k_i`` on both sides.
 
-**Fast form** (UT transform of Joffrain et al. 2006 as used by PaTH §3.3 and fla's
-``fla/ops/path_attn/naive.py``; the algebra below is [D]). For tokens ``a..b`` in order,
-``H_b ... H_a = I - W^T T W`` with ``W`` the rows ``w_a..w_b`` and the lower-triangular
-``T = (I + L)^-1 diag(beta)``, ``L_sr = beta_s w_s . w_r`` for ``r < s``. Because ``I + L`` is
-unit lower-triangular, the inverse of a contiguous diagonal block of it is that block of the
-inverse, so one ``T`` per block of ``C`` tokens serves every sub-range inside it. Split the
-(zero-padded: ``w = 0`` gives ``H = I``) sequence into blocks of ``C``; then
+**Fast form** (the UT transform of Joffrain et al., ACM TOMS 2006, as PaTH §3.3 and fla's
+``fla/ops/path_attn/naive.py`` use it; the derivation below is che-bench's). For tokens ``a..b``
+in order, ``H_b ... H_a = I - W^T T W`` with ``W`` the rows ``w_a..w_b`` and the lower-triangular
+``T = (I + L)^-1 diag(beta)``, ``L_sr = beta_s w_s . w_r`` for ``r < s`` (the coefficients
+``c = T W x`` of ``x``'s rank-one updates solve ``c_s = beta_s w_s.(x - sum_{r<s} w_r c_r)``).
+The inverse of a contiguous diagonal block of a unit triangular matrix is that block of its
+inverse, so one ``T`` per block of ``C`` tokens serves every sub-range inside the block. The
+sequence is zero-padded (``w = 0``: ``H = I``) and cut into blocks of ``C``; with ``A = Q W^T``
+and ``B = W K^T`` of a block:
 
-* same block (``j <= i``): ``s_ij = q_i.k_j - sum_{j < r <= s <= i} (q_i.w_s) T_sr (w_r.k_j)``,
-  i.e. ``tril(Q K^T) - tril(Q W^T) V`` with ``V = (I + L)^-1 diag(beta) strict_tril(W K^T)``
-  (one triangular solve);
-* key block ``J`` left of the query's block ``I``:
-  ``s_ij = q^_i^T P_{I-1} ... P_{J+1} k^_j`` with the block products ``P_J = I - W_J^T Y_J``,
-  ``Y = (I + L)^-1 diag(beta) W``, the query carried back to its block's start,
-  ``q^ = Q - tril(Q W^T) Y`` (``= (H_i ... H_start)^T q_i``), and the key carried to its block's
-  end, ``k^ = K - V^T W`` (``= H_end ... H_{j+1} k_j``).
+* same block, ``j <= i``: ``s_ij = q_i.k_j - sum_{j < r <= s <= i} A_is T_sr B_rj``, i.e.
+  ``tril(Q K^T) - tril(A) V`` with ``V = (I + L)^-1 diag(beta) strict_tril(B)`` (one triangular
+  solve, ``O(C^3)`` per block);
+* key block ``J`` left of the query's block ``I``: ``s_ij = q^_i^T P_{I-1} ... P_{J+1} k^_j`` with
+  the block products ``P_J = I - W_J^T Y_J``, ``Y = (I + L)^-1 diag(beta) W``, the query carried
+  to its block's start, ``q^ = Q - tril(A) Y`` (``= (H_i ... H_start)^T q_i``), and the key to its
+  block's end, ``k^ = K - V^T W`` (``= H_end ... H_{j+1} k_j``).
+
+The right side is the mirror image: ``I + U`` with ``U_sr = beta'_s w'_s.w'_r`` for ``r > s``
+(upper-triangular solves), ``A`` masked to ``s >= i``, ``B`` to ``r < j``; ``q^`` carried to its
+block's end and ``k^`` to its block's start. Inside a block the two sides add their terms to
+one ``Q K^T``.
 
 ``prepare_path`` computes, once per layer, the in-block scores ``[..., T, C]``, ``q^``, ``k^``
-``[..., T, d]`` and the ``d x d`` block products; ``PreparedPath.scores(rows)`` then walks the
-key blocks from the query's leftwards, carrying each query row through one ``P_J`` per block
-(fla's ``q_i <- q_i - q_i H_mat``), so that a chunk of R query rows costs ``O(R T d + R (T/C)
-d^2)`` time and ``O(R T)`` memory, under autograd too, against the plain recurrence's ``O(T^2
-d)`` stored per head. Everything is exact: the same sums in another order (float32 rounding;
-``T`` stays bounded since every partial product of ``H``'s has norm <= 1 for beta in [0, 2]).
+``[..., T, d]`` and the ``d x d`` block products of each side. ``PreparedPath.scores(rows)``
+walks the keys block by block from the far end, ``K~ <- K~ P_J^T`` (fla's naive walks the queries
+instead, ``q <- q - q H_mat``), so that for each query block the keys of the other blocks stand
+carried to its edge; one product ``[q^ | q^'] [K~ | K~']^T`` (inner width ``2d``) then gives the
+scores across blocks of both sides at once, and the in-block scores are copied onto its diagonal
+blocks. A chunk of R query rows costs ``O(R T d + T^2 d^2 / C)`` time and ``O(R T)`` memory (the
+carried keys of its ``R / C + 2`` blocks), under autograd too, against the plain recurrence's
+``O(T^2 d)`` stored per head. A training batch (n <= 64 tokens) is one block: no walk, no product
+across blocks. Everything is exact, the same sums in another order (float32 rounding; ``T`` stays
+bounded, every partial product of ``H``'s having norm <= 1 for beta in [0, 2]).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -59,9 +69,9 @@ from torch import Tensor
 
 from che_bench.encodings.common import autocast_off, chunk_length, query_positions, running_sum
 
-#: Tokens per block of the UT transform (fla's naive reference uses 64). The in-block work grows
-#: as ``T C^2``, the walk over key blocks as ``T^2 d / C`` steps of ``d x d``; a training batch
-#: (n <= 41) is one block.
+#: Most tokens per block of the UT transform (fla's naive reference uses 64). The in-block work
+#: grows as ``T C^2``, the walk of the keys across blocks as ``T^2 d^2 / C``; a training batch
+#: of up to 64 tokens is one block.
 BLOCK = 64
 
 
@@ -76,40 +86,72 @@ class Householders(NamedTuple):
 @dataclass
 class Side:
     """One side's tensors prepared once per layer, the padded sequence cut into ``n`` blocks of
-    ``C``: ``correction [..., n, C, C]``, what the side's factors take off ``q_i.k_j`` inside a
-    block (zero off the side), and, with more than one block, ``queries`` q^ and ``keys`` k^
-    ``[..., n, C, d]`` and the block products ``transitions`` P ``[..., n, d, d]``. The left
-    side's (``right=False``) q^ is carried to its block's start and k^ to its block's end, the
-    right side's the other way."""
+    ``C``, with more than one block (else all None): ``queries`` q^ and ``keys`` k^ ``[..., n, C,
+    d]`` and the block products ``transitions`` P ``[..., n, d, d]``. The left side's
+    (``right=False``) q^ is carried to its block's start and k^ to its block's end, the right
+    side's the other way."""
 
     right: bool
-    correction: Tensor
     queries: Tensor | None
     keys: Tensor | None
     transitions: Tensor | None
 
 
-def prepare_side(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, right: bool) -> Side:
+class _UnitTriangularSolve(torch.autograd.Function):
+    """``A^-1 B`` for a unit lower (``upper``: upper) triangular ``A`` given by its strict
+    triangle (the rest is not read). Backward as torch's ``solve_triangular``'s, ``dB = A^-T dX``
+    and ``dA = -dB X^T`` on the strict triangle, with the sign and the triangle one product
+    (torch's takes a negation and a ``tril`` pass over the map)."""
+
+    @staticmethod
+    def forward(ctx: Any, matrix: Tensor, rhs: Tensor, upper: bool) -> Tensor:
+        solution = torch.linalg.solve_triangular(matrix, rhs, upper=upper, unitriangular=True)
+        ctx.save_for_backward(matrix, solution)
+        ctx.upper = upper
+        return solution
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        matrix, solution = ctx.saved_tensors
+        grad_rhs = torch.linalg.solve_triangular(
+            matrix.transpose(-1, -2), grad, upper=not ctx.upper, unitriangular=True
+        )
+        size = matrix.shape[-1]
+        ones = -torch.ones(size, size, dtype=matrix.dtype, device=matrix.device)
+        negated_triangle = ones.triu(1) if ctx.upper else ones.tril(-1)
+        grad_matrix = (grad_rhs @ solution.transpose(-1, -2)).mul_(negated_triangle)
+        return grad_matrix, grad_rhs, None
+
+
+def unit_triangular_solve(matrix: Tensor, rhs: Tensor, upper: bool) -> Tensor:
+    """``A^-1 B`` for ``A`` unit lower (upper) triangular, read from its strict triangle only."""
+    return cast(Tensor, _UnitTriangularSolve.apply(matrix, rhs, upper))
+
+
+def prepare_side(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, right: bool, local: Tensor) -> Side:
     """``Side`` of ``q, k, w [..., n, C, d]`` and ``beta [..., n, C, 1]`` (module docstring; the
-    right side is its mirror image: ``I + U``, ``U_sr = beta_s w_s.w_r`` for ``r > s``, upper)."""
+    right side is its mirror image: ``I + U``, ``U_sr = beta_s w_s.w_r`` for ``r > s``, upper);
+    adds the side's in-block terms to ``local [..., n, C, C]`` in place."""
     size, dim = q.shape[-2:]
     weighted = beta * w  # beta_s w_s
     ones = torch.ones(size, size, dtype=q.dtype, device=q.device)
-    # Masks as products: torch.tril on these small batched maps costs 3x a multiplication.
-    own, strict = (ones.triu(), ones.triu(1)) if right else (ones.tril(), ones.tril(-1))
+    # Masks as products: torch.tril on these small batched maps costs 3x a multiplication. The
+    # minus sign rides on the mask, so that the side's terms are added (no negation in backward).
+    own, negated_strict = (ones.triu(), -ones.triu(1)) if right else (ones.tril(), -ones.tril(-1))
     # I + L (left) or I + U (right): the solves read its strict lower (upper) triangle only.
     gram = weighted @ w.transpose(-1, -2)
+    w_keys = (weighted @ k.transpose(-1, -2)).mul_(negated_strict)  # -beta_r w_r.k_j, r between
+    negated = unit_triangular_solve(gram, w_keys, right)  # -V
+    del w_keys  # (without gradients: one [T, C] map fewer at the peak)
     query_w = (q @ w.transpose(-1, -2)).mul_(own)  # q_i.w_s, s on the query's side
-    w_keys = (weighted @ k.transpose(-1, -2)).mul_(strict)  # beta_r w_r.k_j, r between
-    solved = torch.linalg.solve_triangular(gram, w_keys, upper=right, unitriangular=True)
-    correction = query_w @ solved
+    flat = (-1, size, size)
+    local.view(flat).baddbmm_(query_w.reshape(flat), negated.reshape(flat))
     if q.shape[-3] == 1:
-        return Side(right, correction, None, None, None)
-    carry = torch.linalg.solve_triangular(gram, weighted, upper=right, unitriangular=True)
+        return Side(right, None, None, None)
+    carry = unit_triangular_solve(gram, weighted, right)  # Y
     transitions = torch.eye(dim, dtype=q.dtype, device=q.device) - w.transpose(-1, -2) @ carry
-    return Side(
-        right, correction, q - query_w @ carry, k - solved.transpose(-1, -2) @ w, transitions
-    )
+    keys = k + negated.transpose(-1, -2) @ w
+    return Side(right, q - query_w @ carry, keys, transitions)
 
 
 def carried_keys(side: Side, first: int, last: int) -> Tensor:
@@ -191,16 +233,16 @@ def prepare_path(
 
     with autocast_off(q.device.type):
         q_b, k_b = blocked(q / math.sqrt(dim)), blocked(k)  # the scores are linear in q
-        sides = tuple(
-            prepare_side(q_b, k_b, blocked(factors.w), blocked(factors.beta[..., None]), is_right)
-            for factors, is_right in ((left, False), (right, True))
-            if factors is not None
-        )
         local = q_b @ k_b.transpose(-1, -2)
         if right is None:
             local.mul_(torch.ones(size, size, dtype=dtype, device=q.device).tril())
-        for side in sides:
-            local.sub_(side.correction)
+        sides = tuple(
+            prepare_side(
+                q_b, k_b, blocked(factors.w), blocked(factors.beta[..., None]), is_right, local
+            )
+            for factors, is_right in ((left, False), (right, True))
+            if factors is not None
+        )
     return PreparedPath(length, local, sides)
 
 
