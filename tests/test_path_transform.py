@@ -169,6 +169,20 @@ def test_under_autograd_the_fast_form_keeps_far_less_than_the_recurrence():
     assert fast < 4 * 6 * length * BLOCK  # a few [T, C] maps
 
 
+def test_the_prepared_state_grows_as_the_sequence_not_its_square():
+    """What a layer keeps between row chunks: ``[T, C]`` in-block scores and ``[T, d]``-sized
+    carried queries, keys and ``d x d`` block products, per head."""
+    length, dim = 300, 8
+    q, k, left, right = random_case(length=length, dim=dim, shape=(1,))
+    prepared = prepare_path(q, k, left, right)
+    kept = [prepared.local] + [
+        tensor for side in prepared.sides for tensor in (side.queries, side.keys, side.transitions)
+    ]
+    blocks, size = 5, 60  # the fewest blocks of at most 64
+    expected = blocks * size * (size + 4 * dim) + 2 * blocks * dim * dim
+    assert sum(tensor.numel() for tensor in kept) == expected
+
+
 def test_beta_two_is_a_reflection():
     """With beta = 2 the factor reflects w_1: a query along w_1 sees the key along w_1 negated,
     and two reflections in a row restore it."""
