@@ -1,11 +1,11 @@
 """Cost of PaTH's scores (``che_bench.encodings.path_transform``) beside plain ``q k^T`` scores,
 at the paper encoder's head shape (width 64, 8 heads of 8), one thread by default.
 
-* ``train``: forward + backward of one layer's scores at batch 128, n = 40 (all query rows as
+* ``train``: forward + backward of one layer's scores at batch 128, T = 40 tokens (all rows as
   one chunk, as in training): plain ``q k^T / sqrt(d)``; PaTH's fast form from given factors
   (causal and bidirectional); the same with the factors made from x (``PathProjections``, one
   per direction); and the plain recurrence (the tests' oracle). Median CPU and wall ms.
-* ``eval``: one layer's scores without gradients at batch 64, n = 500, over query-row chunks of
+* ``eval``: one layer's scores without gradients at batch 64, T = 500 tokens, over row chunks of
   ``--rows``, each in a fresh process: CPU s and the peak resident memory the computation
   added (the prepared state plus one chunk's maps; the chunk's scores are dropped after use);
   ``--block`` sets PaTH's most tokens per block (64).
@@ -93,7 +93,7 @@ def cpu_and_wall(call: Callable[[], object], repeats: int) -> tuple[float, float
 
 def run_train(args) -> None:
     print(
-        f"one layer's scores, forward + backward: batch {args.batch}, n = {args.length}, "
+        f"one layer's scores, forward + backward: batch {args.batch}, T = {args.length} tokens, "
         f"{HEADS} heads of {HEAD_DIM}, {torch.get_num_threads()} thread(s), median of "
         f"{args.repeats}"
     )
@@ -134,7 +134,7 @@ def evaluate(name: str, args) -> tuple[float, int]:
 
 def run_eval(args) -> None:
     print(
-        f"one layer's scores without gradients: batch {args.eval_batch}, n = {args.eval_length}, "
+        f"one layer's scores without gradients: batch {args.eval_batch}, T = {args.eval_length}, "
         f"{args.threads} thread(s), PaTH blocks of at most {args.block}, each row in a fresh "
         "process"
     )
