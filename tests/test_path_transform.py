@@ -108,7 +108,7 @@ def test_a_longer_sequence_over_many_blocks_matches_the_recurrence():
     q, k, left, right = random_case(length=150, dim=8, shape=(2,))
     double = [Householders(*(x.double() for x in factors)) for factors in (left, right)]
     expected = path_scores_recurrent(q.double(), k.double(), *double)
-    prepared = prepare_path(q, k, left, right)  # blocks of 64: 64 + 64 + 22
+    prepared = prepare_path(q, k, left, right)  # three blocks of 50
     fast = by_chunks(prepared, [slice(0, 70), slice(70, 129), slice(129, 150)])
     torch.testing.assert_close(fast.double(), expected, rtol=0, atol=2e-5)
 
