@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from che_bench.model.state_tracking.delta_rule import chunk_length, delta_product
+from che_bench.model.state_tracking.delta_rule import MAX_CHUNK, chunk_length, delta_product
 from che_bench.model.state_tracking.delta_rule_recurrent import recurrent_delta_product
 from tests.references import reference
 
@@ -100,7 +100,7 @@ def test_a_strong_gate_past_one_padded_chunk_has_the_recurrence_s_gradients(step
 
 
 def test_chunks_split_a_length_with_the_least_padding():
-    assert [chunk_length(t) for t in (1, 41, 64, 65, 500)] == [1, 41, 64, 33, 63]
+    assert [chunk_length(t, MAX_CHUNK) for t in (1, 41, 64, 65, 500)] == [1, 41, 64, 33, 63]
     assert chunk_length(41, limit=16) == 14
     assert delta_product(*rule_inputs(0)).shape == (2, 2, 0, 4)
 

@@ -1,4 +1,5 @@
-"""Small building blocks shared by several encodings (``running_sum`` by models too).
+"""Small building blocks shared by several encodings (``running_sum`` and ``chunk_length`` by
+models too).
 
 Offset convention: ``o = j - i`` (key index minus query index), so ``o < 0`` is a key to
 the **left** of the query. A per-offset vector for a sequence of ``T`` tokens has
@@ -34,6 +35,14 @@ def running_sum(values: torch.Tensor, from_the_right: bool) -> torch.Tensor:
     triangle = ones.tril() if from_the_right else ones.triu()
     with autocast_off(values.device.type):  # counts stay in fp32
         return torch.matmul(values, triangle)
+
+
+def chunk_length(steps: int, limit: int) -> int:
+    """The chunk length that splits ``steps`` into the fewest chunks of at most ``limit`` with
+    the least padding (a training batch of 41 tokens is one chunk of 41, not 64; 81 two of 41).
+    The delta rule's chunks and PaTH's blocks."""
+    chunks = max(1, -(-steps // limit))
+    return -(-steps // chunks)
 
 
 def autocast_off(device_type: str) -> contextlib.AbstractContextManager[object]:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from che_bench.encodings.common import autocast_off, running_sum
+from che_bench.encodings.common import autocast_off, chunk_length, running_sum
 from che_bench.model.state_tracking.delta_rule_native import native_delta_rule
 
 #: Longest chunk, in rows: the in-chunk matrices grow as C^2 per chunk, the loop over chunks
@@ -51,13 +51,6 @@ PRODUCT_CHUNK = 16
 def chunk_limit(n: int) -> int:
     """The longest chunk, in rows, of a delta product with ``n`` sub-steps per token."""
     return MAX_CHUNK if n == 1 else PRODUCT_CHUNK
-
-
-def chunk_length(steps: int, limit: int = MAX_CHUNK) -> int:
-    """The chunk length that splits ``steps`` into the fewest chunks of at most ``limit`` with
-    the least padding (a training batch of 41 tokens is one chunk of 41, not 64)."""
-    chunks = max(1, -(-steps // limit))
-    return -(-steps // chunks)
 
 
 def delta_product(
