@@ -3,11 +3,13 @@
 ``-march=native`` on a compiler that cannot tell) falls back to its default target with a
 one-line warning; DAPE's filter built for AVX2 (``x86-64-v3``) gives f's numbers, and its
 logits are the AVX-512 build's bit for bit; the C sources build for AArch64 where a cross
-compiler is found; the FMA loop's vectors are as wide as the kernel's."""
+compiler is found, and DAPE's filter built for it gives x86's logits, bit for bit, under qemu;
+the FMA loop's vectors are as wide as the kernel's."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -125,6 +127,34 @@ def test_the_kernels_build_for_aarch64(source, tmp_path):
     command = [compiler, *native_build.COMMON_FLAGS, str(source), "-o", str(tmp_path / "k.so")]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def harness_output(command: list[str], tmp_path: Path, *runner: str) -> str:
+    """What ``fused_filter_harness.c``, built by ``command`` (a compiler and its target),
+    prints when run (by ``runner``, an emulator, when given)."""
+    program = tmp_path / "harness"
+    flags = ["-O3", "-std=gnu11", "-Wno-psabi", "-I", str(native.SOURCE.parent)]
+    build = [*command, *flags, str(Path(__file__).with_name("fused_filter_harness.c")),
+             "-o", str(program), "-lm"]
+    subprocess.run(build, check=True, capture_output=True)
+    return subprocess.run([*runner, str(program)], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def test_the_aarch64_build_gives_f_s_logits_bit_for_bit_as_x86_s(tmp_path, native_kernel):
+    """Where a cross compiler and qemu are installed (``apt-get install gcc-aarch64-linux-gnu
+    qemu-user``): the AArch64 build, run under qemu, gives f's logits within float32 rounding
+    of f in double precision, and the same bits as this CPU's build (both with fused
+    multiply-adds, each logit's products in one order)."""
+    cross, emulator = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
+    if cross is None or emulator is None:
+        pytest.skip("no aarch64-linux-gnu-gcc and qemu-aarch64")
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    ours = harness_output([compiler, "-march=native"], tmp_path)
+    arm = harness_output([cross, "-static"], tmp_path, emulator)
+    assert arm.startswith("AArch64 NEON, 4 lanes: largest error ")
+    assert float(arm.split("largest error ")[1].split(",")[0]) < 1e-5
+    assert arm.split("hash ")[1] == ours.split("hash ")[1]
 
 
 def test_the_fma_loop_s_vectors_are_the_kernel_s(monkeypatch, avx2_kernel):

@@ -661,7 +661,8 @@ int dape_filter_weight_grads(const struct weight_grads *g)
     long outputs = g->bigs * g->smalls * g->kernel, row_vectors = g->smalls * g->span / LANES;
     long block = (24 << 10) / ((long)sizeof(vec) * row_vectors);
     block = block < 1 ? 1 : block;
-    vec *acc = aligned_alloc(64, sizeof(vec) * (outputs + block * row_vectors));
+    /* aligned_alloc takes a multiple of the alignment (C11; macOS holds to it) */
+    vec *acc = aligned_alloc(64, (sizeof(vec) * (outputs + block * row_vectors) + 63) / 64 * 64);
     if (!acc) return -1;
     memset(acc, 0, sizeof(vec) * outputs);
     for (long r0 = 0; r0 < g->rows; r0 += block) {
