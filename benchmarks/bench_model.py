@@ -28,8 +28,9 @@ row adds to the plain row, and that rate's fraction of the core's measured fp32 
 of FMAs, else a 1024^3 matrix product); their first line gives the measured peaks and the
 nominal one derived from /proc/cpuinfo, the next the instruction set the native kernels and
 torch's own kernels run at. ``--isa avx2`` runs both at AVX2 on a CPU that has AVX-512 (the
-kernels built for ``-march=x86-64-v3``, torch at ``ATEN_CPU_CAPABILITY=avx2``: the benchmark
-starts itself again with that environment), to measure what a CPU without AVX-512 runs.
+kernels built for ``-march=x86-64-v3``, torch at ``ATEN_CPU_CAPABILITY=avx2``, MKL and oneDNN
+capped at AVX2: the benchmark starts itself again with that environment,
+``cpu_peak.ISA_ENVIRONMENTS``), to measure what a CPU without AVX-512 runs.
 
 Use at most as many threads as there are idle cores: on a 2-core machine whose other core is
 busy, ``--threads 2`` makes every small parallel op wait for a descheduled thread, which
@@ -365,8 +366,9 @@ def main() -> None:
                                help="evaluate in a fresh process per length; print its peak")
     architectures.add_argument("--eval-repeats", type=int, default=1)
     parser.add_argument("--isa", choices=tuple(ISA_ENVIRONMENTS), default="native",
-                        help="instruction set of the native kernels and torch's: native (this "
-                             "CPU's) or avx2 (x86-64-v3 kernels, ATEN_CPU_CAPABILITY=avx2)")
+                        help="instruction set of the native kernels, torch, MKL and oneDNN: "
+                             "native (this CPU's) or avx2 (x86-64-v3 kernels, the libraries "
+                             "capped at AVX2)")
     args = parser.parse_args()
     run_at_isa(parser.error, args.isa)
     if args.threads is None:

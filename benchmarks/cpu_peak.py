@@ -58,8 +58,8 @@ def run_at_isa(refuse: Callable[[str], object], isa: str) -> None:
     environment, needs = ISA_ENVIRONMENTS[isa]
     if all(os.environ.get(name) == value for name, value in environment.items()):
         return
-    flags = next((line.split(":", 1)[1].split() for line in CPUINFO.read_text().splitlines()
-                  if line.startswith("flags")), [])
+    lines = CPUINFO.read_text().splitlines() if CPUINFO.exists() else []
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
     if missing := [flag for flag in needs if flag not in flags]:
         refuse(f"--isa {isa} needs a CPU with {' and '.join(missing)}")
     os.environ.update(environment)

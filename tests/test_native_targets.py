@@ -19,15 +19,12 @@ import torch
 
 from che_bench import native_build
 from che_bench.model.dape import native
+from tests import test_native_filter as kernel_tests  # a module: its tests run once, there
 from tests.test_dape_native_training import filter_and_gradients
-from tests.test_native_filter import (
-    case,
-    test_the_kernel_gives_f_s_logits,
-    test_the_kernel_gives_the_attention_s_probabilities,
-)
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [native.SOURCE, ROOT / "che_bench/model/state_tracking/delta_rule_native.c",
+#: Built for AArch64 by a test each (DAPE's filter, with its check under qemu, by another).
+SOURCES = [ROOT / "che_bench/model/state_tracking/delta_rule_native.c",
            ROOT / "benchmarks/fma_peak.c"]
 
 
@@ -73,7 +70,7 @@ def test_a_refused_target_builds_for_the_default_target_with_a_warning(monkeypat
     assert len(caught) == 1 and "\n" not in str(caught[0].message)
     assert "-march=no-such-cpu" in str(caught[0].message)
     assert "default target" in kernel.description and "-march" not in kernel.description
-    test_the_kernel_gives_f_s_logits(8, 32, 3, 53, False, kernel)
+    kernel_tests.test_the_kernel_gives_f_s_logits(8, 32, 3, 53, False, kernel)
     native.native_filter.cache_clear()
 
 
@@ -82,12 +79,13 @@ def test_a_refused_target_builds_for_the_default_target_with_a_warning(monkeypat
 @pytest.mark.parametrize("length", [5, 53, 501])
 def test_the_avx2_build_gives_f_s_logits(heads, width, size, length, avx2_kernel):
     assert avx2_kernel.lanes == 8 and "AVX2" in avx2_kernel.description
-    test_the_kernel_gives_f_s_logits(heads, width, size, length, False, avx2_kernel)
+    kernel_tests.test_the_kernel_gives_f_s_logits(heads, width, size, length, False, avx2_kernel)
 
 
 @pytest.mark.parametrize("first_row", [None, 4])
 def test_the_avx2_build_gives_the_attention_s_probabilities(first_row, avx2_kernel):
-    test_the_kernel_gives_the_attention_s_probabilities(first_row, 53, 0.1, avx2_kernel)
+    probabilities = kernel_tests.test_the_kernel_gives_the_attention_s_probabilities
+    probabilities(first_row, 53, 0.1, avx2_kernel)
 
 
 @pytest.mark.parametrize("kernel", [3, 7])
@@ -107,7 +105,7 @@ def test_the_avx2_build_s_logits_are_this_cpu_s_build_s_bit_for_bit(avx2_kernel,
     """Each logit sums its products in one order, with fused multiply-adds, whatever the
     vector width: evaluation's logits do not depend on the build (the softmax's sums over
     the keys, and the weights' gradients, go lane by lane: those differ in their last bits)."""
-    scores, residual, addend, weights = case(8, 32, 3, 5, 501, False, seed=4)
+    scores, residual, addend, weights = kernel_tests.case(8, 32, 3, 5, 501, False, seed=4)
     outputs = []
     for kernel in (avx2_kernel, built_for(monkeypatch, None)):
         logits = scores.clone()
@@ -119,8 +117,8 @@ def test_the_avx2_build_s_logits_are_this_cpu_s_build_s_bit_for_bit(avx2_kernel,
 @pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.name)
 def test_the_kernels_build_for_aarch64(source, tmp_path):
     """Where a cross compiler is installed (``apt-get install gcc-aarch64-linux-gnu``): the
-    sources build for AArch64's default target with the flags che-bench uses (the x86-only
-    register constraint of fused_filter.c did not)."""
+    sources build for AArch64's default target with the flags che-bench uses (the delta
+    rule's 8-float vectors took the compiler minutes there)."""
     compiler = shutil.which("aarch64-linux-gnu-gcc")
     if compiler is None:
         pytest.skip("no aarch64-linux-gnu-gcc")
@@ -145,7 +143,8 @@ def test_the_aarch64_build_gives_f_s_logits_bit_for_bit_as_x86_s(tmp_path, nativ
     """Where a cross compiler and qemu are installed (``apt-get install gcc-aarch64-linux-gnu
     qemu-user``): the AArch64 build, run under qemu, gives f's logits within float32 rounding
     of f in double precision, and the same bits as this CPU's build (both with fused
-    multiply-adds, each logit's products in one order)."""
+    multiply-adds, each logit's products in one order). fused_filter.c did not compile for
+    AArch64 before issue 48 (an x86-only register constraint)."""
     cross, emulator = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
     if cross is None or emulator is None:
         pytest.skip("no aarch64-linux-gnu-gcc and qemu-aarch64")
@@ -167,6 +166,6 @@ def test_the_fma_loop_s_vectors_are_the_kernel_s(monkeypatch, avx2_kernel):
 
     for target in ("x86-64-v3", None):
         kernel = built_for(monkeypatch, target)
-        built = native_build.build(SOURCES[2], declare)
+        built = native_build.build(SOURCES[1], declare)
         assert built is not None and built.library.fma_peak_lanes() == kernel.lanes
         assert built.library.fma_peak_flops(3) % (2 * 3 * kernel.lanes) == 0
