@@ -26,7 +26,11 @@ Three parts (run them separately on a busy machine):
 computes it (``cpu_peak``; the bias channels once per batch), its rate over the CPU time the
 row adds to the plain row, and that rate's fraction of the core's measured fp32 peak (chains
 of FMAs, else a 1024^3 matrix product); their first line gives the measured peaks and the
-nominal one derived from /proc/cpuinfo.
+nominal one derived from /proc/cpuinfo, the next the instruction set the native kernels and
+torch's own kernels run at. ``--isa avx2`` runs both at AVX2 on a CPU that has AVX-512 (the
+kernels built for ``-march=x86-64-v3``, torch at ``ATEN_CPU_CAPABILITY=avx2``, MKL and oneDNN
+capped at AVX2: the benchmark starts itself again with that environment,
+``cpu_peak.ISA_ENVIRONMENTS``), to measure what a CPU without AVX-512 runs.
 
 Use at most as many threads as there are idle cores: on a 2-core machine whose other core is
 busy, ``--threads 2`` makes every small parallel op wait for a descheduled thread, which
@@ -37,6 +41,7 @@ Examples::
     python benchmarks/bench_model.py train --encodings none alibi kerple fire rope
     python benchmarks/bench_model.py eval --encodings kerple --lengths 500 \\
         --tasks duplicate_string
+    python benchmarks/bench_model.py train --encodings kerple --kernels none 3 --isa avx2
     python benchmarks/bench_model.py architectures
     python benchmarks/bench_model.py architectures --architectures lstm --members 4 --unfused
     python benchmarks/bench_model.py architectures --task parity_check --peak-memory \\
@@ -55,7 +60,15 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from cpu_peak import dape_filter_flops, fma_loop_peak, measured_peak, nominal_peak
+from cpu_peak import (
+    ISA_ENVIRONMENTS,
+    dape_filter_flops,
+    fma_loop_peak,
+    instruction_sets,
+    measured_peak,
+    nominal_peak,
+    run_at_isa,
+)
 
 from che_bench.allocator import keep_freed_memory
 from che_bench.checks.speed import median_seconds
@@ -219,6 +232,7 @@ def print_peaks() -> float:
           + ". DAPE's filter: GFLOP of f as computed (cpu_peak.dape_filter_flops), GFLOP/s over "
           "the CPU time added to the plain row, % of the "
           + ("matrix product's rate" if loop is None else "FMA loop's rate"))
+    print(instruction_sets())
     return product if loop is None else loop
 
 
@@ -351,7 +365,12 @@ def main() -> None:
     architectures.add_argument("--peak-memory", action="store_true",
                                help="evaluate in a fresh process per length; print its peak")
     architectures.add_argument("--eval-repeats", type=int, default=1)
+    parser.add_argument("--isa", choices=tuple(ISA_ENVIRONMENTS), default="native",
+                        help="instruction set of the native kernels, torch, MKL and oneDNN: "
+                             "native (this CPU's) or avx2 (x86-64-v3 kernels, the libraries "
+                             "capped at AVX2)")
     args = parser.parse_args()
+    run_at_isa(parser.error, args.isa)
     if args.threads is None:
         args.threads = 1 if args.part == "architectures" else torch.get_num_threads()
     torch.set_num_threads(args.threads)

@@ -12,22 +12,65 @@ Three peaks, all for one core:
   that other jobs on the machine lower it less). On a core MKL is not tuned for (AMD's Zen 5)
   it stays well below the FMA units' rate.
 * ``FMA loop``: the rate of independent chains of vector fused multiply-adds
-  (``fma_peak.c``, compiled for this CPU with ``che_bench.native_build``; best of 5 in CPU
-  time): the core's fp32 peak at the clock it runs at. Fractions of the peak are of this
-  one; of the matrix product's without a C compiler.
+  (``fma_peak.c``, compiled with ``che_bench.native_build`` for the target the native kernels
+  are built for, its vectors as wide as that target's registers; best of 5 in CPU time): the
+  core's fp32 peak at the clock it runs at, for the instructions the kernels use. Fractions of
+  the peak are of this one; of the matrix product's without a C compiler.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from che_bench import native_build
+from che_bench.cpu import CPUINFO, cpu_capability
+from che_bench.model.dape.native import native_filter
 
 FMA_SOURCE = Path(__file__).with_name("fma_peak.c")
+#: ``--isa``: the environment each instruction set runs under (the libraries read it when they
+#: start), and the CPU flags it needs. ``native``: the kernels built for this CPU, torch's,
+#: MKL's and oneDNN's widest. ``avx2``: what a CPU without AVX-512 runs, all four capped.
+ISA_ENVIRONMENTS = {
+    "native": ({}, ()),
+    "avx2": (
+        {
+            native_build.TARGET_VARIABLE: "x86-64-v3",
+            "ATEN_CPU_CAPABILITY": "avx2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "ONEDNN_MAX_CPU_ISA": "AVX2",
+        },
+        ("avx2", "fma"),
+    ),
+}
+
+
+def run_at_isa(refuse: Callable[[str], object], isa: str) -> None:
+    """Start this benchmark again with ``isa``'s environment (``ISA_ENVIRONMENTS``) unless it
+    runs with it; ``refuse`` (the command line's error) a CPU without the instructions it
+    needs."""
+    environment, needs = ISA_ENVIRONMENTS[isa]
+    if all(os.environ.get(name) == value for name, value in environment.items()):
+        return
+    lines = CPUINFO.read_text().splitlines() if CPUINFO.exists() else []
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    if missing := [flag for flag in needs if flag not in flags]:
+        refuse(f"--isa {isa} needs a CPU with {' and '.join(missing)}")
+    os.environ.update(environment)
+    os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
+def instruction_sets() -> str:
+    """A line naming what the native kernels were built for and torch's kernels' level."""
+    kernel = native_filter()
+    built = "none (DAPE's chunks filter)" if kernel is None else kernel.description
+    return f"native kernels built by {built}; torch's kernels: {cpu_capability()}"
 
 
 def _cpuinfo() -> dict[str, str]:

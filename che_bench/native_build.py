@@ -1,6 +1,7 @@
 """Small C kernels compiled on first use (DAPE's native filter, the delta rule's native
 recurrence): the system's C compiler (``$CC``, else ``cc``) builds a source file for this CPU
-(``-march=native``; without it where the compiler refuses the flag), and ``ctypes`` loads the
+(``-march=native``, or the target ``$CHE_BENCH_NATIVE_MARCH`` names; for the compiler's
+default target, with a warning, where it refuses the flag), and ``ctypes`` loads the
 library, releasing the GIL during each call, so a kernel's parts can run on several threads.
 Libraries are cached under ``$XDG_CACHE_HOME/che-bench`` (``~/.cache/che-bench``), keyed by
 the source, the compiler, its flags and the CPU.
@@ -24,10 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-#: Flag sets tried in order: this CPU's instruction sets, then the compiler's default target.
-FLAG_SETS = (("-march=native",), ())
+#: The environment variable naming the instruction sets the kernels are built for, as
+#: ``-march=`` takes them: unset, ``native`` (this CPU's); ``x86-64-v3`` builds for AVX2 and FMA
+#: without AVX-512 (how the AVX2 path is measured on an AVX-512 CPU).
+TARGET_VARIABLE = "CHE_BENCH_NATIVE_MARCH"
 COMMON_FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC", "-Wno-psabi")
 Part = TypeVar("Part")
+
+
+def flag_sets() -> tuple[tuple[str, ...], ...]:
+    """Flag sets tried in order: the target's instruction sets (``$CHE_BENCH_NATIVE_MARCH``,
+    default this CPU's), then the compiler's default target."""
+    return ((f"-march={os.environ.get(TARGET_VARIABLE) or 'native'}",), ())
 
 
 class NativeBuildError(Exception):
@@ -36,27 +45,36 @@ class NativeBuildError(Exception):
 
 @dataclass(frozen=True)
 class Built:
-    """A loaded library and what built it (``description``: compiler and flags)."""
+    """A loaded library and what built it (``description``: compiler and flags); ``refused``:
+    why the target's flags built nothing, when the compiler's default target built it."""
 
     library: ctypes.CDLL
     description: str
+    refused: str | None = None
 
 
 def switched_build(
     source: Path, declare: Callable[[ctypes.CDLL], None], switch: str, what: str, instead: str
 ) -> Built | None:
     """``build``, unless the environment variable ``switch`` is "0"; a compiler that builds
-    nothing gives a warning that ``what`` did not compile and ``instead`` runs, and None."""
+    nothing gives a warning that ``what`` did not compile and ``instead`` runs, and None; one
+    that builds it only for its default target, a warning that says so."""
     if os.environ.get(switch, "1") == "0" or not source.exists():
         return None
     try:
-        return build(source, declare)
+        built = build(source, declare)
     except NativeBuildError as error:
         warnings.warn(
             f"{what} did not compile ({error}); {instead} (set {switch}=0 to skip the attempt)",
             stacklevel=3,
         )
         return None
+    if built is not None and built.refused is not None:
+        warnings.warn(
+            f"{what} built for the compiler's default target, slower: {built.refused}",
+            stacklevel=3,
+        )
+    return built
 
 
 def build(source: Path, declare: Callable[[ctypes.CDLL], None]) -> Built | None:
@@ -66,8 +84,8 @@ def build(source: Path, declare: Callable[[ctypes.CDLL], None]) -> Built | None:
     if compiler is None:
         return None
     version = compiler_version(compiler)
-    errors = []
-    for flags in FLAG_SETS:
+    errors: list[str] = []
+    for flags in flag_sets():
         path = cached_library(source, compiler, version, flags)
         error = None if path.exists() else compile_library(source, compiler, flags, path)
         library = load(path, declare) if error is None else None
@@ -75,7 +93,8 @@ def build(source: Path, declare: Callable[[ctypes.CDLL], None]) -> Built | None:
             error = compile_library(source, compiler, flags, path)
             library = load(path, declare) if error is None else None
         if library is not None:
-            return Built(library, f"{version} {' '.join(flags) or 'default target'}")
+            refused = f"{' '.join(flag_sets()[0])}: {errors[0]}" if errors else None
+            return Built(library, f"{version} {' '.join(flags) or 'default target'}", refused)
         errors.append(error or f"{path} does not load")
     raise NativeBuildError(errors[-1])
 

@@ -1,15 +1,19 @@
 """benchmarks/bench_model.py's architectures part: one row per registered architecture (the
 transformer beside CHE's baselines and the state-tracking models), each with its parameter
-count, its training batch and its timings."""
+count, its training batch and its timings; ``--isa avx2``, which runs the kernels and torch at
+AVX2."""
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from che_bench.model.architectures import ARCHITECTURES
@@ -61,3 +65,20 @@ def test_a_fresh_process_reports_its_own_peak_not_its_large_parent_s(monkeypatch
     inputs = torch.zeros(1, 2, 5, dtype=torch.long)
     _, _, peak = bench_model.in_fresh_process(bench_model.measure_evaluation, make, inputs, 1, 0, 1)
     assert 0 <= peak < 2**27  # 128 MiB
+
+
+def test_isa_avx2_runs_the_kernels_and_torch_at_avx2(tmp_path):
+    """``--isa avx2`` starts the benchmark again with the kernels built for x86-64-v3 and
+    torch, MKL and oneDNN capped at AVX2, and its second line says so (issue 48)."""
+    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("flags")), "").split()
+    if not {"avx2", "fma"} <= set(flags) or shutil.which("cc") is None:
+        pytest.skip("no AVX2 and FMA, or no C compiler")
+    environment = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    environment.pop("CHE_BENCH_NATIVE_MARCH", None)
+    done = subprocess.run([sys.executable, str(SCRIPT), "train", "--isa", "avx2", "--encodings",
+                           "none", "--kernels", "none", "--steps", "1", "--batch", "2",
+                           "--train-length", "3", "--threads", "1"],
+                          capture_output=True, text=True, check=True, timeout=600, env=environment)
+    built = done.stdout.splitlines()[1]
+    assert "-march=x86-64-v3, AVX2, 8 lanes" in built and built.endswith("torch's kernels: AVX2")

@@ -190,7 +190,7 @@ def test_a_cached_library_that_does_not_load_is_built_again(monkeypatch, tmp_pat
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     compiler = shutil.which(os.environ.get("CC", "cc"))
     version = native_build.compiler_version(compiler)
-    cached = native_build.cached_library(native.SOURCE, compiler, version, native_build.FLAG_SETS[0])
+    cached = native_build.cached_library(native.SOURCE, compiler, version, native_build.flag_sets()[0])
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"an interrupted build")
     native.native_filter.cache_clear()

@@ -22,13 +22,28 @@
 #include <immintrin.h>
 #endif
 
-#ifdef __AVX512F__
+/* The blocking follows the registers: a convolution's block of OUT outputs x BLOCK vectors of
+ * keys keeps its OUT * BLOCK accumulators, BLOCK input vectors and a weight in registers, as
+ * does a weights' gradient block its TILE accumulators. AVX-512 and AArch64 have 32 vector
+ * registers (16 and 4 floats), AVX2 16 (8 floats): half the accumulators, each a vector half
+ * as wide, so a quarter of the work per block, and every weight a separate broadcast load
+ * (AVX-512 broadcasts it inside the multiply-add). Other targets (x86-64's default, SSE2)
+ * block as AVX2 with 4-float vectors. */
+#if defined(__AVX512F__)
 #define LANES 16 /* floats per vector register */
 #define OUT 8    /* output channels per register block: 24 accumulators of 32 registers */
 #define TILE 24  /* accumulators of a block of weight gradients */
-#else
+#elif defined(__aarch64__)
+#define LANES 4
+#define OUT 8
+#define TILE 24
+#elif defined(__AVX__)
 #define LANES 8
 #define OUT 4 /* 12 accumulators of 16 registers */
+#define TILE 12
+#else
+#define LANES 4
+#define OUT 4
 #define TILE 12
 #endif
 #define BLOCK 3 /* vectors of keys per register block */
@@ -89,7 +104,11 @@ static inline vec row_vector(const float *at, long j, long length, float fill)
  * gradients' blocks. */
 static inline vec in_register(vec v)
 {
+#if defined(__x86_64__)
     __asm__("" : "+v"(v));
+#elif defined(__aarch64__)
+    __asm__("" : "+w"(v));
+#endif
     return v;
 }
 
@@ -97,6 +116,19 @@ static inline vec in_register(vec v)
 static inline vec leaky_relu(vec x)
 {
     return choose(x > 0, x, x * NEGATIVE_SLOPE);
+}
+
+/* acc[o][v] += sum_{s < taps} w[s * outputs + o] * x[s + LANES v], tap by tap. */
+static inline __attribute__((always_inline)) void convolve_taps(
+    vec acc[OUT][BLOCK], int outs, int nv, const float *x, const float *w, long outputs,
+    long taps)
+{
+    for (long s = 0; s < taps; s++, w += outputs) {
+        vec in[BLOCK];
+        for (int v = 0; v < nv; v++) in[v] = load(x + s + LANES * v);
+        for (int o = 0; o < outs; o++)
+            for (int v = 0; v < nv; v++) acc[o][v] += w[o] * in[v];
+    }
 }
 
 /* acc[o][v] += sum_{c, s} w[(c * kernel + s) * outputs + o] * x[c * stride + j + LANES v + s]
@@ -107,13 +139,11 @@ static inline __attribute__((always_inline)) void convolve_block(
     vec acc[OUT][BLOCK], int outs, int nv, const float *x, long stride, const float *w,
     long outputs, long channels, long kernel, long j)
 {
-    for (long c = 0; c < channels; c++, x += stride) {
-        for (long s = 0; s < kernel; s++, w += outputs) {
-            vec in[BLOCK];
-            for (int v = 0; v < nv; v++) in[v] = load(x + j + s + LANES * v);
-            for (int o = 0; o < outs; o++)
-                for (int v = 0; v < nv; v++) acc[o][v] += w[o] * in[v];
-        }
+    for (long c = 0; c < channels; c++, x += stride, w += kernel * outputs) {
+        if (kernel == 3) /* DAPE V2's: its taps unrolled */
+            convolve_taps(acc, outs, nv, x + j, w, outputs, 3);
+        else
+            convolve_taps(acc, outs, nv, x + j, w, outputs, kernel);
     }
 }
 
@@ -152,11 +182,14 @@ static inline __attribute__((always_inline)) void hidden_block(
     const struct hidden_terms *terms, long d0, const float *content, long stride, const float *w,
     long width, long heads, long kernel, int outs, int nv, long j)
 {
-    vec acc[OUT][BLOCK] = {{{0}}};
+    vec acc[OUT][BLOCK];
     long length = terms->length;
-    for (int o = 0; o < outs && terms->addend.at; o++)
+    for (int o = 0; o < outs; o++)
         for (int v = 0; v < nv; v++)
-            acc[o][v] = key_vector(&terms->addend, d0 + o, j + LANES * v, length);
+            if (terms->addend.at)
+                acc[o][v] = key_vector(&terms->addend, d0 + o, j + LANES * v, length);
+            else
+                acc[o][v] = (vec){0};
     convolve_block(acc, outs, nv, content, stride, w, width, heads, kernel, j);
     float *hidden = terms->hidden + d0 * terms->hidden_stride;
     for (int v = 0; v < nv; v++) {
@@ -198,14 +231,16 @@ static inline __attribute__((always_inline)) void output_block(
     const struct output *to, long h0, const float *hidden, long stride, const float *w,
     long heads, long width, long kernel, int outs, int nv, long j)
 {
-    vec acc[OUT][BLOCK] = {{{0}}};
-    for (int o = 0; o < outs && to->residual; o++) {
+    vec acc[OUT][BLOCK];
+    for (int o = 0; o < outs; o++) {
         const float *residual = to->residual + (h0 + o) * to->residual_stride;
         for (int v = 0; v < nv; v++)
-            if (to->residual_step)
+            if (!to->residual)
+                acc[o][v] = (vec){0};
+            else if (to->residual_step)
                 acc[o][v] = row_vector(residual, j + LANES * v, to->length, 0);
             else
-                acc[o][v] += residual[0];
+                acc[o][v] = (vec){0} + residual[0];
     }
     convolve_block(acc, outs, nv, hidden, stride, w, heads, width, kernel, j);
     for (int o = 0; o < outs; o++)
@@ -626,7 +661,8 @@ int dape_filter_weight_grads(const struct weight_grads *g)
     long outputs = g->bigs * g->smalls * g->kernel, row_vectors = g->smalls * g->span / LANES;
     long block = (24 << 10) / ((long)sizeof(vec) * row_vectors);
     block = block < 1 ? 1 : block;
-    vec *acc = aligned_alloc(64, sizeof(vec) * (outputs + block * row_vectors));
+    /* aligned_alloc takes a multiple of the alignment (C11; macOS holds to it) */
+    vec *acc = aligned_alloc(64, (sizeof(vec) * (outputs + block * row_vectors) + 63) / 64 * 64);
     if (!acc) return -1;
     memset(acc, 0, sizeof(vec) * outputs);
     for (long r0 = 0; r0 < g->rows; r0 += block) {
@@ -643,5 +679,23 @@ int dape_filter_weight_grads(const struct weight_grads *g)
     return 0;
 }
 
-/* Floats per vector register in this build (16 with AVX-512, else 8). */
+/* Floats per vector register in this build (16 with AVX-512, 8 with AVX2, else 4). */
 int dape_fused_filter_lanes(void) { return LANES; }
+
+/* The vector instructions this build was compiled for. */
+const char *dape_fused_filter_isa(void)
+{
+#if defined(__AVX512F__)
+    return "AVX-512";
+#elif defined(__AVX2__) && defined(__FMA__)
+    return "AVX2";
+#elif defined(__AVX__)
+    return "AVX";
+#elif defined(__aarch64__)
+    return "AArch64 NEON";
+#elif defined(__x86_64__)
+    return "SSE2";
+#else
+    return "generic";
+#endif
+}

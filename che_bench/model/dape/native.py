@@ -112,8 +112,9 @@ class _FilterRows(ctypes.Structure):
 
 @dataclass(frozen=True)
 class NativeFilter:
-    """The loaded kernel, what built it (``description``, recorded with every DAPE run) and
-    the floats in its vectors of keys (``lanes``)."""
+    """The loaded kernel, what built it (``description``, recorded with every DAPE run: the
+    compiler, its target, the vector instructions and the lanes) and the floats in its
+    vectors of keys (``lanes``)."""
 
     library: ctypes.CDLL
     description: str
@@ -312,7 +313,8 @@ def native_filter() -> NativeFilter | None:
     if built is None:
         return None
     lanes = built.library.dape_fused_filter_lanes()
-    return NativeFilter(built.library, f"{built.description}, {lanes} lanes", lanes)
+    isa = built.library.dape_fused_filter_isa().decode()
+    return NativeFilter(built.library, f"{built.description}, {isa}, {lanes} lanes", lanes)
 
 
 def _declare(library: ctypes.CDLL) -> None:
@@ -320,6 +322,7 @@ def _declare(library: ctypes.CDLL) -> None:
     library.dape_filter_rows.restype = ctypes.c_int
     library.dape_filter_weight_grads.argtypes = [ctypes.POINTER(_WeightGrads)]
     library.dape_filter_weight_grads.restype = ctypes.c_int
+    library.dape_fused_filter_isa.restype = ctypes.c_char_p
 
 
 def describe() -> str:

@@ -20,12 +20,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__)
 #define LANES 16
-#else
+#define MAXV 8 /* vectors per state row: d <= MAXV * LANES */
+#elif defined(__AVX__)
 #define LANES 8
+#define MAXV 8
+#else
+#define LANES 4 /* SSE2, AArch64: vectors of their 16-byte registers (wider ones split over */
+#define MAXV 16 /* several registers, and the compiler takes minutes over them) */
 #endif
-#define MAXV 8   /* vectors per state row: d <= MAXV * LANES */
 #define SPLIT 4  /* independent accumulators along a reduction over rows */
 
 typedef float vec __attribute__((vector_size(4 * LANES), aligned(4), may_alias));
@@ -89,6 +93,9 @@ INLINE void row_update(vec *next, const vec *prev, const float *k, const vec *v,
 }
 
 int delta_product_lanes(void) { return LANES; }
+
+/* The longest state row this build takes, in floats. */
+int delta_product_widest(void) { return MAXV * LANES; }
 
 INLINE void forward_sequence(
     const float *q, const float *k, const float *v, const float *beta, const float *g, float *o,

@@ -30,27 +30,23 @@ from che_bench.cpu import NATIVE_DELTA_RULE_SWITCH as SWITCH
 SOURCE = Path(__file__).with_name("delta_rule_native.c")
 #: Tokens between saved states: the backward keeps n * BLOCK + 1 states of a block at once.
 BLOCK = 16
-#: The longest state row the kernel takes, in vectors (MAXV in the C file).
-MAX_VECTORS = 8
 _P, _L = ctypes.c_void_p, ctypes.c_long
 
 
 @dataclass(frozen=True)
 class NativeDeltaRule:
-    """The loaded kernel and what built it (``description``, recorded with the runs)."""
+    """The loaded kernel, what built it (``description``, recorded with the runs), the floats
+    in its vectors (``lanes``) and in the longest state row it takes (``widest``)."""
 
     library: ctypes.CDLL
     description: str
     lanes: int
+    widest: int
 
     def usable(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         """Whether it takes these inputs: on a CPU, ``d_k = d_v`` within its widest row."""
         d = q.shape[-1]
-        return (
-            q.device.type == "cpu"
-            and k.shape[-1] == v.shape[-1] == d
-            and d <= MAX_VECTORS * self.lanes
-        )
+        return q.device.type == "cpu" and k.shape[-1] == v.shape[-1] == d and d <= self.widest
 
     def apply(
         self,
@@ -161,8 +157,8 @@ def native_delta_rule() -> NativeDeltaRule | None:
     )
     if built is None:
         return None
-    lanes = built.library.delta_product_lanes()
-    return NativeDeltaRule(built.library, f"{built.description}, {lanes} lanes", lanes)
+    lanes, widest = built.library.delta_product_lanes(), built.library.delta_product_widest()
+    return NativeDeltaRule(built.library, f"{built.description}, {lanes} lanes", lanes, widest)
 
 
 def describe(device: torch.device) -> str:
