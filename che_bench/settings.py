@@ -140,9 +140,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "length_seed",
         int,
-        "seed of the training-length schedule (default: one run draws its lengths from its "
-        "data seed; --seeds/--lrs use 0, so that the runs share one schedule and can train "
-        "as a pack)",
+        "seed of the training-length schedule (default: one run draws its lengths from its data "
+        "seed; --seeds/--lrs use 0, so that the runs share one schedule and can train as a pack)",
         in_id=IN_ID_UNLESS_DEFAULT,
         check=at_least(0),
     ),
@@ -169,6 +168,14 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--curriculum-option",
         in_id=IN_ID_UNLESS_DEFAULT,
         default={},
+    ),
+    Setting(
+        "sample_set",
+        int,
+        "Merrill et al.'s fixed data: this many distinct sequences a length, drawn once; 1/5 at "
+        "--train-max-length held out to test there (default: fresh sequences every step)",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        check=at_least(2),
     ),
     # Evaluation protocol.
     Setting(
@@ -305,9 +312,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "threads",
         int,
-        "torch CPU threads per process (default: 1 in this process, as "
-        "these small models ran many-fold slower with more on a busy machine; sweep's local "
-        "workers: cores / workers)",
+        "torch CPU threads per process (default: 1 in this process, as these small models ran "
+        "many-fold slower with more on a busy machine; sweep's local workers: cores / workers)",
         where=RUNTIME,
         in_id=NOT_IN_ID,
         metavar="N",
@@ -325,9 +331,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "deterministic",
         SWITCH,
-        "deterministic algorithms only (cuDNN, cuBLAS, attention): "
-        "on a GPU the same seeds give the same numbers again, a little slower; recorded with "
-        "the runs",
+        "deterministic algorithms only (cuDNN, cuBLAS, attention): on a GPU the same seeds give "
+        "the same numbers again, a little slower; recorded with the runs",
         where=RUNTIME,
         in_id=NOT_IN_ID,
         default=False,
@@ -391,8 +396,5 @@ def preset_values(preset: str) -> dict[str, Any]:
 
 def omitted_at_default() -> dict[str, Any]:
     """Run-config fields left out of the run id while they hold these values."""
-    return {
-        setting.name: setting.default
-        for setting in SETTINGS
-        if setting.in_id == IN_ID_UNLESS_DEFAULT
-    }
+    omitted = (setting for setting in SETTINGS if setting.in_id == IN_ID_UNLESS_DEFAULT)
+    return {setting.name: setting.default for setting in omitted}
