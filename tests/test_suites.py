@@ -203,3 +203,38 @@ def test_mqar_zoology_suite_is_figure_2_once_runs_take_the_causal_setting():
     assert {c.task_params["length_per_pair"] for c in zoology} == {16}
     assert {c.train_eval_lengths for c in zoology} == {(64, 128, 256)}
     assert len(zoology) == 5 * 5 * 3 * 4
+
+
+def test_the_state_tracking_suites_cover_every_listed_setting_and_split():
+    from che_bench.tasks import TASKS, get_task
+
+    word = load_suite(REPO / "tasks" / "word_problems.toml").configs()
+    listed = [get_task("word_problem", **params).params()
+              for params in TASKS.get("word_problem").listed_params]
+    default = get_task("word_problem").params()  # A5, the reference setting
+    assert [c.task_params for c in word[::3] if c.task_params != default] == listed
+    assert default in [c.task_params for c in word[::3]]
+    assert [c.arch for c in word[:3]] == ["deltaproduct", "lstm", "transformer"]
+    assert word[0].arch_options == {"negative_eigenvalues": True}  # householder=2: its default
+    flip = load_suite(REPO / "tasks" / "flip_flop.toml").configs()
+    assert [c.task_params["p_ignore"] for c in flip[::3]] == [0.8, 0.98, 0.1]
+    assert {(c.train_max_length, c.test_lengths, c.curriculum) for c in flip} == {
+        (32, (256,), "fixed")}
+
+
+@pytest.mark.parametrize("store, suites", [
+    ("word_problems", ["laptop_word_problems"]),
+    ("word_problems_long", ["laptop_word_problems_long"]),
+    ("flip_flop", ["laptop_flip_flop_lstm", "laptop_flip_flop_transformer",
+                   "laptop_flip_flop_transformer_2l"]),
+])
+def test_the_laptop_state_tracking_suites_are_the_committed_runs(store, suites):
+    """docs/results.md's sweeps repeat (or skip) exactly the runs of their committed stores."""
+    import sqlite3
+
+    path = REPO / "results" / "laptop" / "word_problems" / f"{store}.sqlite"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as connection:
+        stored = {row[0] for row in connection.execute("SELECT run_id FROM runs")}
+    expected = {c.run_id() for name in suites
+                for c in load_suite(REPO / "tasks" / f"{name}.toml").configs()}
+    assert stored == expected
