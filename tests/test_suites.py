@@ -238,3 +238,26 @@ def test_the_laptop_state_tracking_suites_are_the_committed_runs(store, suites):
     expected = {c.run_id() for name in suites
                 for c in load_suite(REPO / "tasks" / f"{name}.toml").configs()}
     assert stored == expected
+
+
+def test_the_committed_flip_flop_runs_have_pooled_counts_and_the_sparse_and_dense_splits():
+    """Issue 45, item 3: every flip-flop run's original evaluation has its pooled counts
+    (``table --metric pooled --compare flip_flop|path``), and each run trained on FFL(0.8) was
+    also evaluated on FFL(0.98) and FFL(0.1), the published sparse and dense splits."""
+    import json
+
+    from che_bench.store import ResultStore
+
+    store = ResultStore(REPO / "results/laptop/word_problems/flip_flop.sqlite", read_only=True)
+    assert store.per_length()["scored"].notna().all() and len(store.runs()) == 15
+    runs = store.runs()
+    trained = set(runs.loc[[json.loads(c)["task_params"]["p_ignore"] == 0.8
+                            for c in runs["config"]], "run_id"])
+    assert len(trained) == 9
+    for p_ignore in (0.98, 0.1):
+        tested = {evaluation for evaluation, protocol in
+                  store.evaluations()[["evaluation", "protocol"]].itertuples(index=False)
+                  if f"p_ignore={p_ignore}" in protocol}
+        (evaluation,) = tested
+        assert set(store.runs(None, evaluation)["run_id"]) == trained
+        assert store.per_length(None, evaluation)["scored"].notna().all()
