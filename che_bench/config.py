@@ -47,6 +47,7 @@ EVALUATION_FIELDS = (
     "dropout_at_eval",
     "score_from_42",
     "eval_task_params",
+    "sample_set",
 )
 DEFAULT_MIN_LR_RATIO = settings.BY_NAME["min_lr_ratio"].default
 #: Fields in which the members of one pack may differ (everything else shapes every step).
@@ -107,6 +108,9 @@ class RunConfig:
     batch_lengths: str = settings.ONE_LENGTH
     #: Training precision: float32, or bf16 autocast (the xLSTM harness's).
     train_precision: str = settings.FLOAT32
+    #: Merrill et al.'s fixed data (``tasks.sample_sets``): distinct sequences a length, drawn
+    #: once from the evaluation seed, those at train_max_length split 80/20; None: fresh ones.
+    sample_set: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-compatible dict (tuples become lists)."""
@@ -173,17 +177,29 @@ class RunConfig:
         }
 
     def build_task(self):
-        """The task instance this run trains and evaluates on."""
+        """The task instance this run trains on (from its sample set's training part)."""
         from che_bench.tasks import get_task
+        from che_bench.tasks.sample_sets import TRAINING
 
-        return get_task(self.task, **self.task_params)
+        return self._from_sample_set(get_task(self.task, **self.task_params), TRAINING)
 
     def build_evaluation_task(self):
         """The task instance this run is evaluated on: ``task_params`` updated with
-        ``eval_task_params``."""
+        ``eval_task_params`` (from its sample set's held-out part: then there are none)."""
         from che_bench.tasks import get_task
+        from che_bench.tasks.sample_sets import HELD_OUT
 
-        return get_task(self.task, **{**self.task_params, **self.eval_task_params})
+        task = get_task(self.task, **{**self.task_params, **self.eval_task_params})
+        return self._from_sample_set(task, HELD_OUT)
+
+    def _from_sample_set(self, task, part: str):
+        """``task`` drawing from ``part`` of the run's sample set (if it has one)."""
+        from che_bench.tasks.sample_sets import SampleSet, SetDraws
+
+        if self.sample_set is None:
+            return task
+        sample_set = SampleSet(task, self.sample_set, self.eval_seed, self.train_max_length)
+        return task.draw_from(SetDraws(sample_set, part))
 
 
 def group_into_packs(configs: Sequence[RunConfig], width: int | None) -> list[list[RunConfig]]:

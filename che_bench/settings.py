@@ -145,9 +145,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "length_seed",
         int,
-        "seed of the training-length schedule (default: one run draws its lengths from its "
-        "data seed; --seeds/--lrs use 0, so that the runs share one schedule and can train "
-        "as a pack)",
+        "seed of the training-length schedule (default: one run draws its lengths from its data "
+        "seed; --seeds/--lrs use 0, so that the runs share one schedule and can train as a pack)",
         in_id=IN_ID_UNLESS_DEFAULT,
         check=at_least(0),
     ),
@@ -193,6 +192,14 @@ SETTINGS: tuple[Setting, ...] = (
         in_id=IN_ID_UNLESS_DEFAULT,
         default=FLOAT32,
         check=one_of(FLOAT32, BFLOAT16),
+    ),
+    Setting(
+        "sample_set",
+        int,
+        "Merrill et al.'s fixed data: this many distinct sequences a length, drawn once; 1/5 at "
+        "--train-max-length held out to test there (default: fresh sequences every step)",
+        in_id=IN_ID_UNLESS_DEFAULT,
+        check=at_least(2),
     ),
     # Evaluation protocol.
     Setting(
@@ -340,8 +347,5 @@ def preset_values(preset: str) -> dict[str, Any]:
 
 def omitted_at_default() -> dict[str, Any]:
     """Run-config fields left out of the run id while they hold these values."""
-    return {
-        setting.name: setting.default
-        for setting in SETTINGS
-        if setting.in_id == IN_ID_UNLESS_DEFAULT
-    }
+    omitted = (setting for setting in SETTINGS if setting.in_id == IN_ID_UNLESS_DEFAULT)
+    return {setting.name: setting.default for setting in omitted}

@@ -35,6 +35,28 @@ def test_every_built_in_task_conforms(name, check):
     assert conformance.run_task_check(check, get_task(name)) == []
 
 
+#: The state-tracking tasks' listed settings with code paths of their own beyond the default
+#: one (A5, FFL(0.8)): a product group, DeltaProduct's variants, PaTH's final-only form.
+STATE_TRACKING_SETTINGS = [
+    ("word_problem", params)
+    for params in TASKS.get("word_problem").listed_params
+    if "variant" in params or params["group"] == "A4_x_Z5"
+]
+
+
+@pytest.mark.parametrize("name, params", STATE_TRACKING_SETTINGS, ids=str)
+def test_the_state_tracking_tasks_conform_in_their_variants(name, params):
+    task = get_task(name, **params)
+    failures = [failure for check in conformance.TASK_CHECKS
+                for failure in conformance.run_task_check(check, task)]
+    assert failures == []
+
+
+def test_check_task_takes_flip_flop_s_sparse_split(capsys):
+    assert main(["check-task", "flip_flop", "--param", "p_ignore=0.98"]) == 0
+    assert "task flip_flop: all 5 checks passed" in capsys.readouterr().out
+
+
 class WholeMapHook(AttentionHook):
     """Broken on purpose: its bias covers every query row, whatever rows it is asked for."""
 

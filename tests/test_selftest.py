@@ -3,6 +3,7 @@ caught (exit 1), the JSON report holds every check, and estimates are labelled a
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -14,6 +15,7 @@ from che_bench.checks import (
     pack_checks,
     selftest,
     speed,
+    task_cases,
     training_checks,
 )
 from che_bench.cli import main
@@ -23,6 +25,7 @@ from che_bench.model.dape import DapeProcessor, processor
 from che_bench.model.encoder import build_model
 from che_bench.model.state_tracking import delta_rule
 from che_bench.tasks import get_task
+from che_bench.tasks.base import Batch
 from che_bench.train.optimizer import PackOptimizer
 
 
@@ -76,7 +79,7 @@ def test_selftest_command_writes_every_check_and_labels_estimates(two_encodings,
     assert main(["selftest", "--device", "cpu", "--quick", "--json", str(report_path)]) == 0
     report = json.loads(report_path.read_text())
     assert report["passed"] and report["device"].startswith("cpu")
-    assert {case["check"] for case in report["cases"]} == {"a", "b", "c", "e", "f", "g", "h"}
+    assert {case["check"] for case in report["cases"]} == {"a", "b", "c", "e", "f", "g", "h", "i"}
     kinds = {figure["name"]: figure["kind"] for figure in report["measurements"]}
     assert kinds["one paper run, training"] == "estimate"
     assert all(kind == "measured" for name, kind in kinds.items() if name.startswith("step"))
@@ -239,3 +242,60 @@ def test_a_resumed_pack_is_compared_bit_for_bit_and_a_lost_adam_state_fails(monk
 def test_only_the_chosen_checks_run(monkeypatch):
     report = selftest.run_selftest(CPU, quick=True, only={"h"})
     assert {case.check for case in report.cases} == {"h"} and not report.measurements
+
+
+def test_word_problems_and_flip_flop_train_and_score_on_the_device_as_on_the_cpu():
+    """Issue 45, item 7: (i) compares losses, scored positions and scores of every case."""
+    cases = task_cases.check_task_cases(CPU, quick=True)
+    assert all(case.passed for case in cases), [case for case in cases if not case.passed]
+    assert list(dict.fromkeys(case.subject for case in cases)) == [
+        "word_problem group=S3", "word_problem group=A4_x_Z5",
+        "word_problem group=S5 variant=tokens m=4", "word_problem variant=identity",
+        "flip_flop", "flip_flop p_ignore=0.98"]
+    assert [case.quantity for case in cases[:3]] == ["losses", "scored", "scores"]
+
+
+class EveryPositionScored:
+    """A planted device bug: the evaluation's mask lost, every position scored."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def sample(self, n, batch_size, rng):
+        batch = self.task._sample(n, batch_size, rng)
+        return Batch(batch.inputs, batch.targets, batch.mask | True)
+
+
+def test_a_device_that_loses_the_mask_or_computes_other_logits_fails_its_cases(monkeypatch):
+    """Planted device bugs: an evaluation that scores every position fails the masked tasks'
+    scored positions and scores; other weights fail every case's losses (a model at chance
+    scores alike with any weights: the scores case is there for miscounts)."""
+    copies = []
+    real_copy, real_scores = task_cases.device_copy, task_cases.length_scores
+    monkeypatch.setattr(task_cases, "device_copy",
+                        lambda model, device: copies.append(real_copy(model, device)) or copies[-1])
+
+    def mask_lost(model, task, config, length, device):
+        if model is copies[-1]:
+            task = copy.copy(task).draw_from(EveryPositionScored(task))
+        return real_scores(model, task, config, length, device)
+
+    monkeypatch.setattr(task_cases, "length_scores", mask_lost)
+    cases = task_cases.check_task_cases(CPU, quick=True)
+    failed = {(case.subject, case.quantity) for case in cases if not case.passed}
+    # The word problems score every position anyway; flip-flop and the identity form do not.
+    masked = {"word_problem variant=identity", "flip_flop", "flip_flop p_ignore=0.98"}
+    assert failed == {(subject, what) for subject in masked for what in ("scored", "scores")}
+
+    def other_weights(model, device):
+        copied = real_copy(model, device)
+        torch.manual_seed(1)
+        for parameter in copied.parameters():
+            torch.nn.init.normal_(parameter.data)
+        return copied
+
+    monkeypatch.setattr(task_cases, "device_copy", other_weights)
+    monkeypatch.setattr(task_cases, "length_scores", real_scores)
+    cases = task_cases.check_task_cases(CPU, quick=True)
+    compared = [case for case in cases if case.quantity != "scores"]
+    assert all(case.passed == (case.quantity == "scored") for case in compared)

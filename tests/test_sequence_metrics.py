@@ -222,3 +222,24 @@ def test_the_metrics_and_the_prefix_curve_from_the_command_line(tmp_path, capsys
                  "--store", str(store)]) == 2
     assert json.loads(json.dumps(counted_result().to_dict()))["prefix_accuracies"] == [
         1.0, 0.5, 0.25]
+
+
+def test_the_report_shows_word_problems_and_flip_flop_under_their_metrics(tmp_path):
+    """Issue 45, item 7: the HTML report of the state-tracking tasks, a final-only word
+    problem and flip-flop, by sequence and pooled accuracy."""
+    from html import escape
+
+    from che_bench.reports.metrics import METRIC_NOTES
+
+    store = str(tmp_path / "s.sqlite")
+    for task, params in (("word_problem", ["--task-param", "variant=identity"]), ("flip_flop", [])):
+        assert main(["run", "--task", task, *params, "--arch", "lstm", "--arch-option",
+                     "hidden_size=4", "--preset", "smoke", "--steps", "2", "--test-lengths", "41",
+                     "--eval-samples", "4", "--store", store, "--no-keep-model",
+                     "--no-progress"]) == 0
+    for metric in ("sequence", "pooled"):
+        page = tmp_path / f"{metric}.html"
+        assert main(["report", "--store", store, "--metric", metric, "--out", str(page)]) == 0
+        text = page.read_text()
+        assert "word_problem" in text and "flip_flop" in text
+        assert escape(METRIC_NOTES[metric]) in text

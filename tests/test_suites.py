@@ -203,3 +203,61 @@ def test_mqar_zoology_suite_is_figure_2_once_runs_take_the_causal_setting():
     assert {c.task_params["length_per_pair"] for c in zoology} == {16}
     assert {c.train_eval_lengths for c in zoology} == {(64, 128, 256)}
     assert len(zoology) == 5 * 5 * 3 * 4
+
+
+def test_the_state_tracking_suites_cover_every_listed_setting_and_split():
+    from che_bench.tasks import TASKS, get_task
+
+    word = load_suite(REPO / "tasks" / "word_problems.toml").configs()
+    listed = [get_task("word_problem", **params).params()
+              for params in TASKS.get("word_problem").listed_params]
+    default = get_task("word_problem").params()  # A5, the reference setting
+    assert [c.task_params for c in word[::3] if c.task_params != default] == listed
+    assert default in [c.task_params for c in word[::3]]
+    assert [c.arch for c in word[:3]] == ["deltaproduct", "lstm", "transformer"]
+    assert word[0].arch_options == {"negative_eigenvalues": True}  # householder=2: its default
+    flip = load_suite(REPO / "tasks" / "flip_flop.toml").configs()
+    assert [c.task_params["p_ignore"] for c in flip[::3]] == [0.8, 0.98, 0.1]
+    assert {(c.train_max_length, c.test_lengths, c.curriculum) for c in flip} == {
+        (32, (256,), "fixed")}
+
+
+@pytest.mark.parametrize("store, suites", [
+    ("word_problems", ["laptop_word_problems"]),
+    ("word_problems_long", ["laptop_word_problems_long"]),
+    ("flip_flop", ["laptop_flip_flop_lstm", "laptop_flip_flop_transformer",
+                   "laptop_flip_flop_transformer_2l"]),
+])
+def test_the_laptop_state_tracking_suites_are_the_committed_runs(store, suites):
+    """docs/results.md's sweeps repeat (or skip) exactly the runs of their committed stores."""
+    import sqlite3
+
+    path = REPO / "results" / "laptop" / "word_problems" / f"{store}.sqlite"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as connection:
+        stored = {row[0] for row in connection.execute("SELECT run_id FROM runs")}
+    expected = {c.run_id() for name in suites
+                for c in load_suite(REPO / "tasks" / f"{name}.toml").configs()}
+    assert stored == expected
+
+
+def test_the_committed_flip_flop_runs_have_pooled_counts_and_the_sparse_and_dense_splits():
+    """Issue 45, item 3: every flip-flop run's original evaluation has its pooled counts
+    (``table --metric pooled --compare flip_flop|path``), and each run trained on FFL(0.8) was
+    also evaluated on FFL(0.98) and FFL(0.1), the published sparse and dense splits."""
+    import json
+
+    from che_bench.store import ResultStore
+
+    store = ResultStore(REPO / "results/laptop/word_problems/flip_flop.sqlite", read_only=True)
+    assert store.per_length()["scored"].notna().all() and len(store.runs()) == 15
+    runs = store.runs()
+    trained = set(runs.loc[[json.loads(c)["task_params"]["p_ignore"] == 0.8
+                            for c in runs["config"]], "run_id"])
+    assert len(trained) == 9
+    for p_ignore in (0.98, 0.1):
+        tested = {evaluation for evaluation, protocol in
+                  store.evaluations()[["evaluation", "protocol"]].itertuples(index=False)
+                  if f"p_ignore={p_ignore}" in protocol}
+        (evaluation,) = tested
+        assert set(store.runs(None, evaluation)["run_id"]) == trained
+        assert store.per_length(None, evaluation)["scored"].notna().all()

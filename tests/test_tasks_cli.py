@@ -94,3 +94,24 @@ def test_key_values_read_json_scalars():
     assert parse_key_values(["a=3", "b=true", "c=False", "d=near", "e=0.5"], "--param") == {
         "a": 3, "b": True, "c": False, "d": "near", "e": 0.5,
     }
+
+
+@pytest.mark.parametrize("task, params", [
+    ("flip_flop", {"p_ignore": 0.98}),
+    ("word_problem", {"variant": "identity"}),
+    ("word_problem", {"group": "S3", "variant": "tokens", "m": 2}),
+])
+def test_sample_shows_the_state_tracking_tasks_symbols_and_scored_positions(task, params, capsys):
+    """Flip-flop scores the reads, the identity form the last position, the word problem every
+    one; the symbols are the task's (w r i 0 1; elements, the separator |)."""
+    arguments = [item for key, value in params.items() for item in ("--param", f"{key}={value}")]
+    assert main(["sample", "--task", task, "--length", "6", "--count", "3", "--seed", "2",
+                 *arguments]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    task_obj = get_task(task, **params)
+    batch = task_obj.sample(6, 3, np.random.default_rng(2))
+    for row in range(3):
+        symbols = " ".join(task_obj.input_symbols[i] for i in batch.inputs[row])
+        outputs = " ".join(str(t) if m else "·" for t, m in
+                           zip(batch.targets[row], batch.mask[row], strict=True))
+        assert lines[2 * row] == f"[{row}] {symbols}" and lines[2 * row + 1] == f"  -> {outputs}"

@@ -1,6 +1,6 @@
 """``che-bench selftest``: does this device compute what che-bench computes on a CPU?
 
-Eight checks, each a list of cases with a measured value, the tolerance it must stay within
+Nine checks, each a list of cases with a measured value, the tolerance it must stay within
 and a verdict (``Case``); measurements and labelled estimates besides (``Measurement``):
 
 * (a) agreement: the same weights, inputs and random draws give the same logits and gradients
@@ -23,8 +23,12 @@ and a verdict (``Case``); measurements and labelled estimates besides (``Measure
   the CPU (``che_bench.checks.evaluation_checks``).
 * (h) resuming: a pack stopped after a checkpoint and resumed on the device repeats the
   uninterrupted pack bit for bit (``che_bench.checks.training_checks``, as (c) and (e)).
+* (i) the state-tracking tasks: word problems (S3, A4 x Z5, S5 in 4-token blocks, A5's
+  final-only identity form) and flip-flop (p_ignore 0.8, 0.98) train and are scored (their
+  masks, sequence and pooled accuracies, prefix curves) on the device as on the CPU
+  (``che_bench.checks.task_cases``).
 
-On a CPU, (c), (e) and (h) compare the CPU with itself: equal by construction, they exercise
+On a CPU, (c), (e), (h) and (i) compare the CPU with itself: equal by construction, they exercise
 the code paths; (a), (f) and (g) make the "device" copy take the GPU's implementation.
 ``quick`` shrinks the models, lengths and lists (a CPU finishes in about a minute).
 """
@@ -55,6 +59,7 @@ from che_bench.checks.comparison import (
 from che_bench.checks.evaluation_checks import check_evaluation
 from che_bench.checks.pack_checks import check_packs
 from che_bench.checks.speed import TASK, Measurement, measure_speed
+from che_bench.checks.task_cases import check_task_cases
 from che_bench.checks.training_checks import check_determinism, check_resume, check_training
 from che_bench.encodings import list_encodings
 from che_bench.model.encoder import build_model
@@ -153,6 +158,11 @@ CHECKS: tuple[tuple[str, str, Callable[[torch.device, bool], list[Case]]], ...] 
     ("f", "every built-in architecture trains on the device as on the CPU", check_architectures),
     ("g", "evaluation on the device as on the CPU at a long length", check_evaluation),
     ("h", "a pack resumed from its checkpoint repeats the uninterrupted one", check_resume),
+    (
+        "i",
+        "word problems and flip-flop train and score on the device as on the CPU",
+        check_task_cases,
+    ),
 )
 
 

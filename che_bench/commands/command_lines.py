@@ -5,6 +5,7 @@ prints them, ``che_bench.reports.html``)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from che_bench import protocol, settings
@@ -30,14 +31,15 @@ def run_command_line(config: dict[str, Any], run_id: str) -> list[str] | None:
         for setting in settings.run_settings():
             if setting.flag is not None and setting.name not in lengths:
                 argv += _setting_arguments(setting, config)
-        # Lengths last: the preset's "auto" in-distribution lengths follow the other settings.
+        # Lengths last: the preset's "auto" in-distribution lengths follow the other settings
+        # (the test lengths first, which a sample set checks against the training length).
+        preset_tests = _preset_value(settings.BY_NAME["test_lengths"], config)
+        argv += _lengths_arguments("test_lengths", protocol.parse_lengths(preset_tests), config)
         args = build_parser().parse_args(argv)
         resolved = make_config(
             args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args)
         )
-        for name in lengths:
-            if list(getattr(resolved, name)) != config[name]:
-                argv += [settings.BY_NAME[name].flag, _lengths_spec(config[name])]
+        argv += _lengths_arguments("train_eval_lengths", resolved.train_eval_lengths, config)
         args = build_parser().parse_args(argv)
         rebuilt = make_config(
             args.task, args.pe, args.kernel, args.preset, **overrides_from_args(args)
@@ -93,6 +95,14 @@ def _preset_value(setting: settings.Setting, config: dict[str, Any]) -> Any:
 def _flag_value(value: Any) -> str:
     """A ``KEY=VALUE`` value as ``parse_key_values`` reads it back (strings stay bare)."""
     return value if isinstance(value, str) else json.dumps(value)
+
+
+def _lengths_arguments(name: str, resolved: Sequence[int], config: dict[str, Any]) -> list[str]:
+    """The flag and value of the lengths setting ``name`` where the config's differ from
+    ``resolved`` (what the command gives without them)."""
+    if list(resolved) == config[name]:
+        return []
+    return [str(settings.BY_NAME[name].flag), _lengths_spec(config[name])]
 
 
 def _lengths_spec(lengths: list[int]) -> str:

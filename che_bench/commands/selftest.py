@@ -34,7 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "loop, (g) evaluation at n = 500 on the device vs the CPU (the transformer's row "
         "chunks with DAPE, cuDNN's LSTM inference, greedy decoding, the state-tracking "
         "models' chunked forms), (h) a pack stopped after a checkpoint and resumed on the "
-        "device vs the uninterrupted pack. Exit 1 if any check disagrees.",
+        "device vs the uninterrupted pack, (i) word problems and flip-flop: training losses, "
+        "scored positions and scores (sequence, pooled, prefix) on the device vs the CPU. "
+        "Exit 1 if any check disagrees.",
     )
     add_runtime_arguments(parser, ("device", "threads"))
     parser.add_argument(

@@ -58,10 +58,12 @@ def check_evaluation(config: Any) -> None:
     below the task's minimum or beyond what the task can produce (the recall probes have a
     longest length) or the model can take (learned and randomized positions end at their
     table / range), no length to average with score_from_42, task parameters of the
-    evaluation the model cannot read (``_checked_evaluation_task``). Builds the model once,
+    evaluation the model cannot read (``_checked_evaluation_task``), test lengths a sample set
+    trains on (``_check_sample_set``). Builds the model once,
     so bad model options fail here too."""
     for name in ("eval_samples", "eval_batch_size"):
         settings.BY_NAME[name].validate(getattr(config, name))
+    _check_sample_set(config)
     task = _checked_evaluation_task(config)
     for label, lengths in (
         ("test", config.test_lengths),
@@ -95,6 +97,25 @@ def check_evaluation(config: Any) -> None:
             f"test length {max(lengths)} needs {longest} model input tokens but encoding "
             f"{config.pe!r} takes at most {max_tokens} (raise max_positions / noise_max_length "
             "with --pe-option)"
+        )
+
+
+def _check_sample_set(config: Any) -> None:
+    """A run with a sample set is tested on its held-out part (``tasks.sample_sets``): at no
+    length below the split, where the evaluation would draw sequences it may have trained on,
+    and under the trained task parameters only."""
+    if config.sample_set is None:
+        return
+    if config.eval_task_params:
+        raise CheBenchError(
+            "sample_set holds out sequences of the trained task: leave out eval_task_params"
+        )
+    shortest = min(config.test_lengths)
+    if shortest < config.train_max_length:
+        raise CheBenchError(
+            f"sample_set: test length {shortest} is below train_max_length "
+            f"{config.train_max_length}, whose sequences are all training data (test at "
+            f"{config.train_max_length}, on its held-out ones, or beyond)"
         )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -35,6 +35,13 @@ class Batch:
     inputs: np.ndarray
     targets: np.ndarray
     mask: np.ndarray
+
+
+class SequenceSource(Protocol):
+    """Where a task's ``sample`` draws from instead of its generator (``Task.draw_from``)."""
+
+    def sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch | None:
+        """A batch at length ``n``, or None: fresh sequences from the generator there."""
 
 
 class Task(abc.ABC):
@@ -70,6 +77,8 @@ class Task(abc.ABC):
     #: Parameter sets ``che-bench tasks`` lists after the reference one (a parametrised
     #: task's published settings), each given by the parameters that differ from the defaults.
     listed_params: ClassVar[tuple[dict[str, Any], ...]] = ()
+    #: Where ``sample`` draws from (None: the generator; ``tasks.sample_sets``).
+    source: SequenceSource | None = None
 
     @property
     def chance(self) -> float:
@@ -111,7 +120,13 @@ class Task(abc.ABC):
             or batch_size < 1
         ):
             raise CheBenchError(f"batch size must be a positive integer, got {batch_size!r}")
-        return self._sample(int(n), int(batch_size), rng)
+        drawn = None if self.source is None else self.source.sample(int(n), int(batch_size), rng)
+        return drawn if drawn is not None else self._sample(int(n), int(batch_size), rng)
+
+    def draw_from(self, source: SequenceSource) -> Task:
+        """This task, its ``sample`` drawing from ``source`` where it has sequences."""
+        self.source = source
+        return self
 
     def solve(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(targets, mask) recomputed from ``inputs`` ``[B, n_in]`` alone (the oracle)."""
