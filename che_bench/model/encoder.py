@@ -250,8 +250,8 @@ class Encoder(BenchModel):
         down to."""
         device = device or self.embedding.weight.device
         length = input_tokens + self.placeholders(input_tokens)
-        channels = max(attention.transient_channels(device) for attention in self.attentions())
-        return FLOAT_BYTES * self.members * channels * length
+        floats = max(attention.query_row_floats(length, device) for attention in self.attentions())
+        return FLOAT_BYTES * self.members * floats
 
     def _forward(
         self, inputs: torch.Tensor, draws: Draws | None, dropout_seeds: torch.Tensor | None = None
@@ -326,7 +326,7 @@ def _dape(
     members: int,
 ) -> DapeProcessor | None:
     """A layer's DAPE processor (None without a kernel); it sees the encoding's bias as
-    extra channels when the encoding carries one."""
+    extra channels when the encoding carries one (per sequence when its hooks say so)."""
     if kernel is None:
         return None
     return DapeProcessor(
@@ -335,6 +335,7 @@ def _dape(
         width=width,
         variant=variant,
         with_bias=encoding.carries_bias,
+        sequence_bias=any(hook.sequence_bias for hook in encoding.layer_hooks()),
         tril=tril,
         members=members,
     )
