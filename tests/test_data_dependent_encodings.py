@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from che_bench.encodings import build_encoding
+from che_bench.encodings.fox import ForgetBias
+from che_bench.encodings.stick_breaking import StickWeights
 from che_bench.errors import CheBenchError
 from che_bench.model.architectures import build_architecture
 from che_bench.model.attention import Attention
@@ -253,3 +255,25 @@ def test_the_autoregressive_transformer_refuses_them_in_one_line(pe):
     with pytest.raises(CheBenchError, match=f"cannot use --pe {pe}: its attention reads"):
         build_architecture("autoregressive_transformer", get_task("reverse_string"), pe=pe,
                            layers=1, dim=16, heads=2, ffn=32)
+
+
+# -- the hand-written backward passes ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows", [slice(0, 5), slice(2, 4)])
+def test_the_forget_bias_s_gradient_is_autograd_s(rows):
+    left, right = torch.randn(2, 2, 1, 3, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda a, b: ForgetBias.apply(a, b, rows.start, rows.stop), (left, right)
+    )
+
+
+@pytest.mark.parametrize("leftward", [0, 1, 3])  # of 3 heads
+@pytest.mark.parametrize("remainder", [True, False])
+@pytest.mark.parametrize("rows", [slice(0, 5), slice(2, 4)])
+def test_the_stick_weights_gradient_is_autograd_s(leftward, remainder, rows):
+    logits = torch.randn(1, 2, 3, rows.stop - rows.start, 5, dtype=torch.float64) * 2
+    logits.requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda z: StickWeights.apply(z, rows.start, leftward, remainder), (logits,)
+    )

@@ -95,6 +95,22 @@ def scaled_scores(
     return torch.matmul(q[..., rows, :], k.transpose(-1, -2), out=out).div_(math.sqrt(q.shape[-1]))
 
 
+def biased_scores(
+    q: torch.Tensor, k: torch.Tensor, rows: slice, bias: torch.Tensor
+) -> torch.Tensor:
+    """``bias + q[rows] k^T / sqrt(d_h)`` as one product, ``[M, B, H, R, T]`` for a bias that
+    broadcasts to it (one map where the sum of the scores and the bias makes two)."""
+    queries = q[..., rows, :]
+    shape = (*queries.shape[:-1], k.shape[-2])
+    out = torch.baddbmm(
+        bias.expand(shape).reshape(-1, *shape[-2:]),
+        queries.reshape(-1, *queries.shape[-2:]),
+        k.reshape(-1, *k.shape[-2:]).transpose(1, 2),
+        alpha=1 / math.sqrt(q.shape[-1]),
+    )
+    return out.view(shape)
+
+
 class AttentionHook(nn.Module):
     """Per-layer part of an encoding. The default is plain scaled dot-product scores."""
 

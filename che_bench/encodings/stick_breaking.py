@@ -41,26 +41,78 @@ from che_bench.encodings.common import check_choice, running_sum
 REMAINDERS = ("current", "none")
 
 
-def left_stick(logits: torch.Tensor, query: torch.Tensor, remainder: bool) -> torch.Tensor:
-    """The causal stick-breaking weights ``[..., R, T]`` of logits ``[..., R, T]`` whose rows
-    are the queries ``query`` (``[R, 1]`` positions): keys ``j < i``, nearest first; with
-    ``remainder`` the stick left over on the diagonal."""
-    key = torch.arange(logits.shape[-1], device=logits.device)
-    hidden = key >= query  # the query itself and the keys after it
-    log_keep = F.logsigmoid(-logits).masked_fill(hidden, 0.0)  # log(1 - beta)
-    # sum over the keys k with j < k < i: from the right, less key j's own term
-    broken = running_sum(log_keep, from_the_right=True) - log_keep
-    weights = (F.logsigmoid(logits) + broken).masked_fill(hidden, -torch.inf).exp()
-    if not remainder:
-        return weights
-    left_over = log_keep.sum(-1, keepdim=True).exp()
-    return torch.where(key == query, left_over, weights)
+def _right_stick(logits: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stick broken over the keys after each query, nearest first: ``log A_ij = z_ij +
+    sum_{i<k<=j} log sigmoid(-z_ik)`` (``log sigmoid(z) - log sigmoid(-z) = z``), and the log
+    of what is left, ``[..., R, 1]``; ``hidden`` (``[R, T]``) marks the query and the keys
+    before it. The running sum starts at the query: the nearest keys' terms are exact."""
+    log_keep = F.logsigmoid(-logits).masked_fill_(hidden, 0.0)  # log(1 - beta)
+    kept = running_sum(log_keep, from_the_right=False)
+    left_over = kept[..., -1:].clone()
+    return kept.add_(logits).masked_fill_(hidden, -torch.inf).exp_(), left_over
+
+
+class StickWeights(torch.autograd.Function):
+    """Stick-breaking weights ``[M, B, H, R, T]`` of logits ``z`` for the query rows from
+    ``start``: the first ``leftward`` heads break a stick over the keys to their left (the
+    keys read backwards: the right stick of the flipped row), the others over the keys to
+    their right; with ``remainder`` what is left sits on the diagonal.
+
+    Backward, with ``P = grad * A`` (``P_ii`` the remainder's part, ``Pv`` the rest) and the
+    running sum ``C`` of ``Pv`` along the keys: ``dz = Pv - sigmoid(z) (C + P_ii)`` for a left
+    head, ``dz = Pv - sigmoid(z) (sum_j Pv - C + Pv + P_ii)`` for a right one (the keys
+    farther along its stick), zero at the hidden keys: no flip, one pass per map."""
+
+    @staticmethod
+    def forward(ctx, logits, start: int, leftward: int, remainder: bool):
+        length = logits.shape[-1]
+        query = torch.arange(start, start + logits.shape[-2], device=logits.device)[:, None]
+        key = torch.arange(length, device=logits.device)
+        out = torch.empty_like(logits)
+        left_over = logits.new_empty(logits.shape[:-1])
+        if leftward:
+            flipped = logits[:, :, :leftward].flip(-1)
+            weights, left = _right_stick(flipped, key <= length - 1 - query)
+            out[:, :, :leftward] = weights.flip(-1)
+            left_over[:, :, :leftward] = left[..., 0]
+        if leftward < logits.shape[2]:
+            weights, left = _right_stick(logits[:, :, leftward:], key <= query)
+            out[:, :, leftward:] = weights
+            left_over[:, :, leftward:] = left[..., 0]
+        diagonal = out.diagonal(start, -2, -1)
+        if remainder:
+            diagonal.copy_(left_over.exp_())
+        else:
+            diagonal.zero_()
+        ctx.start, ctx.leftward = start, leftward
+        ctx.save_for_backward(logits, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, out = ctx.saved_tensors
+        start, leftward = ctx.start, ctx.leftward
+        query = torch.arange(start, start + logits.shape[-2], device=logits.device)[:, None]
+        key = torch.arange(logits.shape[-1], device=logits.device)
+        part = grad * out
+        on_diagonal = part.diagonal(start, -2, -1)
+        remainder = on_diagonal.clone()[..., None]
+        on_diagonal.zero_()
+        # left heads: the keys at and before j; right heads: at and after j
+        farther = running_sum(part, from_the_right=False).add_(remainder)
+        right, right_part = farther[:, :, leftward:], part[:, :, leftward:]
+        right.neg_().add_(right_part).add_(right_part.sum(-1, keepdim=True))
+        right.add_(remainder[:, :, leftward:], alpha=2.0)
+        grad_logits = part.sub_(torch.sigmoid(logits).mul_(farther))
+        grad_logits[:, :, :leftward].masked_fill_(key >= query, 0.0)
+        grad_logits[:, :, leftward:].masked_fill_(key <= query, 0.0)
+        return grad_logits, None, None, None
 
 
 class StickBreakingHook(AttentionHook):
     """Replaces the softmax by stick-breaking (module docstring); plain scaled scores."""
 
-    extra_maps = 6  # log(1 - beta), its running sum and flips, the log weights, the weights
+    extra_maps = 3  # log(1 - beta) and its running sum, a flipped copy, the weights
 
     def __init__(self, remainder: str) -> None:
         super().__init__()
@@ -69,15 +121,9 @@ class StickBreakingHook(AttentionHook):
     def normalise(
         self, logits: torch.Tensor, rows: slice, future: torch.Tensor | None, ctx: Any
     ) -> torch.Tensor:
-        length, heads = logits.shape[-1], logits.shape[2]
-        query = torch.arange(rows.start, rows.stop, device=logits.device)[:, None]
+        heads = logits.shape[2]
         leftward = heads if future is not None else (heads + 1) // 2
-        left = left_stick(logits[:, :, :leftward], query, self.remainder)
-        if leftward == heads:
-            return left
-        # The right stick is the left one of the sequence read backwards.
-        mirrored = left_stick(logits[:, :, leftward:].flip(-1), length - 1 - query, self.remainder)
-        return torch.cat([left, mirrored.flip(-1)], 2)
+        return StickWeights.apply(logits, rows.start, leftward, self.remainder)
 
 
 @register("stickbreaking", "sba")

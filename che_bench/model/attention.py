@@ -18,7 +18,13 @@ import torch
 from torch import nn
 
 from che_bench.encodings import AttentionHook
-from che_bench.encodings.base import own_normalisation, own_scores, prepare_hook, scaled_scores
+from che_bench.encodings.base import (
+    biased_scores,
+    own_normalisation,
+    own_scores,
+    prepare_hook,
+    scaled_scores,
+)
 from che_bench.members import MemberLayerNorm, MemberLinear
 from che_bench.model.dape import DapeProcessor
 from che_bench.model.dropout import SequenceDropout
@@ -68,7 +74,15 @@ class Attention(nn.Module):
         # Plain scores, the softmax and no processor: the fused kernel can take the bias as
         # a mask.
         self.own_normalisation = own_normalisation(hook)
-        self.fused = dape is None and not own_scores(hook) and not self.own_normalisation
+        # A bias per sequence has a gradient, which SDPA's fused CPU kernel does not give:
+        # its math path costs more than one product that adds the bias (``biased_scores``).
+        self.plain_sum = hook.sequence_bias and not own_scores(hook)
+        self.fused = (
+            dape is None
+            and not own_scores(hook)
+            and not self.own_normalisation
+            and not hook.sequence_bias
+        )
         self.capture: list[dict[str, torch.Tensor | None]] | None = None
 
     def transient_channels(self, device: torch.device) -> int:
@@ -187,11 +201,14 @@ class Attention(nn.Module):
         """The attention weights of the query ``rows`` (the softmax, or the hook's own
         ``normalise``), computed explicitly (recorded in ``capture`` with the raw scores and
         the DAPE logits when capturing)."""
-        scores = self.hook.scores(q, k, rows, ctx)
         raw: torch.Tensor | None
-        if self.dape is None:
+        if self.dape is None and bias is not None and self.plain_sum:
+            logits = raw = biased_scores(q, k, rows, bias)
+        elif self.dape is None:
+            scores = self.hook.scores(q, k, rows, ctx)
             logits = raw = scores if bias is None else scores + bias
         else:  # the scores are DAPE's alone unless captured; their sum with the bias is unused
+            scores = self.hook.scores(q, k, rows, ctx)
             raw = (scores if bias is None else scores + bias) if self.capture is not None else None
             logits = self.dape(scores, bias, rows)
         if self.own_normalisation:  # it takes the mask itself
