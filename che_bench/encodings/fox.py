@@ -52,7 +52,9 @@ class ForgetBias(torch.autograd.Function):
     through each) takes about five times the passes over it.
 
     ``D = (c_i - c_j) + [j > i] (e_j - e_i)`` with ``e = c + c'``; its gradient is row and
-    column sums of the incoming one (and of its part above the diagonal)."""
+    column sums of the incoming one (and of its part above the diagonal). Right of the query
+    the difference of the two sums rounds like one of sums twice as large (about 1e-4 at
+    1,500 tokens in float32, where D is about -1000)."""
 
     @staticmethod
     def forward(ctx, left: torch.Tensor, right: torch.Tensor, start: int, stop: int):

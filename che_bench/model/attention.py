@@ -7,6 +7,11 @@ gradients everything is one chunk. With DAPE on a CPU (and nothing captured), ev
 default scores go into one buffer reused by the next chunk, and DAPE's logits, the mask and
 the softmax are written over them in place: the same values, without the fresh full-size maps
 whose page faults cost more than their arithmetic.
+
+The hook may read the layer's input (``reads_input``), carry a bias per sequence
+(``sequence_bias``: added in the scores' product, ``biased_scores``, since SDPA's fused CPU
+kernel gives no gradient of a mask), compute its own scores, or replace the softmax
+(``normalise``); the last three take the explicit maps (``che_bench.encodings.base``).
 """
 
 from __future__ import annotations
@@ -50,8 +55,8 @@ class Attention(nn.Module):
     """Multi-head attention calling the encoding's hook and then, optionally, DAPE.
 
     ``capture``: when a list (see ``Encoder.capture_attention``), every row chunk appends its
-    maps (raw scores plus bias, DAPE logits, softmax probabilities) to it; the output is
-    computed exactly as without it.
+    maps (raw scores plus bias, DAPE logits, the weights: softmax probabilities or the hook's
+    own ``normalise``) to it; the output is computed exactly as without it.
     """
 
     def __init__(

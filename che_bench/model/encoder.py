@@ -276,7 +276,7 @@ class Encoder(BenchModel):
         """Record every layer's attention maps during the forward passes inside the block:
         yields one list per layer, to which each row chunk appends its ``scores`` (q.k scaled,
         plus the encoding's bias), ``logits`` (after DAPE; None without it) and
-        ``probabilities`` (the softmax the layer uses), each ``[M, B, H, R, T]``."""
+        ``probabilities`` (the layer's weights: softmax or its own), each ``[M, B, H, R, T]``."""
         captured: list[list[dict[str, torch.Tensor | None]]] = [[] for _ in self.blocks]
         for attention, maps in zip(self.attentions(), captured, strict=True):
             attention.capture = maps
