@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from che_bench.encodings import build_encoding
+from che_bench.encodings import fox
 from che_bench.encodings.fox import ForgetBias
 from che_bench.encodings.stick_breaking import StickWeights
 from che_bench.errors import CheBenchError
@@ -260,9 +261,16 @@ def test_the_autoregressive_transformer_refuses_them_in_one_line(pe):
 # -- the hand-written backward passes ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("block_floats", [1 << 17, 8])  # one cache block; one per map
 @pytest.mark.parametrize("rows", [slice(0, 5), slice(2, 4)])
-def test_the_forget_bias_s_gradient_is_autograd_s(rows):
+def test_the_forget_bias_s_gradient_is_autograd_s(rows, block_floats, monkeypatch):
+    monkeypatch.setattr(fox, "CACHE_BLOCK_FLOATS", block_floats)
     left, right = torch.randn(2, 2, 1, 3, 5, dtype=torch.float64, requires_grad=True)
+    bias = ForgetBias.apply(left, right, rows.start, rows.stop)
+    query = torch.arange(rows.start, rows.stop)[:, None]
+    plain = torch.where(torch.arange(5) > query, right[..., None, :] - right[..., rows, None],
+                        left[..., rows, None] - left[..., None, :])
+    torch.testing.assert_close(bias, plain)
     assert torch.autograd.gradcheck(
         lambda a, b: ForgetBias.apply(a, b, rows.start, rows.stop), (left, right)
     )

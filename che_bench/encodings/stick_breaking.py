@@ -42,14 +42,14 @@ REMAINDERS = ("current", "none")
 
 
 def _right_stick(logits: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stick broken over the keys after each query, nearest first: ``log A_ij = z_ij +
-    sum_{i<k<=j} log sigmoid(-z_ik)`` (``log sigmoid(z) - log sigmoid(-z) = z``), and the log
-    of what is left, ``[..., R, 1]``; ``hidden`` (``[R, T]``) marks the query and the keys
-    before it. The running sum starts at the query: the nearest keys' terms are exact."""
-    log_keep = F.logsigmoid(-logits).masked_fill_(hidden, 0.0)  # log(1 - beta)
-    kept = running_sum(log_keep, from_the_right=False)
-    left_over = kept[..., -1:].clone()
-    return kept.add_(logits).masked_fill_(hidden, -torch.inf).exp_(), left_over
+    """The stick broken over the keys after each query, nearest first: ``log A_ij = z_ij -
+    sum_{i<k<=j} softplus(z_ik)`` (``log sigmoid(z) = z - softplus(z)``, ``log(1 - sigmoid(z))
+    = -softplus(z)``), and the log of what is left, ``[..., R, 1]``; ``hidden`` (``[R, T]``)
+    marks the query and the keys before it. The running sum starts at the query: the nearest
+    keys' terms are exact."""
+    broken = running_sum(F.softplus(logits).masked_fill_(hidden, 0.0), from_the_right=False)
+    left_over = -broken[..., -1:]
+    return torch.sub(logits, broken, out=broken).masked_fill_(hidden, -torch.inf).exp_(), left_over
 
 
 class StickWeights(torch.autograd.Function):
@@ -101,9 +101,9 @@ class StickWeights(torch.autograd.Function):
         # left heads: the keys at and before j; right heads: at and after j
         farther = running_sum(part, from_the_right=False).add_(remainder)
         right, right_part = farther[:, :, leftward:], part[:, :, leftward:]
-        right.neg_().add_(right_part).add_(right_part.sum(-1, keepdim=True))
-        right.add_(remainder[:, :, leftward:], alpha=2.0)
-        grad_logits = part.sub_(torch.sigmoid(logits).mul_(farther))
+        row = right_part.sum(-1, keepdim=True).add_(remainder[:, :, leftward:], alpha=2.0)
+        right.neg_().add_(right_part).add_(row)
+        grad_logits = part.addcmul_(torch.sigmoid(logits), farther, value=-1.0)
         grad_logits[:, :, :leftward].masked_fill_(key >= query, 0.0)
         grad_logits[:, :, leftward:].masked_fill_(key <= query, 0.0)
         return grad_logits, None, None, None
