@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from che_bench.encodings import build_encoding
-from che_bench.encodings import fox
+from che_bench.encodings import common
 from che_bench.encodings.fox import ForgetBias
 from che_bench.encodings.stick_breaking import StickWeights
 from che_bench.errors import CheBenchError
@@ -264,7 +264,7 @@ def test_the_autoregressive_transformer_refuses_them_in_one_line(pe):
 @pytest.mark.parametrize("block_floats", [1 << 17, 8])  # one cache block; one per map
 @pytest.mark.parametrize("rows", [slice(0, 5), slice(2, 4)])
 def test_the_forget_bias_s_gradient_is_autograd_s(rows, block_floats, monkeypatch):
-    monkeypatch.setattr(fox, "CACHE_BLOCK_FLOATS", block_floats)
+    monkeypatch.setattr(common, "CACHE_BLOCK_FLOATS", block_floats)
     left, right = torch.randn(2, 2, 1, 3, 5, dtype=torch.float64, requires_grad=True)
     bias = ForgetBias.apply(left, right, rows.start, rows.stop)
     query = torch.arange(rows.start, rows.stop)[:, None]
@@ -276,10 +276,13 @@ def test_the_forget_bias_s_gradient_is_autograd_s(rows, block_floats, monkeypatc
     )
 
 
+@pytest.mark.parametrize("block_floats", [1 << 17, 8])  # one cache block; one per map
 @pytest.mark.parametrize("leftward", [0, 1, 3])  # of 3 heads
 @pytest.mark.parametrize("remainder", [True, False])
 @pytest.mark.parametrize("rows", [slice(0, 5), slice(2, 4)])
-def test_the_stick_weights_gradient_is_autograd_s(leftward, remainder, rows):
+def test_the_stick_weights_gradient_is_autograd_s(leftward, remainder, rows, block_floats,
+                                                   monkeypatch):
+    monkeypatch.setattr(common, "CACHE_BLOCK_FLOATS", block_floats)
     logits = torch.randn(1, 2, 3, rows.stop - rows.start, 5, dtype=torch.float64) * 2
     logits.requires_grad_(True)
     assert torch.autograd.gradcheck(

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
-from che_bench.encodings.common import running_sum
+from che_bench.encodings.common import cache_blocks, running_sum
 from che_bench.members import MemberLinear, init_members_
 
 #: The gates' weight initialisation (FoX and fla: N(0, 0.02^2); the bias starts at 0).
@@ -43,17 +43,6 @@ def forget_gate(members: int, dim: int, heads: int) -> MemberLinear:
     gate = MemberLinear(members, dim, heads)  # bias zero
     init_members_(gate.weight, lambda weight: nn.init.normal_(weight, std=GATE_STD))
     return gate
-
-
-#: Floats of the bias's map worked on at a time (about a core's L2 cache): its four passes
-#: there, not over the whole map in memory, take half the time.
-CACHE_BLOCK_FLOATS = 1 << 17
-
-
-def _blocks(sequences: int, rows: int, length: int) -> list[slice]:
-    """The leading (member, sequence, head) indices in blocks of maps that fit the cache."""
-    step = max(1, CACHE_BLOCK_FLOATS // (rows * length))
-    return [slice(n, min(n + step, sequences)) for n in range(0, sequences, step)]
 
 
 class ForgetBias(torch.autograd.Function):
@@ -74,7 +63,7 @@ class ForgetBias(torch.autograd.Function):
         both = (left + right).reshape(-1, length)
         flat_left = left.reshape(-1, length)
         out = left.new_empty(both.shape[0], stop - start, length)
-        for block in _blocks(*out.shape):
+        for block in cache_blocks(out.shape[0], out[0].numel()):
             part, sums, lefts = out[block], both[block], flat_left[block]
             torch.sub(sums[:, None, :], sums[:, start:stop, None], out=part)
             part.triu_(start + 1)  # the keys after each query
@@ -92,7 +81,7 @@ class ForgetBias(torch.autograd.Function):
             flat.new_empty(2, sequences, stop - start),
             flat.new_empty(2, sequences, length),
         )
-        blocks = _blocks(*flat.shape)
+        blocks = cache_blocks(sequences, flat[0].numel())
         after = flat.new_empty(blocks[0].stop, stop - start, length)
         for block in blocks:
             part, above = flat[block], after[: block.stop - block.start]

@@ -36,27 +36,31 @@ import torch.nn.functional as F
 from torch import nn
 
 from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
-from che_bench.encodings.common import check_choice, running_sum
+from che_bench.encodings.common import cache_blocks, check_choice, running_sum
 
 REMAINDERS = ("current", "none")
 
 
-def _right_stick(logits: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stick broken over the keys after each query, nearest first: ``log A_ij = z_ij -
-    sum_{i<k<=j} softplus(z_ik)`` (``log sigmoid(z) = z - softplus(z)``, ``log(1 - sigmoid(z))
-    = -softplus(z)``), and the log of what is left, ``[..., R, 1]``; ``hidden`` (``[R, T]``)
-    marks the query and the keys before it. The running sum starts at the query: the nearest
-    keys' terms are exact."""
-    broken = running_sum(F.softplus(logits).masked_fill_(hidden, 0.0), from_the_right=False)
+def _right_stick(logits: torch.Tensor, visible: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The stick broken over the keys after each query, nearest first, written into ``out``:
+    ``log A_ij = z_ij - sum_{i<k<=j} softplus(z_ik)`` (``log sigmoid(z) = z - softplus(z)``,
+    ``log(1 - sigmoid(z)) = -softplus(z)``); returns the log of what is left, ``[..., R, 1]``.
+    ``visible`` (``[R, T]``, 1.0 or 0.0) marks the keys after the query (a product with it is
+    three times as fast as filling by a mask). The running sum starts at the query: the
+    nearest keys' terms are exact."""
+    broken = running_sum(F.softplus(logits).mul_(visible), from_the_right=False)
     left_over = -broken[..., -1:]
-    return torch.sub(logits, broken, out=broken).masked_fill_(hidden, -torch.inf).exp_(), left_over
+    # exp(0) at the hidden keys, then 0: never exp(z) there, which may overflow
+    torch.sub(logits, broken, out=out).mul_(visible).exp_().mul_(visible)
+    return left_over
 
 
 class StickWeights(torch.autograd.Function):
     """Stick-breaking weights ``[M, B, H, R, T]`` of logits ``z`` for the query rows from
     ``start``: the first ``leftward`` heads break a stick over the keys to their left (the
     keys read backwards: the right stick of the flipped row), the others over the keys to
-    their right; with ``remainder`` what is left sits on the diagonal.
+    their right; with ``remainder`` what is left sits on the diagonal. Forward and backward
+    go cache block by cache block of sequences (``cache_blocks``).
 
     Backward, with ``P = grad * A`` (``P_ii`` the remainder's part, ``Pv`` the rest) and the
     running sum ``C`` of ``Pv`` along the keys: ``dz = Pv - sigmoid(z) (C + P_ii)`` for a left
@@ -65,25 +69,11 @@ class StickWeights(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, start: int, leftward: int, remainder: bool):
-        length = logits.shape[-1]
-        query = torch.arange(start, start + logits.shape[-2], device=logits.device)[:, None]
-        key = torch.arange(length, device=logits.device)
         out = torch.empty_like(logits)
-        left_over = logits.new_empty(logits.shape[:-1])
-        if leftward:
-            flipped = logits[:, :, :leftward].flip(-1)
-            weights, left = _right_stick(flipped, key <= length - 1 - query)
-            out[:, :, :leftward] = weights.flip(-1)
-            left_over[:, :, :leftward] = left[..., 0]
-        if leftward < logits.shape[2]:
-            weights, left = _right_stick(logits[:, :, leftward:], key <= query)
-            out[:, :, leftward:] = weights
-            left_over[:, :, leftward:] = left[..., 0]
-        diagonal = out.diagonal(start, -2, -1)
-        if remainder:
-            diagonal.copy_(left_over.exp_())
-        else:
-            diagonal.zero_()
+        maps, flat = logits.reshape(-1, *logits.shape[-3:]), out.view(-1, *logits.shape[-3:])
+        sides = _sides(start, logits)
+        for block in cache_blocks(maps.shape[0], maps[0].numel()):
+            _stick_forward(maps[block], flat[block], start, leftward, sides, remainder)
         ctx.start, ctx.leftward = start, leftward
         ctx.save_for_backward(logits, out)
         return out
@@ -91,22 +81,73 @@ class StickWeights(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         logits, out = ctx.saved_tensors
-        start, leftward = ctx.start, ctx.leftward
-        query = torch.arange(start, start + logits.shape[-2], device=logits.device)[:, None]
-        key = torch.arange(logits.shape[-1], device=logits.device)
-        part = grad * out
-        on_diagonal = part.diagonal(start, -2, -1)
-        remainder = on_diagonal.clone()[..., None]
-        on_diagonal.zero_()
-        # left heads: the keys at and before j; right heads: at and after j
-        farther = running_sum(part, from_the_right=False).add_(remainder)
-        right, right_part = farther[:, :, leftward:], part[:, :, leftward:]
-        row = right_part.sum(-1, keepdim=True).add_(remainder[:, :, leftward:], alpha=2.0)
-        right.neg_().add_(right_part).add_(row)
-        grad_logits = part.addcmul_(torch.sigmoid(logits), farther, value=-1.0)
-        grad_logits[:, :, :leftward].masked_fill_(key >= query, 0.0)
-        grad_logits[:, :, leftward:].masked_fill_(key <= query, 0.0)
+        shape = logits.shape[-3:]
+        grad_logits = torch.empty_like(logits)
+        flat = [tensor.reshape(-1, *shape) for tensor in (grad, logits, out, grad_logits)]
+        sides = _sides(ctx.start, logits)
+        for block in cache_blocks(flat[0].shape[0], flat[0][0].numel()):
+            _stick_backward(*(tensor[block] for tensor in flat), ctx.start, ctx.leftward, sides)
         return grad_logits, None, None, None
+
+
+def _stick_forward(
+    logits: torch.Tensor,
+    out: torch.Tensor,
+    start: int,
+    leftward: int,
+    sides: tuple[torch.Tensor, torch.Tensor],
+    remainder: bool,
+) -> None:
+    """``StickWeights`` of a block of maps ``[n, H, R, T]``, written into ``out``; ``sides``:
+    ``_sides``."""
+    left_keys, right_keys = sides
+    left_over = logits.new_empty(logits.shape[:-1])
+    if leftward:
+        flipped = logits[:, :leftward].flip(-1)
+        left = _right_stick(flipped, left_keys.flip(-1), flipped)
+        out[:, :leftward] = flipped.flip(-1)
+        left_over[:, :leftward] = left[..., 0]
+    if leftward < logits.shape[1]:
+        left = _right_stick(logits[:, leftward:], right_keys, out[:, leftward:])
+        left_over[:, leftward:] = left[..., 0]
+    diagonal = out.diagonal(start, -2, -1)
+    if remainder:
+        diagonal.copy_(left_over.exp_())
+    else:
+        diagonal.zero_()
+
+
+def _stick_backward(
+    grad: torch.Tensor,
+    logits: torch.Tensor,
+    out: torch.Tensor,
+    grad_logits: torch.Tensor,
+    start: int,
+    leftward: int,
+    sides: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    """The logits' gradient of a block of maps ``[n, H, R, T]`` (``StickWeights``), written
+    into ``grad_logits``."""
+    part = grad * out
+    on_diagonal = part.diagonal(start, -2, -1)
+    remainder = on_diagonal.clone()[..., None]
+    on_diagonal.zero_()
+    # left heads: the keys at and before j; right heads: at and after j
+    farther = running_sum(part, from_the_right=False).add_(remainder)
+    right, right_part = farther[:, leftward:], part[:, leftward:]
+    row = right_part.sum(-1, keepdim=True).add_(remainder[:, leftward:], alpha=2.0)
+    right.neg_().add_(right_part).add_(row)
+    torch.addcmul(part, torch.sigmoid(logits), farther, value=-1.0, out=grad_logits)
+    grad_logits[:, :leftward].mul_(sides[0])
+    grad_logits[:, leftward:].mul_(sides[1])
+
+
+def _sides(start: int, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[R, T]`` of the query rows from ``start``: 1.0 at the keys before each query (left)
+    and after it (right), else 0.0, in the logits' dtype."""
+    query = torch.arange(start, start + logits.shape[-2], device=logits.device)[:, None]
+    key = torch.arange(logits.shape[-1], device=logits.device)
+    return (key < query).to(logits.dtype), (key > query).to(logits.dtype)
 
 
 class StickBreakingHook(AttentionHook):
