@@ -261,10 +261,8 @@ def test_the_autoregressive_transformer_refuses_them_in_one_line(pe):
 # -- the hand-written backward passes ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("block_floats", [1 << 17, 8])  # one cache block; one per map
 @pytest.mark.parametrize("rows", [slice(0, 5), slice(2, 4)])
-def test_the_forget_bias_s_gradient_is_autograd_s(rows, block_floats, monkeypatch):
-    monkeypatch.setattr(common, "CACHE_BLOCK_FLOATS", block_floats)
+def test_the_forget_bias_s_gradient_is_autograd_s(rows):
     left, right = torch.randn(2, 2, 1, 3, 5, dtype=torch.float64, requires_grad=True)
     bias = ForgetBias.apply(left, right, rows.start, rows.stop)
     query = torch.arange(rows.start, rows.stop)[:, None]
@@ -276,15 +274,33 @@ def test_the_forget_bias_s_gradient_is_autograd_s(rows, block_floats, monkeypatc
     )
 
 
-@pytest.mark.parametrize("block_floats", [1 << 17, 8])  # one cache block; one per map
 @pytest.mark.parametrize("leftward", [0, 1, 3])  # of 3 heads
 @pytest.mark.parametrize("remainder", [True, False])
 @pytest.mark.parametrize("rows", [slice(0, 5), slice(2, 4)])
-def test_the_stick_weights_gradient_is_autograd_s(leftward, remainder, rows, block_floats,
-                                                   monkeypatch):
-    monkeypatch.setattr(common, "CACHE_BLOCK_FLOATS", block_floats)
+def test_the_stick_weights_gradient_is_autograd_s(leftward, remainder, rows):
     logits = torch.randn(1, 2, 3, rows.stop - rows.start, 5, dtype=torch.float64) * 2
     logits.requires_grad_(True)
     assert torch.autograd.gradcheck(
         lambda z: StickWeights.apply(z, rows.start, leftward, remainder), (logits,)
     )
+
+
+@pytest.mark.parametrize("pe", ["fox", "stick_breaking"])
+def test_the_maps_and_gradients_are_the_same_block_by_block(pe, monkeypatch):
+    """One cache block or one per map (``CACHE_BLOCK_FLOATS``): the same numbers."""
+    generator = torch.Generator().manual_seed(5)
+    if pe == "fox":
+        inputs = torch.randn(2, 3, 2, 4, 9, generator=generator, dtype=torch.float64).unbind()
+        function = lambda left, right: ForgetBias.apply(left, right, 3, 8)  # noqa: E731
+    else:
+        inputs = (torch.randn(3, 2, 4, 5, 9, generator=generator, dtype=torch.float64),)
+        function = lambda logits: StickWeights.apply(logits, 3, 1, True)  # noqa: E731
+    results = []
+    for block_floats in (1 << 17, 8):
+        monkeypatch.setattr(common, "CACHE_BLOCK_FLOATS", block_floats)
+        leaves = [tensor.clone().requires_grad_(True) for tensor in inputs]
+        out = function(*leaves)
+        out.backward(torch.cos(torch.arange(out.numel(), dtype=out.dtype)).view(out.shape))
+        results.append([out, *(leaf.grad for leaf in leaves)])
+    for blocked, whole in zip(*results, strict=True):
+        torch.testing.assert_close(blocked, whole, rtol=1e-12, atol=1e-12)
