@@ -304,3 +304,13 @@ def test_the_maps_and_gradients_are_the_same_block_by_block(pe, monkeypatch):
         results.append([out, *(leaf.grad for leaf in leaves)])
     for blocked, whole in zip(*results, strict=True):
         torch.testing.assert_close(blocked, whole, rtol=1e-12, atol=1e-12)
+
+
+def test_the_stick_weights_take_logits_laid_out_in_any_order():
+    """DAPE's convolutions hand over a transposed map (members and sequences swapped)."""
+    logits = torch.randn(2, 3, 2, 4, 6, dtype=torch.float64).transpose(0, 1).requires_grad_(True)
+    weights = StickWeights.apply(logits, 1, 1, True)
+    weights.sum().backward()
+    expected = StickWeights.apply(logits.detach().contiguous(), 1, 1, True)
+    torch.testing.assert_close(weights, expected)
+    assert logits.grad.shape == logits.shape

@@ -69,7 +69,7 @@ class StickWeights(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, start: int, leftward: int, remainder: bool):
-        out = torch.empty_like(logits)
+        out = torch.empty_like(logits, memory_format=torch.contiguous_format)
         maps, flat = logits.reshape(-1, *logits.shape[-3:]), out.view(-1, *logits.shape[-3:])
         sides = _sides(start, logits)
         for block in cache_blocks(maps.shape[0], maps[0].numel()):
@@ -82,7 +82,7 @@ class StickWeights(torch.autograd.Function):
     def backward(ctx, grad):
         logits, out = ctx.saved_tensors
         shape = logits.shape[-3:]
-        grad_logits = torch.empty_like(logits)
+        grad_logits = torch.empty_like(logits, memory_format=torch.contiguous_format)
         flat = [tensor.reshape(-1, *shape) for tensor in (grad, logits, out, grad_logits)]
         sides = _sides(ctx.start, logits)
         for block in cache_blocks(flat[0].shape[0], flat[0][0].numel()):
