@@ -77,17 +77,15 @@ class Attention(nn.Module):
         self.hook, self.dape, self.causal = hook, dape, causal
         self.memory_budget_bytes = memory_budget_bytes
         # Plain scores, the softmax and no processor: the fused kernel can take the bias as
-        # a mask.
+        # a mask. A bias per sequence has a gradient in training, which SDPA's fused CPU
+        # kernel does not give: its math path costs more than one product that adds the
+        # bias (``biased_scores``); without gradients the fused kernel takes it.
         self.own_normalisation = own_normalisation(hook)
-        # A bias per sequence has a gradient, which SDPA's fused CPU kernel does not give:
-        # its math path costs more than one product that adds the bias (``biased_scores``).
         self.plain_sum = hook.sequence_bias and not own_scores(hook)
-        self.fused = (
-            dape is None
-            and not own_scores(hook)
-            and not self.own_normalisation
-            and not hook.sequence_bias
+        self.fused_without_gradients = (
+            dape is None and not own_scores(hook) and not self.own_normalisation
         )
+        self.fused = self.fused_without_gradients and not hook.sequence_bias
         self.capture: list[dict[str, torch.Tensor | None]] | None = None
 
     def transient_channels(self, device: torch.device) -> int:
@@ -149,7 +147,8 @@ class Attention(nn.Module):
         tiled = self._tiled(q.device)
         if tiled and self.capture is None:
             return self._attend_in_tiles(q, k, v, rows, ctx, bias, future)
-        if not self.fused:  # custom scores or DAPE need the explicit map; SDPA cannot give it
+        fused = self.fused_without_gradients if not torch.is_grad_enabled() else self.fused
+        if not fused:  # custom scores or DAPE need the explicit map; SDPA cannot give it
             probabilities = self._maps(q, k, rows, ctx, bias, future)
             if tiled:
                 return times_values(probabilities, v.transpose(-1, -2))
