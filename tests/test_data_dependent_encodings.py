@@ -314,3 +314,13 @@ def test_the_stick_weights_take_logits_laid_out_in_any_order():
     expected = StickWeights.apply(logits.detach().contiguous(), 1, 1, True)
     torch.testing.assert_close(weights, expected)
     assert logits.grad.shape == logits.shape
+
+
+def test_no_stick_weight_is_subnormal():
+    """Far keys' weights underflow; a subnormal float takes the CPU's slow path (exp 30 to 70
+    times slower), so the weights stop at e times the smallest normal float."""
+    logits = torch.full((1, 1, 2, 1, 300), 3.0)  # each key takes most of what is left
+    weights = StickWeights.apply(logits, 299, 1, True)
+    tiny = torch.finfo(torch.float32).tiny
+    assert (weights[0, 0, 0, 0, :299] >= tiny).all()  # head 0 looks left, over 299 keys
+    assert (weights[weights != 0] >= tiny).all()
