@@ -158,3 +158,21 @@ def test_two_stores_in_one_folder_keep_their_models_apart_and_old_ones_are_found
     lines = capsys.readouterr().out.splitlines()
     for run_id in run_ids:  # (its row in whichever column group holds "kept model")
         assert any(line.startswith(run_id) and " kept" in line for line in lines)
+
+
+def test_the_attention_maps_of_stick_breaking_are_its_weights(tmp_path):
+    """An encoding with its own normalisation: the maps are the weights it multiplies the
+    values with (rows summing to 1 with the remainder on the diagonal), titled as such."""
+    from che_bench.eval.attention_maps import attention_maps
+
+    store = tmp_path / "store.sqlite"
+    assert main(["run", "--task", "missing_duplicate", "--pe", "stick_breaking", *TINY,
+                 "--store", str(store)]) == 0
+    config, model = load_model(store, ResultStore(store).runs()["run_id"].iloc[0])
+    maps = attention_maps(model, config, "sb", length=50, sample=1, layer=0)
+    assert maps.logits is None and maps.weights == "stick_breaking weights"
+    weights = torch.from_numpy(maps.probabilities)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 51))
+    assert weights[0].triu(1).eq(0).all() and weights[1].tril(-1).eq(0).all()  # left, right
+    assert main(["attention", ResultStore(store).runs()["run_id"].iloc[0], "--length", "50",
+                 "--store", str(store), "--out", str(tmp_path / "sb.png")]) == 0

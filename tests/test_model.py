@@ -225,7 +225,8 @@ def test_only_models_built_alike_stack():
         stack_members([build_model(task, "alibi", **TINY), build_model(task, "alibi", layers=2)])
 
 
-@pytest.mark.parametrize("pe, kernel", [("none", None), ("alibi", None), ("kerple", 3), ("cope", 1)])
+@pytest.mark.parametrize("pe, kernel", [("none", None), ("alibi", None), ("kerple", 3), ("cope", 1),
+                                       ("fox", None), ("stick_breaking", 1)])
 def test_captured_attention_maps_are_the_ones_the_forward_pass_uses(pe, kernel,
                                                                    filter_implementation):
     task = get_task("reverse_string")
@@ -251,11 +252,13 @@ def test_captured_attention_maps_are_the_ones_the_forward_pass_uses(pe, kernel,
     else:  # captured maps take the chunks filter, which rounds unlike the native tiles
         torch.testing.assert_close(plain, with_capture, atol=1e-5, rtol=1e-5)
     assert len(captured) == 2 and all(len(layer) == 1 for layer in captured)
-    for layer in captured:
+    for block, layer in zip(model.blocks, captured, strict=True):
         maps = layer[0]
         torch.testing.assert_close(maps["probabilities"].sum(-1), torch.ones(1, 2, 2, 18))
         assert maps["scores"].shape == (1, 2, 2, 18, 18)
         assert (maps["logits"] is None) == (kernel is None)
         expected = maps["scores"] if kernel is None else maps["logits"]
-        torch.testing.assert_close(maps["probabilities"], torch.softmax(expected, -1))
+        # the softmax, or the encoding's own normalisation (stick-breaking)
+        normalised = block.attention.hook.normalise(expected, slice(0, 18), None, None)
+        torch.testing.assert_close(maps["probabilities"], normalised)
     assert all(block.attention.capture is None for block in model.blocks)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from che_bench.config import RunConfig
+from che_bench.encodings.base import own_normalisation
 from che_bench.errors import CheBenchError
 from che_bench.eval.evaluation import seed_for_length
 from che_bench.model.encoder import Encoder
@@ -25,13 +26,16 @@ MAP_TITLES = {"scores": "scores (q.k + bias)", "logits": "DAPE logits", "probabi
 
 @dataclass
 class AttentionMaps:
-    """One layer's maps ``[H, T, T]`` for one input; ``logits`` is None without DAPE."""
+    """One layer's maps ``[H, T, T]`` for one input; ``logits`` is None without DAPE;
+    ``weights`` names what the probabilities are (the softmax, or the encoding's own
+    normalisation: stick-breaking's weights)."""
 
     label: str
     scores: np.ndarray
     logits: np.ndarray | None
     probabilities: np.ndarray
     tokens: int
+    weights: str = "softmax"
 
 
 def attention_maps(
@@ -72,7 +76,9 @@ def attention_maps(
     scores, logits, probabilities = joined("scores"), joined("logits"), joined("probabilities")
     if scores is None or probabilities is None:
         raise CheBenchError("the attention layer recorded no scores or probabilities")
-    return AttentionMaps(label, scores, logits, probabilities, probabilities.shape[-1])
+    hook = model.attentions()[layer].hook
+    weights = f"{model.encoding.name} weights" if own_normalisation(hook) else "softmax"
+    return AttentionMaps(label, scores, logits, probabilities, probabilities.shape[-1], weights)
 
 
 def plot_attention(
@@ -102,7 +108,8 @@ def plot_attention(
             ax.set_xticks([])
             ax.set_yticks([])
             if row == 0:
-                ax.set_title(f"{run.label}\n{MAP_TITLES[name]}", fontsize=8)
+                title = run.weights if name == "probabilities" else MAP_TITLES[name]
+                ax.set_title(f"{run.label}\n{title}", fontsize=8)
             if column == 0:
                 ax.set_ylabel(f"head {head}\nquery", fontsize=8)
             if row == len(heads) - 1:
