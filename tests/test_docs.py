@@ -25,6 +25,7 @@ def test_the_plugin_page_shows_the_example_files_as_they_are():
     blocks = dict(EXAMPLE_BLOCK.findall(page))
     assert set(blocks) == {
         "examples/my_plugin.py",
+        "examples/content_plugin.py",
         "examples/che-bench-loglength/che_bench_loglength/model.py",
     }
     for path, shown in blocks.items():

@@ -23,7 +23,7 @@ HEAD_DIM = DIM // HEADS
 ALL_NAMES = {
     "none", "sin_cos", "learned", "rope", "relative", "t5", "alibi", "kerple", "kerple_power",
     "fire", "cope", "random_sin_cos", "random_learned", "random_rope", "random_relative",
-    "random_alibi",
+    "random_alibi", "fox", "stick_breaking",
 }
 #: Attention-side encodings whose positional effect depends on i - j only.
 TOEPLITZ = [
@@ -84,7 +84,7 @@ def test_registry_lists_every_encoding_with_metadata():
         assert cls.description and "\n" not in cls.description
         assert cls.kind in ("none", "absolute", "relative")
     assert {c.name for c in classes if c.carries_bias} == {
-        "t5", "alibi", "kerple", "kerple_power", "fire", "random_alibi"
+        "t5", "alibi", "kerple", "kerple_power", "fire", "random_alibi", "fox"
     }
     randomized = {n for n in ALL_NAMES if n.startswith("random_")}
     assert {c.name for c in classes if c.randomized} == randomized

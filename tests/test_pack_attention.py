@@ -12,12 +12,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from che_bench.encodings import list_encodings
+from che_bench.encodings import build_encoding, list_encodings
 from che_bench.model.encoder import build_model
 from che_bench.model.packs import stack_members
 from che_bench.tasks import get_task
 
-BIAS_ENCODINGS = sorted(cls.name for cls in list_encodings() if cls.carries_bias)
+
+
+def shared_bias(name: str) -> bool:
+    """Whether ``name``'s bias is shared by the batch (SDPA takes it as a mask; a bias per
+    sequence, with its gradient, goes through the scores' product instead)."""
+    encoding = build_encoding(name, dim=8, heads=2, layers=1, train_max_tokens=8)
+    return not encoding.layer_hooks()[0].sequence_bias
+
+
+BIAS_ENCODINGS = sorted(
+    cls.name for cls in list_encodings() if cls.carries_bias and shared_bias(cls.name)
+)
 SIZES = dict(layers=1, dim=32, heads=4, ffn=32, dropout=0.0)
 SDPA = F.scaled_dot_product_attention  # the real one, also while a spy stands in for it
 

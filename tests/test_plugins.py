@@ -290,3 +290,16 @@ def test_the_example_gru_is_checked_causal_and_on_the_meta_device(example_on_pat
     assert failure.startswith("causal outputs (the model declares causal_outputs, mqar n=24): "
                               "expected the logits up to position 9 unchanged with tokens after "
                               "it changed, got others from position 9")
+
+
+def test_the_documented_content_plugins_pass_every_check(monkeypatch, capsys):
+    """One encoding of each kind beyond a data-independent bias (docs/plugins.md): a bias per
+    sequence read from x, its own scores of (q, k, x), its own normalisation; bidirectional
+    and causal."""
+    monkeypatch.chdir(EXAMPLES)
+    for pe in ("gated_distance", "query_temperature", "sigmoid_attention"):
+        for causal in ([], ["--causal"]):
+            code = main(["--plugin", "content_plugin", "check-encoding", pe, *causal])
+            out = capsys.readouterr().out
+            passed = f"all {14 if causal else 13} checks passed"
+            assert code == 0 and passed in out, out

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from che_bench.encodings import build_encoding
-from che_bench.encodings.base import AttentionHook, Draws, PositionalEncoding
+from che_bench.encodings.base import AttentionHook, Draws, PositionalEncoding, prepare_hook
 
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 #: Hook sizes: three members (so a bias must say whether it is per member), four heads.
@@ -59,10 +59,13 @@ def _encoding(pe: str, options: dict[str, Any], members: int) -> PositionalEncod
     return encoding.eval()
 
 
-def _queries_and_keys(members: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _queries_and_keys(members: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random queries, keys and layer inputs ``x`` (``[M, 2, T, D]``, for the hooks that
+    read it) of two sequences."""
     generator = torch.Generator().manual_seed(1)
     q, k = torch.randn(2, members, 2, HEADS, LENGTH, HEAD_DIM, generator=generator)
-    return q, k
+    x = torch.randn(members, 2, LENGTH, HEADS * HEAD_DIM, generator=generator)
+    return q, k, x
 
 
 def _prepared_hooks(
@@ -72,33 +75,36 @@ def _prepared_hooks(
     ``LENGTH`` keys under the training draws of a randomized encoding (its callers
     iterate it under ``torch.no_grad``)."""
     draws = _training_draws(encoding)
-    q, k = _queries_and_keys(MEMBERS)
+    q, k, x = _queries_and_keys(MEMBERS)
     for layer, hook in enumerate(encoding.layer_hooks()):
-        _, _, ctx = hook.prepare(q, k, draws.layer(layer))
+        _, _, ctx = prepare_hook(hook, q, k, draws.layer(layer), x)
         yield layer, hook, ctx
 
 
 def check_bias_shape(pe: str, options: dict[str, Any], causal: bool = False) -> list[str]:
     """Every hook's ``bias(rows, T, ctx)`` is ``[M or 1, 1, H, R, T]`` (M members, H heads, R
-    query rows) when the encoding class sets ``carries_bias`` (what che-bench reads: DAPE
-    takes the bias as H extra channels), and None when it does not; with three members,
-    whole and part row chunks, and the training draws of a randomized encoding."""
+    query rows; ``[M or 1, B, H, R, T]`` for a hook with ``sequence_bias``, B sequences)
+    when the encoding class sets ``carries_bias`` (what che-bench reads: DAPE takes the bias
+    as H extra channels), and None when it does not; with three members, whole and part row
+    chunks, and the training draws of a randomized encoding."""
     encoding = _encoding(pe, options, MEMBERS)
     failures = []
     with torch.no_grad():
         for layer, hook, ctx in _prepared_hooks(encoding):
             for rows in ROW_CHUNKS:
                 where = f"layer {layer}, rows {rows.start}:{rows.stop} of {LENGTH} keys"
-                problem = _bias_problem(
-                    hook.bias(rows, LENGTH, ctx), encoding.carries_bias, rows.stop - rows.start
-                )
+                bias = hook.bias(rows, LENGTH, ctx)
+                batch = 2 if hook.sequence_bias else 1
+                problem = _bias_problem(bias, encoding.carries_bias, rows.stop - rows.start, batch)
                 if problem:
                     failures.append(f"bias shape ({where}, {MEMBERS} members): {problem}")
     return failures
 
 
-def _bias_problem(bias: torch.Tensor | None, carries_bias: bool, rows: int) -> str | None:
-    expected = f"[{MEMBERS} or 1, 1, {HEADS}, {rows}, {LENGTH}]"
+def _bias_problem(
+    bias: torch.Tensor | None, carries_bias: bool, rows: int, batch: int
+) -> str | None:
+    expected = f"[{MEMBERS} or 1, {batch}, {HEADS}, {rows}, {LENGTH}]"
     if bias is None:
         return (
             f"expected a bias {expected} (the encoding class sets carries_bias), got None"
@@ -111,7 +117,7 @@ def _bias_problem(bias: torch.Tensor | None, carries_bias: bool, rows: int) -> s
             f"not take the bias), got a bias {list(bias.shape)}"
         )
     shape = tuple(bias.shape)
-    if len(shape) != 5 or shape[0] not in (1, MEMBERS) or shape[1:] != (1, HEADS, rows, LENGTH):
+    if len(shape) != 5 or shape[0] not in (1, MEMBERS) or shape[1:] != (batch, HEADS, rows, LENGTH):
         return f"expected {expected}, got {list(shape)}"
     return None
 
@@ -126,8 +132,8 @@ def check_translation_invariance(
     encoding = _encoding(pe, options, 1)
     if encoding.kind != "relative":
         return []
-    q, k = _queries_and_keys(1)
-    shifted = [torch.roll(x, SHIFT, dims=-2) for x in (q, k)]
+    q, k, x = _queries_and_keys(1)
+    shifted = [torch.roll(tensor, SHIFT, dims=-2) for tensor in (q, k, x)]
     failures = []
     with torch.no_grad():
         same_token = torch.randn(HEADS * HEAD_DIM).expand(1, 2, LENGTH, -1)
@@ -140,7 +146,7 @@ def check_translation_invariance(
                 "positions of the same token"
             )
         for layer, hook in enumerate(encoding.layer_hooks()):
-            here = _logits(hook, q, k)[..., : LENGTH - SHIFT, : LENGTH - SHIFT]
+            here = _logits(hook, q, k, x)[..., : LENGTH - SHIFT, : LENGTH - SHIFT]
             later = _logits(hook, *shifted)[..., SHIFT:, SHIFT:]
             if causal:
                 future = _future(slice(0, LENGTH - SHIFT), LENGTH - SHIFT)
@@ -155,8 +161,8 @@ def check_translation_invariance(
     return failures
 
 
-def _logits(hook: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    q, k, ctx = hook.prepare(q, k, None)
+def _logits(hook: Any, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    q, k, ctx = prepare_hook(hook, q, k, None, x)
     rows = slice(0, LENGTH)
     scores = hook.scores(q, k, rows, ctx)
     bias = hook.bias(rows, LENGTH, ctx)
@@ -226,23 +232,25 @@ def _training_draws(encoding: PositionalEncoding) -> Draws:
 
 
 def dtype_problem(pe: str, options: dict[str, Any]) -> str | None:
-    """None when ``embed`` and every hook's ``prepare``, ``scores`` and ``bias`` return the
-    dtype of their float32 inputs, else which method of which layer returns what."""
+    """None when ``embed`` and every hook's ``prepare``, ``scores``, ``bias`` and ``normalise``
+    return the dtype of their float32 inputs, else which method of which layer returns what."""
     encoding = _encoding(pe, options, 1)
-    q, k = _queries_and_keys(1)
+    q, k, x = _queries_and_keys(1)
     with torch.no_grad():
         embedded = encoding.embed(torch.randn(1, 2, LENGTH, HEADS * HEAD_DIM))
         if embedded.dtype != q.dtype:
             return f"{type(encoding).__name__}.embed returns {embedded.dtype}"
         for layer, hook in enumerate(encoding.layer_hooks()):
             name = f"layer {layer}'s {type(hook).__name__}"
-            prepared_q, prepared_k, ctx = hook.prepare(q, k, None)
+            prepared_q, prepared_k, ctx = prepare_hook(hook, q, k, None, x)
             rows = slice(0, LENGTH)
+            scores = hook.scores(prepared_q, prepared_k, rows, ctx)
             returned = {
                 "prepare (q)": prepared_q,
                 "prepare (k)": prepared_k,
-                "scores": hook.scores(prepared_q, prepared_k, rows, ctx),
+                "scores": scores,
                 "bias": hook.bias(rows, LENGTH, ctx),
+                "normalise": hook.normalise(scores, rows, None, ctx),
             }
             for method, tensor in returned.items():
                 if tensor is not None and tensor.dtype != q.dtype:

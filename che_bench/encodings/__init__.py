@@ -3,7 +3,8 @@ register theirs with the same ``register`` decorator, see ``che_bench.plugins``)
 
 ``list_encodings()`` gives the classes; each has ``name``, a one-line ``description``,
 ``kind`` ("none" | "absolute" | "relative"), ``randomized``, ``carries_bias`` (an additive
-data-independent map that DAPE consumes as extra channels) and ``option_names()``.
+map, data-independent or per sequence, that DAPE consumes as extra channels) and
+``option_names()``.
 """
 
 # Each module registers its encodings on import.
@@ -11,12 +12,14 @@ from che_bench.encodings import (  # noqa: F401
     alibi,
     cope,
     fire,
+    fox,
     kerple,
     learned,
     nope,
     relative,
     rope,
     sin_cos,
+    stick_breaking,
     t5,
 )
 from che_bench.encodings.base import (

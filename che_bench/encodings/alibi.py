@@ -61,7 +61,11 @@ class ALiBiHook(AttentionHook):
         self.left_offset = 0.5 if mode == "symmetric_offset" else 0.0
 
     def prepare(
-        self, q: torch.Tensor, k: torch.Tensor, draw: Distances | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        draw: Distances | None = None,
+        x: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, Distances]:
         """ctx: left and right distances ``[M or 1, T-1]`` of the keys 1..T-1 tokens away."""
         if draw is None:

@@ -8,10 +8,24 @@ tensor carries a leading member axis ``M`` (the models of a pack, see
 The attention of ``che_bench.model.encoder`` calls, in every layer and forward pass:
 
     q, k, ctx = hook.prepare(q, k, draw)    # once: RoPE rotation; q, k [M, B, H, T, d_h]
+                                            # (prepare(q, k, draw, x=x) if hook.reads_input)
     for rows in row_chunks:                 # query rows; one chunk while training
         S = hook.scores(q, k, rows, ctx)    # [M, B, H, R, T], already scaled by 1/sqrt(d_h)
         bias = hook.bias(rows, T, ctx)      # [M or 1, 1, H, R, T] or None, added after scaling
+                                            # ([M or 1, B, H, R, T] if hook.sequence_bias)
         logits = S + bias  (or the DAPE processor applied to S and bias)
+        weights = softmax(logits, future keys hidden in a causal model)
+                  (or hook.normalise(logits, rows, future, ctx) where the hook defines it)
+        out = weights @ v
+
+Four kinds of hooks go beyond a data-independent bias (``docs/plugins.md`` shows one of
+each): ``reads_input`` hooks get the attention sublayer's input ``x`` ``[M, B, T, D]`` in
+``prepare`` (FoX's forget gates); ``sequence_bias`` hooks return a bias per sequence, with a
+batch axis (DAPE takes it as its bias channels, as any bias); a hook may override ``scores``
+with its own function of q, k and what ``prepare`` computed from x (PaTH's pair-dependent
+transform, per row chunk); and a hook may override ``normalise`` to replace the masked
+softmax (stick-breaking). ``extra_maps`` and ``state_floats`` tell the memory planner what
+the bias, the normalisation and the per-sequence state hold.
 
 Every hook is local to a query row, so chunking over rows is exact. Nothing in a
 hook may depend on the chunking, nor draw random numbers: randomized encodings get
@@ -81,18 +95,44 @@ def scaled_scores(
     return torch.matmul(q[..., rows, :], k.transpose(-1, -2), out=out).div_(math.sqrt(q.shape[-1]))
 
 
+def biased_scores(
+    q: torch.Tensor, k: torch.Tensor, rows: slice, bias: torch.Tensor
+) -> torch.Tensor:
+    """``bias + q[rows] k^T / sqrt(d_h)`` as one product, ``[M, B, H, R, T]`` for a bias that
+    broadcasts to it (one map where the sum of the scores and the bias makes two)."""
+    queries = q[..., rows, :]
+    shape = (*queries.shape[:-1], k.shape[-2])
+    out = torch.baddbmm(
+        bias.expand(shape).reshape(-1, *shape[-2:]),
+        queries.reshape(-1, *queries.shape[-2:]),
+        k.reshape(-1, *k.shape[-2:]).transpose(1, 2),
+        alpha=1 / math.sqrt(q.shape[-1]),
+    )
+    return out.view(shape)
+
+
 class AttentionHook(nn.Module):
     """Per-layer part of an encoding. The default is plain scaled dot-product scores."""
 
     #: Estimated peak number of float ``[B, H, R, T]`` maps alive inside ``scores`` (for
     #: sizing row chunks from a memory budget; int64 index maps count twice).
     score_maps: ClassVar[int] = 1
+    #: Float ``[B, H, R, T]`` maps alive beyond the scores' and the softmax's: a per-sequence
+    #: bias (``sequence_bias``: one), the work maps of an own ``normalise``.
+    extra_maps: ClassVar[int] = 0
+    #: ``prepare`` takes the attention sublayer's input: called as
+    #: ``prepare(q, k, draw, x=x)`` with ``x`` ``[M, B, T, D]`` (else without ``x``).
+    reads_input: ClassVar[bool] = False
+    #: ``bias`` has a batch axis, ``[M or 1, B, H, R, T]``: a bias per sequence (computed
+    #: from ``x`` in ``prepare``); else it is ``[M or 1, 1, H, R, T]``.
+    sequence_bias: ClassVar[bool] = False
 
     def prepare(
-        self, q: torch.Tensor, k: torch.Tensor, draw: Any = None
+        self, q: torch.Tensor, k: torch.Tensor, draw: Any = None, x: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """Called once per forward with q, k ``[M, B, H, T, d_h]`` and this layer's random
-        sample (None unless the encoding is randomized and drawing); returns (q, k, ctx)."""
+        """Called once per forward with q, k ``[M, B, H, T, d_h]``, this layer's random
+        sample (None unless the encoding is randomized and drawing) and, for a hook that sets
+        ``reads_input``, the layer's input ``x`` ``[M, B, T, D]``; returns (q, k, ctx)."""
         return q, k, None
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, rows: slice, ctx: Any) -> torch.Tensor:
@@ -102,17 +142,58 @@ class AttentionHook(nn.Module):
     def bias(self, rows: slice, length: int, ctx: Any) -> torch.Tensor | None:
         """Additive bias ``[M or 1, 1, H, R, T]`` for query ``rows``: a member axis of M when
         it has learned parameters (each ``[M, ...]``), of 1 when every member has the same
-        bias. None unless the encoding class sets ``carries_bias`` (che-bench reads that
-        attribute of the encoding, before building the model, to give DAPE the extra
-        channels; ``check-encoding`` checks that the two agree)."""
+        bias; with ``sequence_bias``, ``[M or 1, B, H, R, T]`` (one per sequence). None unless
+        the encoding class sets ``carries_bias`` (che-bench reads that attribute of the
+        encoding, before building the model, to give DAPE the extra channels;
+        ``check-encoding`` checks that the two agree)."""
         return None
+
+    def normalise(
+        self, logits: torch.Tensor, rows: slice, future: torch.Tensor | None, ctx: Any
+    ) -> torch.Tensor:
+        """The attention weights ``[M, B, H, R, T]`` of the query ``rows`` from their logits
+        (scores plus bias, or DAPE's): the softmax over the keys, with the keys where
+        ``future`` (``[R, T]``, True where key j > query i; None in a bidirectional model) is
+        True hidden. A hook that overrides it replaces the softmax (the attention calls it
+        with the unmasked logits); it must stay local to each query row."""
+        return torch.softmax(
+            logits if future is None else logits.masked_fill(future, -math.inf), -1
+        )
+
+    def state_floats(self, length: int) -> int:
+        """Floats per sequence (and member) that ``prepare`` keeps for the whole forward pass
+        over ``length`` tokens (per-sequence state; 0 by default), for the memory planner."""
+        return 0
 
     def reference_bias(self, query: int, key: int, ctx: Any) -> torch.Tensor | None:
         """The bias of query ``query`` over key ``key`` computed straight from its formula,
-        one pair at a time: ``[M or 1, 1, H]``, or None (the default): no reference.
-        ``check-encoding`` compares ``bias`` with it at every (query, key): declare it to have
-        a map with the right shape but the wrong (i, j) caught (transposed, say)."""
+        one pair at a time: ``[M or 1, 1, H]`` (``[M or 1, B, H]`` with ``sequence_bias``), or
+        None (the default): no reference. ``check-encoding`` compares ``bias`` with it at
+        every (query, key): declare it to have a map with the right shape but the wrong
+        (i, j) caught (transposed, say)."""
         return None
+
+
+def prepare_hook(
+    hook: AttentionHook, q: torch.Tensor, k: torch.Tensor, draw: Any, x: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """``hook.prepare``, given the layer's input ``x`` when the hook reads it (a hook that
+    does not is called as before, so its ``prepare`` need not take ``x``)."""
+    if hook.reads_input:
+        if x is None:
+            raise CheBenchError(f"{type(hook).__name__} reads the layer's input, which is missing")
+        return hook.prepare(q, k, draw, x=x)
+    return hook.prepare(q, k, draw)
+
+
+def own_scores(hook: AttentionHook) -> bool:
+    """Whether the hook replaces the plain scaled scores."""
+    return type(hook).scores is not AttentionHook.scores
+
+
+def own_normalisation(hook: AttentionHook) -> bool:
+    """Whether the hook replaces the masked softmax (``normalise``)."""
+    return type(hook).normalise is not AttentionHook.normalise
 
 
 class PositionalEncoding(nn.Module):
@@ -128,8 +209,9 @@ class PositionalEncoding(nn.Module):
     description: ClassVar[str]
     kind: ClassVar[str]
     randomized: ClassVar[bool] = False
-    #: True when the hooks' ``bias`` returns a data-independent additive map (DAPE then sees
-    #: 2H channels); the hooks themselves have no such attribute.
+    #: True when the hooks' ``bias`` returns an additive map, data-independent or (hooks with
+    #: ``sequence_bias``) per sequence (DAPE then sees 2H channels); the hooks themselves have
+    #: no such attribute.
     carries_bias: ClassVar[bool] = False
     #: Absolute encodings add to the embeddings, which are then dropped out (reference).
     adds_to_embedding: ClassVar[bool] = False

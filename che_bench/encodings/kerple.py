@@ -51,7 +51,11 @@ class KerpleHook(AttentionHook):
         self.r2.data.clamp_(min=MIN_PARAM, max=max_r2)
 
     def prepare(
-        self, q: torch.Tensor, k: torch.Tensor, draw: None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        draw: None = None,
+        x: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, None]:
         self.project_()
         return q, k, None

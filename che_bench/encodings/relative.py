@@ -74,7 +74,11 @@ class RelativeHook(AttentionHook):
         return two_sided(-left, right)
 
     def prepare(
-        self, q: torch.Tensor, k: torch.Tensor, draw: Distances | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        draw: Distances | None = None,
+        x: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """ctx: the projected offset features per head, ``[M, H, 2T-1, d_h]``."""
         length, members = q.shape[-2], q.shape[0]

@@ -52,7 +52,11 @@ class RotaryHook(AttentionHook):
         self.pairing = pairing
 
     def prepare(
-        self, q: torch.Tensor, k: torch.Tensor, draw: torch.Tensor | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        draw: torch.Tensor | None = None,
+        x: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, None]:
         if draw is None:
             angles = torch.arange(q.shape[-2], device=q.device).float()[:, None] * self.theta

@@ -7,6 +7,11 @@ gradients everything is one chunk. With DAPE on a CPU (and nothing captured), ev
 default scores go into one buffer reused by the next chunk, and DAPE's logits, the mask and
 the softmax are written over them in place: the same values, without the fresh full-size maps
 whose page faults cost more than their arithmetic.
+
+The hook may read the layer's input (``reads_input``), carry a bias per sequence
+(``sequence_bias``: added in the scores' product, ``biased_scores``, since SDPA's fused CPU
+kernel gives no gradient of a mask), compute its own scores, or replace the softmax
+(``normalise``); the last three take the explicit maps (``che_bench.encodings.base``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,13 @@ import torch
 from torch import nn
 
 from che_bench.encodings import AttentionHook
-from che_bench.encodings.base import scaled_scores
+from che_bench.encodings.base import (
+    biased_scores,
+    own_normalisation,
+    own_scores,
+    prepare_hook,
+    scaled_scores,
+)
 from che_bench.members import MemberLayerNorm, MemberLinear
 from che_bench.model.dape import DapeProcessor
 from che_bench.model.dropout import SequenceDropout
@@ -44,8 +55,8 @@ class Attention(nn.Module):
     """Multi-head attention calling the encoding's hook and then, optionally, DAPE.
 
     ``capture``: when a list (see ``Encoder.capture_attention``), every row chunk appends its
-    maps (raw scores plus bias, DAPE logits, softmax probabilities) to it; the output is
-    computed exactly as without it.
+    maps (raw scores plus bias, DAPE logits, the weights: softmax probabilities or the hook's
+    own ``normalise``) to it; the output is computed exactly as without it.
     """
 
     def __init__(
@@ -65,17 +76,34 @@ class Attention(nn.Module):
         )
         self.hook, self.dape, self.causal = hook, dape, causal
         self.memory_budget_bytes = memory_budget_bytes
-        # Plain scores and no processor: the fused kernel can take the bias as a mask.
-        self.fused = dape is None and type(hook).scores is AttentionHook.scores
+        # Plain scores, the softmax and no processor: the fused kernel can take the bias as
+        # a mask.
+        self.own_normalisation = own_normalisation(hook)
+        # A bias per sequence has a gradient, which SDPA's fused CPU kernel does not give:
+        # its math path costs more than one product that adds the bias (``biased_scores``).
+        self.plain_sum = hook.sequence_bias and not own_scores(hook)
+        self.fused = (
+            dape is None
+            and not own_scores(hook)
+            and not self.own_normalisation
+            and not hook.sequence_bias
+        )
         self.capture: list[dict[str, torch.Tensor | None]] | None = None
 
     def transient_channels(self, device: torch.device) -> int:
         """Float maps of shape ``[M, B, ., R, T]`` alive per row chunk (an estimate): those the
-        encoding's ``scores`` holds (many for CoPE and Transformer-XL) plus those after it."""
+        encoding's ``scores`` holds (many for CoPE and Transformer-XL), those its bias and
+        normalisation hold beyond the softmax's (``extra_maps``), plus those after the scores."""
         after_scores = (
             self.dape.transient_channels(device) if self.dape is not None else 2 * self.heads
         )
-        return self.hook.score_maps * self.heads + after_scores
+        return (self.hook.score_maps + self.hook.extra_maps) * self.heads + after_scores
+
+    def query_row_floats(self, length: int, device: torch.device) -> int:
+        """Floats of one query row of one sequence (one member) over ``length`` keys: its
+        transient maps' and the hook's per-sequence state (``state_floats``), the least an
+        evaluation's forward pass can be split down to."""
+        return self.transient_channels(device) * length + self.hook.state_floats(length)
 
     def forward(self, x: torch.Tensor, draw: Any = None) -> torch.Tensor:
         members, batch, length, dim = x.shape
@@ -83,12 +111,15 @@ class Attention(nn.Module):
             proj(x).view(members, batch, length, self.heads, self.head_dim).transpose(2, 3)
             for proj in (self.query, self.key, self.value)
         )
-        q, k, ctx = self.hook.prepare(q, k, draw)
+        q, k, ctx = prepare_hook(self.hook, q, k, draw, x)
         if torch.is_grad_enabled():
             step = length
         else:
             channels = self.transient_channels(x.device)
-            step = rows_per_chunk(members * batch, length, channels, self.memory_budget_bytes)
+            # The per-sequence state lives through every chunk: the chunks get the rest.
+            state = FLOAT_BYTES * members * batch * self.hook.state_floats(length)
+            budget = max(1, self.memory_budget_bytes - state)
+            step = rows_per_chunk(members * batch, length, channels, budget)
         chunks = [
             self._attend(q, k, v, slice(start, min(start + step, length)), ctx)
             for start in range(0, length, step)
@@ -104,6 +135,7 @@ class Attention(nn.Module):
         return (
             self.dape is not None
             and not self.dape.uses_convolution(device)
+            and not self.own_normalisation
             and not torch.is_grad_enabled()
         )
 
@@ -143,8 +175,7 @@ class Attention(nn.Module):
         assert self.dape is not None
         members, batch, heads, _, head_dim = q.shape
         shape = torch.Size((batch, heads, rows.stop - rows.start, k.shape[-2]))
-        default_scores = type(self.hook).scores is AttentionHook.scores
-        scores = None if default_scores else self.hook.scores(q, k, rows, ctx)
+        scores = self.hook.scores(q, k, rows, ctx) if own_scores(self.hook) else None
         out = q.new_empty(members, batch, heads, shape[2], head_dim)
         for member in range(members):
             tile_filter = self.dape.tile_filter(member, bias, rows, shape)
@@ -172,18 +203,25 @@ class Attention(nn.Module):
         bias: torch.Tensor | None,
         future: torch.Tensor | None,
     ) -> torch.Tensor:
-        """The softmax probabilities of the query ``rows``, computed explicitly (recorded in
-        ``capture`` with the raw scores and the DAPE logits when capturing)."""
-        scores = self.hook.scores(q, k, rows, ctx)
+        """The attention weights of the query ``rows`` (the softmax, or the hook's own
+        ``normalise``), computed explicitly (recorded in ``capture`` with the raw scores and
+        the DAPE logits when capturing)."""
         raw: torch.Tensor | None
-        if self.dape is None:
+        if self.dape is None and bias is not None and self.plain_sum:
+            logits = raw = biased_scores(q, k, rows, bias)
+        elif self.dape is None:
+            scores = self.hook.scores(q, k, rows, ctx)
             logits = raw = scores if bias is None else scores + bias
         else:  # the scores are DAPE's alone unless captured; their sum with the bias is unused
+            scores = self.hook.scores(q, k, rows, ctx)
             raw = (scores if bias is None else scores + bias) if self.capture is not None else None
             logits = self.dape(scores, bias, rows)
-        if future is not None:  # after every processor, never inside it
-            logits = logits.masked_fill(future, -math.inf)
-        probabilities = torch.softmax(logits, dim=-1)
+        if self.own_normalisation:  # it takes the mask itself
+            probabilities = self.hook.normalise(logits, rows, future, ctx)
+        else:
+            if future is not None:  # after every processor, never inside it
+                logits = logits.masked_fill(future, -math.inf)
+            probabilities = torch.softmax(logits, dim=-1)
         if self.capture is not None:
             self.capture.append(
                 {

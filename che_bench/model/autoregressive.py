@@ -16,7 +16,8 @@ relative ones act in every attention, the cross-attention's queries at the outpu
 0..T_out-1 and keys at the input positions 0..T_in-1 (as CHE applies RoPE, ALiBi and
 Transformer-XL in its cross-attention). Refused: FIRE and CoPE (positions normalised by, or
 counted over, the keys of one sequence, which cross-attention between two does not define),
-randomized encodings (a draw per sequence length, not per decoding step) and DAPE.
+randomized encodings (a draw per sequence length, not per decoding step), encodings that read
+the layer's input or replace the softmax (FoX, stick-breaking) and DAPE.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from che_bench.encodings import AttentionHook, PositionalEncoding, build_encoding
-from che_bench.encodings.base import canonical_encoding_name, get_encoding_class
+from che_bench.encodings.base import (
+    canonical_encoding_name,
+    get_encoding_class,
+    own_normalisation,
+)
 from che_bench.errors import CheBenchError
 from che_bench.members import MemberEmbedding, MemberLayerNorm, MemberLinear
 from che_bench.model.attention import Attention, Block, rows_per_chunk
@@ -215,6 +220,7 @@ class AutoregressiveTransformer(BenchModel):
         # + the start token that precedes the first output (CHE shift_right)
         self.decoder_embedding = MemberEmbedding(members, task.output_size + 1, dim, std=0.02)
         self.encoder_encoding, self.decoder_encoding = (_encoding(sizes, members) for _ in range(2))
+        _check_hooks(self.encoder_encoding)
         relative = self.encoder_encoding.kind == "relative"
         self.cross_encoding = _encoding(sizes, members) if relative else None
         cross_hooks = (
@@ -358,6 +364,20 @@ def _checked_sizes(options: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(options["pe_options"], dict):
         raise CheBenchError(f"pe_options must be a mapping, got {options['pe_options']!r}")
     return {**options, "pe": check_encoding(str(options["pe"]))}
+
+
+def _check_hooks(encoding: PositionalEncoding) -> None:
+    """Refuse an encoding whose hooks read the layer's input, carry a bias per sequence or
+    replace the softmax: cross-attention and one-step decoding give them neither."""
+    if any(
+        hook.reads_input or hook.sequence_bias or own_normalisation(hook)
+        for hook in encoding.layer_hooks()
+    ):
+        raise CheBenchError(
+            f"autoregressive_transformer cannot use --pe {encoding.name}: its attention reads "
+            "the layer's input or replaces the softmax, which the cross-attention and the "
+            "step-by-step decoding do not define"
+        )
 
 
 def _encoding(sizes: dict[str, Any], members: int) -> PositionalEncoding:

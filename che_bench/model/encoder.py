@@ -250,8 +250,8 @@ class Encoder(BenchModel):
         down to."""
         device = device or self.embedding.weight.device
         length = input_tokens + self.placeholders(input_tokens)
-        channels = max(attention.transient_channels(device) for attention in self.attentions())
-        return FLOAT_BYTES * self.members * channels * length
+        floats = max(attention.query_row_floats(length, device) for attention in self.attentions())
+        return FLOAT_BYTES * self.members * floats
 
     def _forward(
         self, inputs: torch.Tensor, draws: Draws | None, dropout_seeds: torch.Tensor | None = None
@@ -276,7 +276,7 @@ class Encoder(BenchModel):
         """Record every layer's attention maps during the forward passes inside the block:
         yields one list per layer, to which each row chunk appends its ``scores`` (q.k scaled,
         plus the encoding's bias), ``logits`` (after DAPE; None without it) and
-        ``probabilities`` (the softmax the layer uses), each ``[M, B, H, R, T]``."""
+        ``probabilities`` (the layer's weights: softmax or its own), each ``[M, B, H, R, T]``."""
         captured: list[list[dict[str, torch.Tensor | None]]] = [[] for _ in self.blocks]
         for attention, maps in zip(self.attentions(), captured, strict=True):
             attention.capture = maps
@@ -326,7 +326,7 @@ def _dape(
     members: int,
 ) -> DapeProcessor | None:
     """A layer's DAPE processor (None without a kernel); it sees the encoding's bias as
-    extra channels when the encoding carries one."""
+    extra channels when the encoding carries one (per sequence when its hooks say so)."""
     if kernel is None:
         return None
     return DapeProcessor(
@@ -335,6 +335,7 @@ def _dape(
         width=width,
         variant=variant,
         with_bias=encoding.carries_bias,
+        sequence_bias=any(hook.sequence_bias for hook in encoding.layer_hooks()),
         tril=tril,
         members=members,
     )

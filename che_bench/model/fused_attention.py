@@ -54,8 +54,14 @@ def _members_attention(
     """SDPA over ``[M, B, H, ., d_h]``, always called with 4-D tensors: a mask shared by the
     members (member axis 1, or none) lets the members join the batch axis; a mask of each
     member's own (``[M, b, H, R, T]``) makes them join the head axis instead,
-    ``[B, M * H, ., d_h]``, so that a pack never falls back to the math path."""
+    ``[B, M * H, ., d_h]``, so that a pack never falls back to the math path; a mask per
+    sequence (``[M or 1, B, H or 1, R, T]``) makes them join the batch axis, with the mask."""
     members, batch, heads, rows, head_dim = q.shape
+    if mask is not None and mask.dim() == 5 and mask.shape[1] > 1:  # a mask per sequence
+        q, k, v = (x.reshape(members * batch, heads, x.shape[-2], head_dim) for x in (q, k, v))
+        mask = mask.expand(members, -1, -1, -1, -1).reshape(members * batch, *mask.shape[2:])
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=_last_dim_contiguous(mask))
+        return out.view(members, batch, heads, rows, head_dim)
     if mask is not None and mask.dim() == 5 and mask.shape[0] > 1:
         q, k, v = (
             x.transpose(0, 1).reshape(batch, members * heads, x.shape[-2], head_dim)

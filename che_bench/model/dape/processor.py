@@ -57,8 +57,11 @@ def _filter_by_convolution(
     weight2: torch.Tensor,
 ) -> torch.Tensor:
     """f of every member as grouped ``conv2d`` calls (members are the groups), autograd's
-    backward: ``[M, B, C, R, T]`` content and ``[M or 1, 1, C_b, R, T]`` bias -> ``[M, B, H, R, T]``
-    (without f's output bias ``bias2``, which the residual carries)."""
+    backward: ``[M, B, C, R, T]`` content and ``[M or 1, 1 or B, C_b, R, T]`` bias ->
+    ``[M, B, H, R, T]`` (without f's output bias ``bias2``, which the residual carries)."""
+    if bias is not None and bias.shape[1] > 1:  # per sequence: more channels of the content
+        content = torch.cat([content, bias.expand(content.shape[0], -1, -1, -1, -1)], 2)
+        bias = None
     members, batch, channels, rows, length = content.shape
     kernel, heads = weight1.shape[-1], weight2.shape[1]
     padding = (0, kernel // 2)
@@ -93,6 +96,9 @@ class DapeProcessor(nn.Module):
             concat variants); without it every variant is ``S + f(S)``.
         tril: zero the entries with key j > query i of f's input (the residual keeps them);
             this is what makes DAPE V2 leak-free in a causal model.
+        sequence_bias: the bias has a batch axis, ``[M or 1, B, H, R, T]`` (one per
+            sequence); f then always runs as convolutions (the chunks and the native kernel
+            take a bias shared by the batch).
         members: the leading axis of every parameter (the models of a pack).
 
     ``implementation`` (an attribute, "auto" by default) picks how f is computed: "chunks"
@@ -109,10 +115,12 @@ class DapeProcessor(nn.Module):
         with_bias: bool = False,
         tril: bool = False,
         members: int = 1,
+        sequence_bias: bool = False,
     ) -> None:
         super().__init__()
         self.heads, self.kernel, self.width = heads, check_kernel(kernel), width
         self.variant, self.with_bias, self.tril = check_variant(variant), with_bias, tril
+        self.sequence_bias = with_bias and sequence_bias
         if width < 1:
             raise CheBenchError(f"dape_width must be >= 1, got {width!r}")
         self.concat_bias = with_bias and variant != "add_residual"
@@ -145,6 +153,8 @@ class DapeProcessor(nn.Module):
                 f"unknown DAPE implementation {self.implementation!r}; valid: "
                 + ", ".join(IMPLEMENTATIONS)
             )
+        if self.sequence_bias:
+            return True
         if self.implementation == "auto":
             return auto_implementation(device) == "convolution"
         return self.implementation == "convolution"
@@ -155,7 +165,8 @@ class DapeProcessor(nn.Module):
         f's hidden map before and after its activation and the members-in-channels copies).
         In the chunked filter the hidden map only ever exists for a few sequences at a time."""
         if self.uses_convolution(device):
-            return 8 * self.heads + 2 * self.width
+            # A per-sequence bias joins f's input: its copies as content channels.
+            return (12 if self.sequence_bias else 8) * self.heads + 2 * self.width
         return 6 * self.heads
 
     def _prepared(
@@ -197,8 +208,8 @@ class DapeProcessor(nn.Module):
         self, scores: torch.Tensor, bias: torch.Tensor | None = None, rows: slice | None = None
     ) -> torch.Tensor:
         """Logits ``[M, B, H, R, T]`` from scores ``[M, B, H, R, T]`` and bias
-        ``[M or 1, 1, H, R, T]``; ``rows`` locates the chunk's query rows (needed only by
-        ``tril``)."""
+        ``[M or 1, 1, H, R, T]`` (``[M or 1, B, H, R, T]`` with ``sequence_bias``); ``rows``
+        locates the chunk's query rows (needed only by ``tril``)."""
         num_rows, length = scores.shape[-2:]
         prepared = self._prepared(bias, rows, num_rows, length, scores.device)
         residual_terms, bias_channels, hidden = prepared
