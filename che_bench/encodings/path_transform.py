@@ -52,9 +52,10 @@ carried to its edge; one product ``[q^ | q^'] [K~ | K~']^T`` (inner width ``2d``
 rows in that block then gives the scores across blocks of both sides at once, and the in-block
 scores are copied onto its diagonal block. A chunk of R query rows costs ``O(R T d + T^2 d^2 /
 C)`` time and ``O(R T)`` memory (the carried keys of its ``R / C + 2`` blocks), under autograd
-too, against the plain recurrence's ``O(T^2 d)`` stored per head. A training batch (n <= 64 tokens) is one block: no walk, no product
-across blocks. Everything is exact, the same sums in another order (float32 rounding; ``T`` stays
-bounded, every partial product of ``H``'s having norm <= 1 for beta in [0, 2]).
+too, against the plain recurrence's ``O(T^2 d)`` stored per head. A training batch (n <= 64
+tokens) is one block: no walk, no product across blocks. Everything is exact, the same sums in
+another order (float32 rounding; ``T`` stays bounded, every partial product of ``H``'s having
+norm <= 1 for beta in [0, 2]).
 """
 
 from __future__ import annotations
