@@ -194,3 +194,15 @@ def test_the_captured_maps_are_path_s_softmax_over_several_blocks():
 def test_path_fox_passes_check_encoding_in_a_causal_model(check):
     options = {"forget_gate": True, "fox_bias_scaled": False}
     assert conformance.run_encoding_check(check, "path", options, causal=True) == []
+
+
+@pytest.mark.parametrize("forget_gate", [False, True])
+def test_evaluation_prepared_a_sequence_at_a_time_equals_the_whole(forget_gate, monkeypatch):
+    from che_bench.encodings import path
+
+    layer = layer_of(False, 3, forget_gate=forget_gate)
+    x = layer_input()
+    expected = plain_layer(layer, x)
+    monkeypatch.setattr(path, "PREPARE_FLOATS", 1)  # one sequence per part
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x)[0], expected, **TOLERANCE)

@@ -38,8 +38,19 @@ from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
 from che_bench.encodings.common import chunk_length, running_sum
 from che_bench.encodings.fox import ForgetBias
 from che_bench.encodings.path_parameters import PathProjections
-from che_bench.encodings.path_transform import BLOCK, PreparedPath, prepare_path
+from che_bench.encodings.path_transform import (
+    BLOCK,
+    Householders,
+    PreparedPath,
+    Side,
+    prepare_path,
+)
 from che_bench.errors import CheBenchError
+
+#: Floats of one in-block map (``[., H, T, C]``) that an evaluation prepares at a time: its
+#: sequences are prepared a few at a time, so that the transform's work maps (about five such
+#: maps) stay small beside the prepared state, which the memory planner counts.
+PREPARE_FLOATS = 1 << 22
 
 
 class PathContext(NamedTuple):
@@ -82,7 +93,10 @@ class PathHook(AttentionHook):
     ) -> tuple[torch.Tensor, torch.Tensor, PathContext]:
         assert x is not None  # reads_input: the attention passes it
         left, right = self.left(x), self.right(x)
-        path = prepare_path(q, k, left.householders, right.householders)
+        if torch.is_grad_enabled():
+            path = prepare_path(q, k, left.householders, right.householders)
+        else:
+            path = prepare_by_sequences(q, k, left.householders, right.householders)
         return q, k, PathContext(path, self.forget_sums(left.log_forget, right.log_forget))
 
     def forget_sums(
@@ -102,6 +116,46 @@ class PathHook(AttentionHook):
         blocks = -(-length // size)
         d = self.head_dim
         return self.heads * (length * (size + 12 * d) + 2 * blocks * d * d)
+
+
+def prepare_by_sequences(
+    q: torch.Tensor, k: torch.Tensor, left: Householders, right: Householders
+) -> PreparedPath:
+    """``prepare_path`` of ``q, k [M, B, H, T, d]`` a few sequences at a time (``PREPARE_FLOATS``),
+    each part written into the whole's tensors (without gradients: evaluation)."""
+    batch, heads, length = q.shape[1:4]
+    step = max(1, PREPARE_FLOATS // (heads * length * min(length, BLOCK)))
+    whole: list[torch.Tensor | None] = []
+    first = None
+    for start in range(0, batch, step):
+        sequences = slice(start, start + step)
+        part = prepare_path(
+            q[:, sequences],
+            k[:, sequences],
+            Householders(left.w[:, sequences], left.beta[:, sequences]),
+            Householders(right.w[:, sequences], right.beta[:, sequences]),
+        )
+        tensors = _tensors(part)
+        if first is None:
+            first = part
+            whole = [
+                None if t is None else t.new_empty(t.shape[0], batch, *t.shape[2:]) for t in tensors
+            ]
+        for target, tensor in zip(whole, tensors, strict=True):
+            if target is not None and tensor is not None:
+                target[:, sequences] = tensor
+    assert first is not None and whole[0] is not None
+    sides = tuple(
+        Side(side.right, *whole[1 + 3 * index : 4 + 3 * index])
+        for index, side in enumerate(first.sides)
+    )
+    return PreparedPath(first.length, whole[0], sides)
+
+
+def _tensors(path: PreparedPath) -> list[torch.Tensor | None]:
+    """The prepared tensors, the in-block scores first, then each side's three."""
+    sides = [(side.queries, side.keys, side.transitions) for side in path.sides]
+    return [path.local, *(tensor for side in sides for tensor in side)]
 
 
 class ForgetPathHook(PathHook):
