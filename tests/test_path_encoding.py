@@ -15,7 +15,7 @@ import torch
 
 from che_bench.checks import conformance
 from che_bench.encodings import build_encoding
-from che_bench.encodings.path_transform import Householders
+from che_bench.encodings.path_transform import Householders, prepare_path
 from che_bench.errors import CheBenchError
 from che_bench.model.attention import Attention
 from che_bench.model.dape import DapeProcessor
@@ -23,7 +23,7 @@ from che_bench.model.encoder import build_model
 from che_bench.tasks import get_task
 from tests.test_dape import conv2d_reference
 from tests.test_data_dependent_encodings import project
-from tests.test_path_transform import explicit_scores
+from tests.test_path_transform import explicit_scores, random_factors
 
 HEADS, DIM, LENGTH, BATCH = 2, 8, 7, 2
 HEAD_DIM = DIM // HEADS
@@ -206,3 +206,15 @@ def test_evaluation_prepared_a_sequence_at_a_time_equals_the_whole(forget_gate, 
     monkeypatch.setattr(path, "PREPARE_FLOATS", 1)  # one sequence per part
     with torch.no_grad():
         torch.testing.assert_close(layer(x)[0], expected, **TOLERANCE)
+
+
+def test_a_chunk_of_rows_forms_the_scores_of_those_rows_only():
+    """Two query rows of a sequence of three blocks make no map as large as a block's rows
+    over every key (the evaluation's chunks stay within the memory plan)."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 1, 1, 130, 4).unbind(0)
+    factors = [random_factors((1, 1), 130, 4) for _ in range(2)]
+    prepared = prepare_path(q, k, *factors, block=44)  # three blocks of 44 (132 keys, padded)
+    with torch.no_grad(), conformance._largest_tensor() as largest:
+        prepared.scores(slice(50, 52))
+    assert largest["bytes"] < 4 * 44 * 132, largest
