@@ -23,7 +23,7 @@ HEAD_DIM = DIM // HEADS
 ALL_NAMES = {
     "none", "sin_cos", "learned", "rope", "relative", "t5", "alibi", "kerple", "kerple_power",
     "fire", "cope", "random_sin_cos", "random_learned", "random_rope", "random_relative",
-    "random_alibi", "fox", "stick_breaking",
+    "random_alibi", "fox", "stick_breaking", "path",
 }
 #: Attention-side encodings whose positional effect depends on i - j only.
 TOEPLITZ = [

@@ -16,6 +16,7 @@ from che_bench.encodings import (  # noqa: F401
     kerple,
     learned,
     nope,
+    path,
     relative,
     rope,
     sin_cos,

@@ -48,13 +48,14 @@ one ``Q K^T``.
 ``[..., T, d]`` and the ``d x d`` block products of each side. ``PreparedPath.scores(rows)``
 walks the keys block by block from the far end, ``K~ <- K~ P_J^T`` (fla's naive walks the queries
 instead, ``q <- q - q H_mat``), so that for each query block the keys of the other blocks stand
-carried to its edge; one product ``[q^ | q^'] [K~ | K~']^T`` (inner width ``2d``) then gives the
-scores across blocks of both sides at once, and the in-block scores are copied onto its diagonal
-blocks. A chunk of R query rows costs ``O(R T d + T^2 d^2 / C)`` time and ``O(R T)`` memory (the
-carried keys of its ``R / C + 2`` blocks), under autograd too, against the plain recurrence's
-``O(T^2 d)`` stored per head. A training batch (n <= 64 tokens) is one block: no walk, no product
-across blocks. Everything is exact, the same sums in another order (float32 rounding; ``T`` stays
-bounded, every partial product of ``H``'s having norm <= 1 for beta in [0, 2]).
+carried to its edge; one product ``[q^ | q^'] [K~ | K~']^T`` (inner width ``2d``) of the chunk's
+rows in that block then gives the scores across blocks of both sides at once, and the in-block
+scores are copied onto its diagonal block. A chunk of R query rows costs ``O(R T d + T^2 d^2 /
+C)`` time and ``O(R T)`` memory (the carried keys of its ``R / C + 2`` blocks), under autograd
+too, against the plain recurrence's ``O(T^2 d)`` stored per head. A training batch (n <= 64
+tokens) is one block: no walk, no product across blocks. Everything is exact, the same sums in
+another order (float32 rounding; ``T`` stays bounded, every partial product of ``H``'s having
+norm <= 1 for beta in [0, 2]).
 """
 
 from __future__ import annotations
@@ -195,16 +196,19 @@ class PreparedPath:
         first, last = start // size, (stop - 1) // size
         local = self.local[..., first : last + 1, :, :]
         if count == 1:
-            block_rows = local
-        else:  # one product for both sides, the in-block scores put on the diagonal
-            queries = torch.cat([self._queries(side, first, last) for side in self.sides], -1)
-            keys = torch.cat([carried_keys(side, first, last) for side in self.sides], -1)
-            block_rows = queries @ keys.transpose(-1, -2)  # [..., blocks, C, n C]
-            by_key_block = block_rows.unflatten(-1, (count, size))
-            for index in range(last - first + 1):
-                by_key_block[..., index, :, first + index, :] = local[..., index, :, :]
-        offset = first * size
-        return block_rows.flatten(-3, -2)[..., start - offset : stop - offset, : self.length]
+            offset = first * size
+            return local.flatten(-3, -2)[..., start - offset : stop - offset, : self.length]
+        # One product for both sides per query block, of the rows asked for only (a chunk
+        # smaller than a block forms no other block rows), the in-block scores put on it.
+        queries = torch.cat([self._queries(side, first, last) for side in self.sides], -1)
+        keys = torch.cat([carried_keys(side, first, last) for side in self.sides], -1)
+        parts = []
+        for index, block in enumerate(range(first, last + 1)):
+            low, high = max(start - block * size, 0), min(stop - block * size, size)
+            part = queries[..., index, low:high, :] @ keys[..., index, :, :].transpose(-1, -2)
+            part.unflatten(-1, (count, size))[..., block, :] = local[..., index, low:high, :]
+            parts.append(part)
+        return torch.cat(parts, -2)[..., : self.length]
 
     @staticmethod
     def _queries(side: Side, first: int, last: int) -> Tensor:
