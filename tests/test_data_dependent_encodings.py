@@ -324,3 +324,19 @@ def test_no_stick_weight_is_subnormal():
     tiny = torch.finfo(torch.float32).tiny
     assert (weights[0, 0, 0, 0, :299] >= tiny).all()  # head 0 looks left, over 299 keys
     assert (weights[weights != 0] >= tiny).all()
+
+
+@pytest.mark.parametrize("pe", ["fox", "path"])
+def test_a_causal_model_builds_no_parameters_for_keys_right_of_the_query(pe):
+    """``build_encoding(causal=True)``: the right gates / right Householders are not built
+    (they would be dead weights, counted as parameters and never trained)."""
+    from che_bench.encodings.base import build_encoding
+
+    sizes = dict(dim=16, heads=4, layers=2, train_max_tokens=40)
+    both = build_encoding(pe, **sizes)
+    causal = build_encoding(pe, **sizes, causal=True)
+    assert any("right" in name for name, _ in both.named_parameters())
+    assert not any("right" in name for name, _ in causal.named_parameters())
+    count = lambda encoding: sum(p.numel() for p in encoding.parameters())  # noqa: E731
+    assert count(causal) == count(both) // 2
+    assert "causal" not in type(both).option_names()

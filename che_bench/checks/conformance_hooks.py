@@ -45,7 +45,9 @@ def _future(rows: slice, length: int) -> torch.Tensor:
     return torch.arange(length)[None, :] > torch.arange(length)[rows, None]
 
 
-def _encoding(pe: str, options: dict[str, Any], members: int) -> PositionalEncoding:
+def _encoding(
+    pe: str, options: dict[str, Any], members: int, causal: bool = False
+) -> PositionalEncoding:
     torch.manual_seed(0)
     encoding = build_encoding(
         pe,
@@ -54,6 +56,7 @@ def _encoding(pe: str, options: dict[str, Any], members: int) -> PositionalEncod
         layers=LAYERS,
         train_max_tokens=TRAIN_MAX_TOKENS,
         members=members,
+        causal=causal,
         **options,
     )
     return encoding.eval()
@@ -87,7 +90,7 @@ def check_bias_shape(pe: str, options: dict[str, Any], causal: bool = False) -> 
     when the encoding class sets ``carries_bias`` (what che-bench reads: DAPE takes the bias
     as H extra channels), and None when it does not; with three members, whole and part row
     chunks, and the training draws of a randomized encoding."""
-    encoding = _encoding(pe, options, MEMBERS)
+    encoding = _encoding(pe, options, MEMBERS, causal)
     failures = []
     with torch.no_grad():
         for layer, hook, ctx in _prepared_hooks(encoding):
@@ -129,7 +132,7 @@ def check_translation_invariance(
     on their contents and j - i only. Queries and keys moved SHIFT positions later give the
     same logits, at lengths inside the training range (without random draws); and the
     embeddings carry no position (the same token everywhere stays the same everywhere)."""
-    encoding = _encoding(pe, options, 1)
+    encoding = _encoding(pe, options, 1, causal)
     if encoding.kind != "relative":
         return []
     q, k, x = _queries_and_keys(1)
@@ -176,7 +179,7 @@ def check_reference_bias(pe: str, options: dict[str, Any], causal: bool = False)
     randomized encoding (a map of the right shape with i and j swapped fails here)."""
     failures = []
     with torch.no_grad():
-        for layer, hook, ctx in _prepared_hooks(_encoding(pe, options, MEMBERS)):
+        for layer, hook, ctx in _prepared_hooks(_encoding(pe, options, MEMBERS, causal)):
             reference = _reference_map(hook, ctx)
             if reference is None:
                 continue

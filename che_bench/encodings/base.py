@@ -236,7 +236,7 @@ class PositionalEncoding(nn.Module):
     @classmethod
     def option_names(cls) -> list[str]:
         """The encoding-specific keyword options this class accepts."""
-        common = {"self", "dim", "heads", "layers", "train_max_tokens", "members"}
+        common = {"self", "dim", "heads", "layers", "train_max_tokens", "members", "causal"}
         return [p for p in inspect.signature(cls.__init__).parameters if p not in common]
 
     def layer_hooks(self) -> list[AttentionHook]:
@@ -325,10 +325,13 @@ def build_encoding(
     layers: int,
     train_max_tokens: int,
     members: int = 1,
+    causal: bool = False,
     **options: Any,
 ) -> PositionalEncoding:
     """Build encoding ``name``; an option it does not take, or refuses (with a CheBenchError
-    or a ValueError), is a ``CheBenchError``."""
+    or a ValueError), is a ``CheBenchError``. ``causal``: whether the model's attention is
+    causal, passed to an encoding whose constructor takes it (one with a bidirectional form
+    builds no parameters for the keys right of the query in a causal model)."""
     cls = get_encoding_class(name)
     unknown = sorted(set(options) - set(cls.option_names()))
     if unknown:
@@ -346,5 +349,6 @@ def build_encoding(
         layers=layers,
         train_max_tokens=train_max_tokens,
         members=members,
+        **({"causal": causal} if "causal" in inspect.signature(cls.__init__).parameters else {}),
         **options,
     )

@@ -15,8 +15,7 @@ Bidirectional (the CHE encoder's default; no source defines it): a second gate s
 ``f'_t = sigmoid(w'_h . x_t + b'_h)``, initialised alike, for the keys to the right,
 mirroring the causal sum: ``D_ij = sum_{s=i..j-1} log f'_s`` for ``j > i`` (query end
 included, key end excluded). One shared gate would give ``-|c_i - c_j|``, which cannot tell
-left from right. In a causal model the right gates' part is hidden with the future keys, so
-they get zero gradients (and the encoding's parameter count includes them).
+left from right. A causal model (``build_encoding``'s ``causal``) has no right gates.
 
 The bias has a batch axis (``sequence_bias``): DAPE's filter takes ``D`` as its bias
 channels (2H channels, as for ALiBi or Kerple), per sequence.
@@ -107,10 +106,11 @@ class ForgetGateHook(AttentionHook):
     sequence_bias = True
     extra_maps = 1  # the bias (``ForgetBias``)
 
-    def __init__(self, dim: int, heads: int, members: int) -> None:
+    def __init__(self, dim: int, heads: int, members: int, causal: bool = False) -> None:
         super().__init__()
         self.left_gate = forget_gate(members, dim, heads)
-        self.right_gate = forget_gate(members, dim, heads)
+        # A causal model never sees the keys right of the query: no gates for them.
+        self.right_gate = None if causal else forget_gate(members, dim, heads)
 
     def prepare(
         self, q: torch.Tensor, k: torch.Tensor, draw: Any = None, x: torch.Tensor | None = None
@@ -118,9 +118,11 @@ class ForgetGateHook(AttentionHook):
         """ctx: the gates' log values ``log f``, ``log f'`` ``[M, B, H, T]`` and their sums,
         ``left`` (``c_t``, up to t included) and ``right`` (``c'_t``, before t)."""
         assert x is not None  # reads_input: the attention passes it
-        log_left, log_right = (
-            F.logsigmoid(gate(x)).transpose(-1, -2) for gate in (self.left_gate, self.right_gate)
-        )
+        log_left = F.logsigmoid(self.left_gate(x)).transpose(-1, -2)
+        if self.right_gate is None:
+            log_right = torch.zeros_like(log_left)
+        else:
+            log_right = F.logsigmoid(self.right_gate(x)).transpose(-1, -2)
         right_inclusive = running_sum(log_right, from_the_right=False)
         ctx = {
             "log_left": log_left,
@@ -147,7 +149,8 @@ class ForgetGateHook(AttentionHook):
 class ForgettingEncoding(PositionalEncoding):
     """FoX's forget gates in every layer (module docstring), bidirectional in the encoder.
 
-    No options; ``2 (D + 1) H`` parameters per layer (the left and right gates).
+    No options; ``2 (D + 1) H`` parameters per layer (the left and right gates), ``(D + 1) H``
+    in a causal model (the left gates only).
     """
 
     name = "fox"
@@ -156,9 +159,18 @@ class ForgettingEncoding(PositionalEncoding):
     carries_bias = True
 
     def __init__(
-        self, *, dim: int, heads: int, layers: int, train_max_tokens: int, members: int = 1
+        self,
+        *,
+        dim: int,
+        heads: int,
+        layers: int,
+        train_max_tokens: int,
+        members: int = 1,
+        causal: bool = False,
     ) -> None:
         super().__init__(
             dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
         )
-        self.hooks = nn.ModuleList(ForgetGateHook(dim, heads, members) for _ in range(layers))
+        self.hooks = nn.ModuleList(
+            ForgetGateHook(dim, heads, members, causal) for _ in range(layers)
+        )

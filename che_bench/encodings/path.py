@@ -11,9 +11,8 @@ Causal (the paper's form, fla's)::
 Bidirectional (the CHE encoder's default; no source defines it, spec §2 [D]): the keys right of
 the query go through a second set ``H'_t`` with its own parameters (``w'`` from an anti-causal
 convolution, reading tokens ``t .. t+2``), mirrored: ``s_ij = d^-1/2 q_i^T (H'_i ... H'_{j-1})
-k_j`` for ``j > i`` (positions ``[i, j)``). The hooks always compute both sides; in a causal model
-the right side's scores are hidden with the future keys, so its parameters get zero gradients
-(as FoX's right gates do) and the scores a causal model uses are exactly the causal form.
+k_j`` for ``j > i`` (positions ``[i, j)``). A causal model (``build_encoding``'s ``causal``) has
+no right side: its scores are exactly the causal form.
 
 PaTH-FoX (``forget_gate``): FoX's forget bias ``D_ij = sum_{s=j+1..i} log f_s`` (mirrored with
 a second gate ``f'`` on the right, as ``fox``), per sequence, added to the scores; scaled by
@@ -72,12 +71,20 @@ class PathHook(AttentionHook):
     score_maps = 3
 
     def __init__(
-        self, dim: int, heads: int, members: int, *, negative_eigenvalues: bool, forget_gate: bool
+        self,
+        dim: int,
+        heads: int,
+        members: int,
+        *,
+        negative_eigenvalues: bool,
+        forget_gate: bool,
+        causal: bool = False,
     ) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, dim // heads
-        self.left, self.right = (
-            PathProjections(
+
+        def side(anticausal: bool) -> PathProjections:
+            return PathProjections(
                 members,
                 dim,
                 heads,
@@ -85,19 +92,23 @@ class PathHook(AttentionHook):
                 forget_gate=forget_gate,
                 anticausal=anticausal,
             )
-            for anticausal in (False, True)
-        )
+
+        # A causal model never sees the keys right of the query: no right side.
+        self.left, self.right = side(False), None if causal else side(True)
 
     def prepare(
         self, q: torch.Tensor, k: torch.Tensor, draw: Any = None, x: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, PathContext]:
         assert x is not None  # reads_input: the attention passes it
-        left, right = self.left(x), self.right(x)
+        left = self.left(x)
+        right = None if self.right is None else self.right(x)
+        right_factors = None if right is None else right.householders
         if torch.is_grad_enabled():
-            path = prepare_path(q, k, left.householders, right.householders)
+            path = prepare_path(q, k, left.householders, right_factors)
         else:
-            path = prepare_by_sequences(q, k, left.householders, right.householders)
-        return q, k, PathContext(path, self.forget_sums(left.log_forget, right.log_forget))
+            path = prepare_by_sequences(q, k, left.householders, right_factors)
+        log_right = None if right is None else right.log_forget
+        return q, k, PathContext(path, self.forget_sums(left.log_forget, log_right))
 
     def forget_sums(
         self, log_left: torch.Tensor | None, log_right: torch.Tensor | None
@@ -119,7 +130,7 @@ class PathHook(AttentionHook):
 
 
 def prepare_by_sequences(
-    q: torch.Tensor, k: torch.Tensor, left: Householders, right: Householders
+    q: torch.Tensor, k: torch.Tensor, left: Householders, right: Householders | None
 ) -> PreparedPath:
     """``prepare_path`` of ``q, k [M, B, H, T, d]`` a few sequences at a time (``PREPARE_FLOATS``),
     each part written into the whole's tensors (without gradients: evaluation)."""
@@ -133,7 +144,9 @@ def prepare_by_sequences(
             q[:, sequences],
             k[:, sequences],
             Householders(left.w[:, sequences], left.beta[:, sequences]),
-            Householders(right.w[:, sequences], right.beta[:, sequences]),
+            None
+            if right is None
+            else Householders(right.w[:, sequences], right.beta[:, sequences]),
         )
         tensors = _tensors(part)
         if first is None:
@@ -165,10 +178,22 @@ class ForgetPathHook(PathHook):
     extra_maps = 1  # the bias (``fox.ForgetBias``)
 
     def __init__(
-        self, dim: int, heads: int, members: int, *, negative_eigenvalues: bool, scaled: bool
+        self,
+        dim: int,
+        heads: int,
+        members: int,
+        *,
+        negative_eigenvalues: bool,
+        scaled: bool,
+        causal: bool = False,
     ) -> None:
         super().__init__(
-            dim, heads, members, negative_eigenvalues=negative_eigenvalues, forget_gate=True
+            dim,
+            heads,
+            members,
+            negative_eigenvalues=negative_eigenvalues,
+            forget_gate=True,
+            causal=causal,
         )
         # fla adds D before the scores' d^-1/2 scaling; the sums are linear in log f.
         self.bias_scale = 1 / math.sqrt(self.head_dim) if scaled else 1.0
@@ -176,7 +201,9 @@ class ForgetPathHook(PathHook):
     def forget_sums(
         self, log_left: torch.Tensor | None, log_right: torch.Tensor | None
     ) -> dict[str, torch.Tensor]:
-        assert log_left is not None and log_right is not None  # built with the gates
+        assert log_left is not None  # built with the gates
+        # (A causal model has no right side: nothing right of the query is seen.)
+        log_right = torch.zeros_like(log_left) if log_right is None else log_right
         log_left, log_right = log_left * self.bias_scale, log_right * self.bias_scale
         return {
             "log_left": log_left,
@@ -228,6 +255,7 @@ class PathEncoding(PositionalEncoding):
         layers: int,
         train_max_tokens: int,
         members: int = 1,
+        causal: bool = False,
         negative_eigenvalues: bool = True,
         forget_gate: bool = False,
         fox_bias_scaled: bool = True,
@@ -238,7 +266,7 @@ class PathEncoding(PositionalEncoding):
         if not (forget_gate or fox_bias_scaled):
             raise CheBenchError("fox_bias_scaled applies to PaTH-FoX only (forget_gate true)")
         self.hooks = nn.ModuleList(
-            _hook(dim, heads, members, negative_eigenvalues, forget_gate, fox_bias_scaled)
+            _hook(dim, heads, members, negative_eigenvalues, forget_gate, fox_bias_scaled, causal)
             for _ in range(layers)
         )
         # PaTH-FoX carries a bias per sequence (DAPE's bias channels); plain PaTH none.
@@ -251,8 +279,18 @@ class PathEncoding(PositionalEncoding):
 
 
 def _hook(
-    dim: int, heads: int, members: int, negative: bool, forget_gate: bool, scaled: bool
+    dim: int,
+    heads: int,
+    members: int,
+    negative: bool,
+    forget_gate: bool,
+    scaled: bool,
+    causal: bool,
 ) -> PathHook:
     if forget_gate:
-        return ForgetPathHook(dim, heads, members, negative_eigenvalues=negative, scaled=scaled)
-    return PathHook(dim, heads, members, negative_eigenvalues=negative, forget_gate=False)
+        return ForgetPathHook(
+            dim, heads, members, negative_eigenvalues=negative, scaled=scaled, causal=causal
+        )
+    return PathHook(
+        dim, heads, members, negative_eigenvalues=negative, forget_gate=False, causal=causal
+    )

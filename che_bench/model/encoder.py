@@ -384,6 +384,7 @@ def build_model(
         layers=settings["layers"],
         train_max_tokens=train_max_tokens,
         members=members,
+        causal=settings["causal"],
         **options,
     )
     return Encoder(
