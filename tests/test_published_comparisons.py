@@ -108,9 +108,10 @@ def test_flip_flop_read_errors_sit_beside_the_pooled_accuracy_of_the_matching_sp
     assert "93.10 (+1.90)" in text and "pooled accuracy %" in text
     assert "not comparable: trained on p_ignore=0.98 (theirs p_ignore=0.8)" in text
     assert "layers 2 (theirs 1)" in text and "arXiv 2505.16381" in text
-    # Published values no cell shows are listed with their source's words.
-    assert "SBA (read error %, che-bench has no SBA (stick-breaking attention)): ID 9.6" in text
-    assert "PaTH (read error %, che-bench has no PaTH attention): ID 0, sparse 0.0001" in text
+    # Published values no cell shows are listed: SBA, FoX and PaTH are che-bench's
+    # stick_breaking, fox and path, beside no run in this store.
+    assert "SBA (read error %): ID 9.6, sparse 38.9, dense 0" in text
+    assert "PaTH (read error %): ID 0, sparse 0.0001, dense 0" in text
 
 
 def test_the_sparse_column_compares_a_run_trained_on_ffl_0_8_evaluated_at_0_98(tmp_path, capsys):
