@@ -152,7 +152,9 @@ class StateTrackingModel(BenchModel):
         tokens ``[B]``, read as ``with_sequence_lengths`` says. The other keywords are part
         of the contract and unused (nothing is drawn)."""
         inputs = self.member_inputs(inputs)
-        if lengths is not None:
+        # An in-place task reads every position: its padding is masked out of the loss and
+        # the counts, so a mixed batch needs no per-sequence read-out there.
+        if lengths is not None and self.task.output_layout != "in_place":
             tokens, positions = self.with_sequence_lengths(inputs, lengths)
             return self._logits(tokens, positions.shape[-1], positions)
         tokens, read = self.with_output_tokens(inputs)
@@ -164,16 +166,11 @@ class StateTrackingModel(BenchModel):
         """A mixed-length batch's tokens and read-out positions ``[B, read]``: each row's own
         ``lengths[b]`` inputs, then the empty output tokens of CHE's layout in place of its
         padding (every position after its inputs; the model is causal, so nothing it reads
-        sees the rest), read there; an in-place task reads every position (its padding is
-        masked out of the loss and the counts)."""
-        if self.task.output_layout == "in_place":
-            positions = torch.arange(inputs.shape[-1], device=inputs.device)
-            return inputs, positions.expand(inputs.shape[1], -1)
+        sees the rest), read there."""
         placeholders = self.task.output_length(int(lengths.min()))  # one for every row
         width = inputs.shape[-1] + placeholders
         tokens = inputs.new_full((*inputs.shape[:2], width), self.task.input_size)
-        index = torch.arange(width, device=inputs.device)
-        inside = index[: inputs.shape[-1]] < lengths[:, None]
+        inside = torch.arange(inputs.shape[-1], device=inputs.device) < lengths[:, None]
         tokens[..., : inputs.shape[-1]] = torch.where(inside, inputs, self.task.input_size)
         return tokens, lengths[:, None] + torch.arange(placeholders, device=inputs.device)
 
