@@ -44,6 +44,30 @@ def test_the_fast_model_is_the_model_run_token_by_token(
 
 
 @pytest.mark.parametrize("name", MODELS)
+def test_without_the_short_conv_q_k_v_read_their_own_token_only(name, monkeypatch):
+    """``short_conv=false`` (DeltaProduct's S3 runs): no convolution's parameters, and the
+    first layer's queries at token t change only when token t does (the conv reads t-3..t)."""
+    model = tiny(name, short_conv=False).eval()
+    assert not any(".conv." in key for key in model.state_dict())
+    assert any(".conv." in key for key in tiny(name).state_dict())
+    queries = []
+
+    def recording(q, k, v, beta, log_decay=None, chunk=64):
+        queries.append(q)  # [M, B, H, T, d]
+        return recurrent_delta_product(q, k, v, beta, log_decay)
+
+    monkeypatch.setattr(deltanet, "delta_product", recording)
+    inputs = inputs_for("parity_check", 8)
+    changed = inputs.clone()
+    changed[:, 3] = 1 - changed[:, 3]
+    with torch.no_grad():
+        model(inputs), model(changed)
+    first, second = queries[0], queries[len(model.blocks)]
+    differs = (first != second).any(-1).flatten(end_dim=-2).any(0)  # per token
+    assert differs.nonzero().flatten().tolist() == [3]
+
+
+@pytest.mark.parametrize("name", MODELS)
 def test_negative_eigenvalues_double_beta_and_nothing_else(name, monkeypatch):
     seen = []
 
@@ -221,6 +245,7 @@ def test_the_initialisation_is_grazzi_et_al_s_fork_of_fla():
         ("gated_deltanet", {"width": 10, "heads": 4}, "width 10 is not a multiple of heads 4"),
         ("deltaproduct", {"householder": 0}, "householder must be a positive integer"),
         ("deltaproduct", {"forget_gate": 1}, "forget_gate must be true or false"),
+        ("deltanet", {"short_conv": "no"}, "short_conv must be true or false"),
         ("deltanet", {"householder": 2}, "deltanet takes no option householder"),
     ],
 )

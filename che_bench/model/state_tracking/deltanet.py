@@ -6,7 +6,8 @@ Block (fla's ``DeltaNetBlock``, pre-norm): ``x += Mixer(RMSNorm(x)); x += SwiGLU
 final RMSNorm before the read-out; every norm eps 1e-6 (fla's model ``norm_eps``, passed to
 the layer's output norm too). Mixer, per token (``d_k = d_v = width / heads``):
 
-1. q, k, v = SiLU(conv4(W x)) (causal depthwise short convolutions, no bias);
+1. q, k, v = SiLU(conv4(W x)) (causal depthwise short convolutions, no bias; without them,
+   ``short_conv=false``, SiLU(W x), as DeltaProduct's word-problem runs, spec word_problems.md 2.2);
 2. q, k L2-normalised per head (fla's ``l2_norm``: ``x / sqrt(|x|^2 + 1e-6)``), q scaled by
    ``d_k^-1/2``; beta = sigmoid(W_b x), doubled under ``negative_eigenvalues`` (Grazzi et al.,
    arXiv 2411.12537: beta in (0, 2), transition eigenvalues in (-1, 1));
@@ -75,8 +76,8 @@ def mlp_width(width: int) -> int:
 class DeltaMixer(nn.Module):
     """The delta-rule token mixer ``[M, B, T, width] -> [M, B, T, width]`` (module docstring).
     ``householder``: sub-steps per token; ``forget_gate``, ``output_gate``: whether it has
-    them; ``negative_eigenvalues``: beta in (0, 2) instead of (0, 1); ``channels_last_conv``:
-    the short convolution's layout (``MemberCausalConv1d``)."""
+    them; ``negative_eigenvalues``: beta in (0, 2) instead of (0, 1); ``short_conv``: whether
+    it has the short convolution, ``channels_last_conv`` its layout (``MemberCausalConv1d``)."""
 
     def __init__(
         self,
@@ -89,6 +90,7 @@ class DeltaMixer(nn.Module):
         output_gate: bool = False,
         negative_eigenvalues: bool = False,
         channels_last_conv: bool = False,
+        short_conv: bool = True,
     ) -> None:
         super().__init__()
         self.heads, self.head_dim, self.householder = heads, width // heads, householder
@@ -100,9 +102,12 @@ class DeltaMixer(nn.Module):
         self.sizes += [heads if forget_gate else 0, width if output_gate else 0]
         self.project = MemberLinear(members, width, sum(self.sizes), bias=False, init="torch")
         init_members_(self.project.weight, self._init_projection)
-        self.conv = MemberCausalConv1d(
-            members, sum(self.sizes[:3]), CONV_SIZE, bias=False, channels_last=channels_last_conv
-        )
+        channels = sum(self.sizes[:3])
+        self.conv: nn.Module = nn.Identity()
+        if short_conv:
+            self.conv = MemberCausalConv1d(
+                members, channels, CONV_SIZE, bias=False, channels_last=channels_last_conv
+            )
         self.norm = MemberRMSNorm(members, self.head_dim, eps=NORM_EPS)
         self.out = MemberLinear(members, width, width, bias=False, init="torch")
         init_members_(self.out.weight, lambda w: nn.init.xavier_uniform_(w, gain=MIXER_GAIN))
@@ -231,7 +236,11 @@ class DeltaBlock(nn.Module):
 class DeltaRuleModel(StateTrackingModel):
     """What the three delta-rule models share; a subclass says which gates it has."""
 
-    defaults: ClassVar[dict[str, Any]] = {**COMMON_DEFAULTS, "negative_eigenvalues": False}
+    defaults: ClassVar[dict[str, Any]] = {
+        **COMMON_DEFAULTS,
+        "negative_eigenvalues": False,
+        "short_conv": True,
+    }
     #: Whether the last block's weight gradients are summed over every position, as the
     #: block run at every position sums them, bit for bit (``DeltaBlock``), or over the
     #: read-out positions alone, which skips the position-wise stage's forward at the other
@@ -246,6 +255,7 @@ class DeltaRuleModel(StateTrackingModel):
 
     def check_options(self, settings: dict[str, Any]) -> dict[str, Any]:
         switch("negative_eigenvalues", settings["negative_eigenvalues"])
+        switch("short_conv", settings["short_conv"])
         return super().check_options(settings)
 
     @classmethod
@@ -266,6 +276,7 @@ class DeltaRuleModel(StateTrackingModel):
             self.width,
             self.heads,
             negative_eigenvalues=self.settings["negative_eigenvalues"],
+            short_conv=self.settings["short_conv"],
             **self.mixer_options(self.settings),
         )
         return DeltaBlock(
@@ -332,9 +343,8 @@ class DeltaRuleModel(StateTrackingModel):
 
 class DeltaNet(DeltaRuleModel):
     """DeltaNet (Yang et al. 2024): short convs, L2-normalised q/k, the delta rule per head,
-    per-head output RMSNorm, SwiGLU MLP; option negative_eigenvalues (beta in (0, 2)).
-
-    Trained in the chunkwise (WY) form (``delta_rule``)."""
+    per-head output RMSNorm, SwiGLU MLP; option negative_eigenvalues (beta in (0, 2)). Trained
+    in the chunkwise (WY) form (``delta_rule``)."""
 
     name = "deltanet"
     label = "DeltaNet"
@@ -343,9 +353,8 @@ class DeltaNet(DeltaRuleModel):
 
 class GatedDeltaNet(DeltaRuleModel):
     """Gated DeltaNet (Yang, Kautz & Hatamizadeh 2024): DeltaNet with a forget gate per head
-    and a SiLU output gate; option negative_eigenvalues (beta in (0, 2)).
-
-    Trained in the chunkwise (WY) form with the gate's in-chunk decay (``delta_rule``)."""
+    and a SiLU output gate; option negative_eigenvalues (beta in (0, 2)). Trained in the
+    chunkwise (WY) form with the gate's in-chunk decay (``delta_rule``)."""
 
     name = "gated_deltanet"
     label = "Gated DeltaNet"
@@ -362,9 +371,8 @@ class GatedDeltaNet(DeltaRuleModel):
 
 class DeltaProduct(DeltaRuleModel):
     """DeltaProduct (Siems et al. 2025): Gated DeltaNet with `householder` delta-rule
-    sub-steps per token (default 2); options negative_eigenvalues, forget_gate.
-
-    Trained as a delta rule over the interleaved sub-steps (``delta_rule``)."""
+    sub-steps per token (default 2); options negative_eigenvalues, forget_gate. Trained as a
+    delta rule over the interleaved sub-steps (``delta_rule``)."""
 
     name = "deltaproduct"
     label = "DeltaProduct"
