@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
-from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.base import AttentionHook, EncodingShape, PositionalEncoding, register
 from che_bench.encodings.common import check_choice, toeplitz_rows, two_sided
 from che_bench.encodings.randomized import (
     DEFAULT_NOISE_MAX_LENGTH,
@@ -19,6 +19,9 @@ from che_bench.encodings.randomized import (
     RandomOptions,
     sample_distances,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 MODES = ("symmetric_offset", "symmetric", "two_slopes")
 
@@ -114,20 +117,11 @@ class ALiBiEncoding(PositionalEncoding):
     option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"alibi_mode": MODES}
 
     def __init__(
-        self,
-        *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
-        alibi_mode: str = "symmetric_offset",
+        self, *, alibi_mode: str = "symmetric_offset", **shape: Unpack[EncodingShape]
     ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
+        super().__init__(**shape)
         check_choice("alibi_mode", alibi_mode, MODES)
-        self.hooks = nn.ModuleList(ALiBiHook(heads, alibi_mode) for _ in range(layers))
+        self.hooks = nn.ModuleList(ALiBiHook(self.heads, alibi_mode) for _ in range(self.layers))
         self.resolved_options = {"alibi_mode": alibi_mode}
 
 
@@ -149,28 +143,22 @@ class RandomALiBiEncoding(RandomizedLayers, PositionalEncoding):
     def __init__(
         self,
         *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
         alibi_mode: str = "symmetric_offset",
         noise_max_length: int = DEFAULT_NOISE_MAX_LENGTH,
         randomize_at_eval: bool = True,
         random_per_layer: bool = True,
         randomize_both_sides: bool = False,
+        **shape: Unpack[EncodingShape],
     ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
+        super().__init__(**shape)
         check_choice("alibi_mode", alibi_mode, MODES)
         self.layer_draws = LayerDraws(
             RandomOptions(noise_max_length, randomize_at_eval),
             random_per_layer,
-            layers,
+            self.layers,
             partial(sample_distances, both_sides=randomize_both_sides),
         )
-        self.hooks = nn.ModuleList(ALiBiHook(heads, alibi_mode) for _ in range(layers))
+        self.hooks = nn.ModuleList(ALiBiHook(self.heads, alibi_mode) for _ in range(self.layers))
         self.resolved_options = {
             "alibi_mode": alibi_mode,
             **self.layer_draws.recorded(),
