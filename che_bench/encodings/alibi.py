@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -13,11 +12,10 @@ from che_bench.encodings.base import AttentionHook, EncodingShape, PositionalEnc
 from che_bench.encodings.common import check_choice, toeplitz_rows, two_sided
 from che_bench.encodings.randomized import (
     DEFAULT_NOISE_MAX_LENGTH,
+    DistanceDraws,
     Distances,
-    LayerDraws,
     RandomizedLayers,
     RandomOptions,
-    sample_distances,
 )
 
 if TYPE_CHECKING:
@@ -126,7 +124,7 @@ class ALiBiEncoding(PositionalEncoding):
 
 
 @register("noisy_alibi")
-class RandomALiBiEncoding(RandomizedLayers, PositionalEncoding):
+class RandomALiBiEncoding(RandomizedLayers, ALiBiEncoding):
     """ALiBi over randomized distances: token distance ``d`` becomes ``s_d`` from a sorted
     draw of distinct values in ``[1, noise_max_length)``; the +0.5 left offset is kept.
 
@@ -136,9 +134,6 @@ class RandomALiBiEncoding(RandomizedLayers, PositionalEncoding):
 
     name = "random_alibi"
     description = "Randomized ALiBi (distances replaced by a sorted draw from [1, L))."
-    kind = "relative"
-    carries_bias = True
-    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"alibi_mode": MODES}
 
     def __init__(
         self,
@@ -150,17 +145,11 @@ class RandomALiBiEncoding(RandomizedLayers, PositionalEncoding):
         randomize_both_sides: bool = False,
         **shape: Unpack[EncodingShape],
     ) -> None:
-        super().__init__(**shape)
-        check_choice("alibi_mode", alibi_mode, MODES)
-        self.layer_draws = LayerDraws(
+        super().__init__(alibi_mode=alibi_mode, **shape)
+        self.layer_draws = DistanceDraws(
             RandomOptions(noise_max_length, randomize_at_eval),
             random_per_layer,
             self.layers,
-            partial(sample_distances, both_sides=randomize_both_sides),
+            randomize_both_sides,
         )
-        self.hooks = nn.ModuleList(ALiBiHook(self.heads, alibi_mode) for _ in range(self.layers))
-        self.resolved_options = {
-            "alibi_mode": alibi_mode,
-            **self.layer_draws.recorded(),
-            "randomize_both_sides": randomize_both_sides,
-        }
+        self.resolved_options = {**self.resolved_options, **self.layer_draws.recorded()}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,11 +12,10 @@ from che_bench.encodings.base import AttentionHook, EncodingShape, PositionalEnc
 from che_bench.encodings.common import check_positive, offset_index, offsets, sinusoid, two_sided
 from che_bench.encodings.randomized import (
     DEFAULT_NOISE_MAX_LENGTH,
+    DistanceDraws,
     Distances,
-    LayerDraws,
     RandomizedLayers,
     RandomOptions,
-    sample_distances,
 )
 from che_bench.members import MemberLinear, init_members_
 
@@ -155,11 +153,11 @@ class RandomRelativeEncoding(RandomizedLayers, PositionalEncoding):
     ) -> None:
         super().__init__(**shape)
         check_positive("max_time", max_time)
-        self.layer_draws = LayerDraws(
+        self.layer_draws = DistanceDraws(
             RandomOptions(noise_max_length, randomize_at_eval),
             random_per_layer,
             self.layers,
-            partial(sample_distances, both_sides=randomize_both_sides),
+            randomize_both_sides,
         )
         bug_limit = noise_max_length if relative_reference_bug else None
         self.hooks = nn.ModuleList(
@@ -169,6 +167,5 @@ class RandomRelativeEncoding(RandomizedLayers, PositionalEncoding):
         self.resolved_options = {
             "max_time": max_time,
             **self.layer_draws.recorded(),
-            "randomize_both_sides": randomize_both_sides,
             "relative_reference_bug": relative_reference_bug,
         }

@@ -104,7 +104,7 @@ class RotaryEncoding(PositionalEncoding):
 
 
 @register("random_rotary", "noisy_rotary", "noisy_rope")
-class RandomRotaryEncoding(RandomizedLayers, PositionalEncoding):
+class RandomRotaryEncoding(RandomizedLayers, RotaryEncoding):
     """RoPE at sorted random positions from ``[0, noise_max_length)``, drawn separately in
     every layer by default (as in the reference), the same draw for q and k.
 
@@ -114,8 +114,6 @@ class RandomRotaryEncoding(RandomizedLayers, PositionalEncoding):
 
     name = "random_rope"
     description = "Randomized RoPE (sorted positions drawn from [0, L), per layer)."
-    kind = "relative"
-    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"rope_pairing": PAIRINGS}
 
     def __init__(
         self,
@@ -127,19 +125,11 @@ class RandomRotaryEncoding(RandomizedLayers, PositionalEncoding):
         random_per_layer: bool = True,
         **shape: Unpack[EncodingShape],
     ) -> None:
-        super().__init__(**shape)
-        check_rope_options(self.head_dim, rope_base, rope_pairing)
+        super().__init__(rope_base=rope_base, rope_pairing=rope_pairing, **shape)
         self.layer_draws = LayerDraws(
             RandomOptions(noise_max_length, randomize_at_eval),
             random_per_layer,
             self.layers,
             sample_sorted,
         )
-        self.hooks = nn.ModuleList(
-            RotaryHook(self.head_dim, rope_base, rope_pairing) for _ in range(self.layers)
-        )
-        self.resolved_options = {
-            "rope_base": rope_base,
-            "rope_pairing": rope_pairing,
-            **self.layer_draws.recorded(),
-        }
+        self.resolved_options = {**self.resolved_options, **self.layer_draws.recorded()}
