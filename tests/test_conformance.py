@@ -336,3 +336,18 @@ def test_check_encoding_causal_and_its_speed_line_at_the_run_s_threads(monkeypat
     assert "ok   causal" in out and "encoding alibi (causal): all 14 checks passed" in out
     assert measured == [(True, 2)]
     assert "speed: 50.0 ms per training step (reverse_string, batch 32, n = 40, cpu, 2 threads)" in out
+
+
+def test_logits_of_another_shape_or_not_finite_are_one_failure_line():
+    """check-encoding's and check-model's shape check (``output_problem``)."""
+    from che_bench.checks.conformance_hooks import output_problem
+
+    task = get_task("reverse_string")
+    logits = torch.zeros(1, 2, task.output_length(3), task.output_size)
+    assert output_problem(logits, task, 3, 2, "here") is None
+    classes = task.output_size
+    assert output_problem(logits[:, :1], task, 3, 2, "here") == (
+        f"output shape (here): expected [1, 2, 3, {classes}], got [1, 1, 3, {classes}]")
+    logits[0, 1, 0, 0] = float("nan")
+    assert output_problem(logits, task, 3, 2, "here") == (
+        "finite outputs (here): expected finite logits, got 1 non-finite values")
