@@ -124,6 +124,20 @@ def test_a_task_whose_oracle_disagrees_is_named_with_its_length(scratch_registri
     assert "(n=29)" not in out and "ok   ids" in out
 
 
+def test_ids_of_another_type_or_out_of_range_are_named():
+    from che_bench.tasks import Batch
+
+    task = get_task("parity_check")
+    sample = task.sample
+    task.sample = lambda n, batch_size, rng: Batch(  # broken on purpose
+        (batch := sample(n, batch_size, rng)).inputs + 5, batch.targets.astype("int32"), batch.mask
+    )
+    assert conformance.run_task_check("ids", task)[:2] == [
+        "ids, shapes and masks (n=1): input ids 5..6 (expected 0..1)",
+        "ids, shapes and masks (n=1): targets int32 [16, 1] (expected int64 [16, 1])",
+    ]
+
+
 def test_unknown_names_are_usage_errors(capsys):
     assert main(["check-encoding", "alibo"]) == 2
     assert "did you mean 'alibi'" in capsys.readouterr().err
