@@ -14,7 +14,7 @@ from che_bench.config import RunConfig, protocol_id
 from che_bench.errors import CheBenchError
 from che_bench.outcomes import RunResult, Scores
 from che_bench.protocol import format_lengths
-from che_bench.store.schema import checked_protocol, now
+from che_bench.store.schema import CONFIG_COLUMNS, checked_protocol, now
 from che_bench.train.history import HISTORY_FIELDS
 
 
@@ -203,8 +203,6 @@ def finite_or_none(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-#: The ``runs`` columns that copy a run's config, after its ``run_id``.
-CONFIG_COLUMNS = ("task", "pe", "kernel", "seed", "lr", "steps", "preset")
 #: ``CONFIG_COLUMNS`` in SQL, and a placeholder for each.
 _CONFIG_NAMES, _CONFIG_MARKS = ", ".join(CONFIG_COLUMNS), ", ".join("?" for _ in CONFIG_COLUMNS)
 
