@@ -67,10 +67,10 @@ class SigmoidWeights(AttentionHook):
 class _ContentEncoding(PositionalEncoding):
     hook_class: type
 
-    def __init__(self, *, dim, heads, layers, train_max_tokens, members=1):
-        super().__init__(dim=dim, heads=heads, layers=layers,
-                         train_max_tokens=train_max_tokens, members=members)
-        self.hooks = nn.ModuleList(self.make_hook(dim, heads, members) for _ in range(layers))
+    def __init__(self, **shape):  # no options of its own
+        super().__init__(**shape)
+        self.hooks = nn.ModuleList(self.make_hook(self.dim, self.heads, self.members)
+                                   for _ in range(self.layers))
 
     def make_hook(self, dim, heads, members):
         return self.hook_class(dim, heads, members)

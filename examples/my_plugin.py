@@ -40,15 +40,16 @@ class MyEncoding(PositionalEncoding):
     name, kind, description = "my_pe", "relative", "learned penalty on |i - j| ** power"
     carries_bias = True  # set on the encoding class: che-bench reads it (DAPE sees 2H channels)
 
-    def __init__(self, *, dim, heads, layers, train_max_tokens, members=1, power=1.0):
-        super().__init__(dim=dim, heads=heads, layers=layers,
-                         train_max_tokens=train_max_tokens, members=members)
+    def __init__(self, *, power=1.0, **shape):
+        # The model's shape (dim, heads, layers, train_max_tokens, members) is passed on and
+        # kept as attributes: self.heads, self.layers, ...
+        super().__init__(**shape)
         # --pe-option values arrive typed (JSON): power=2 is an int, 0.5 a float, true a bool,
         # anything else a string. A CheBenchError is the one-line usage error (exit 2).
         if isinstance(power, bool) or not isinstance(power, (int, float)) or not 0 < power <= 2:
             raise CheBenchError(f"encoding 'my_pe': power must be in (0, 2], got {power!r}")
-        self.hooks = nn.ModuleList(DistancePenalty(heads, members, float(power))
-                                   for _ in range(layers))
+        self.hooks = nn.ModuleList(DistancePenalty(self.heads, self.members, float(power))
+                                   for _ in range(self.layers))
         self.resolved_options = {"power": float(power)}  # recorded with every run
 
 

@@ -124,6 +124,20 @@ def test_a_task_whose_oracle_disagrees_is_named_with_its_length(scratch_registri
     assert "(n=29)" not in out and "ok   ids" in out
 
 
+def test_ids_of_another_type_or_out_of_range_are_named():
+    from che_bench.tasks import Batch
+
+    task = get_task("parity_check")
+    sample = task.sample
+    task.sample = lambda n, batch_size, rng: Batch(  # broken on purpose
+        (batch := sample(n, batch_size, rng)).inputs + 5, batch.targets.astype("int32"), batch.mask
+    )
+    assert conformance.run_task_check("ids", task)[:2] == [
+        "ids, shapes and masks (n=1): input ids 5..6 (expected 0..1)",
+        "ids, shapes and masks (n=1): targets int32 [16, 1] (expected int64 [16, 1])",
+    ]
+
+
 def test_unknown_names_are_usage_errors(capsys):
     assert main(["check-encoding", "alibo"]) == 2
     assert "did you mean 'alibi'" in capsys.readouterr().err
@@ -336,3 +350,18 @@ def test_check_encoding_causal_and_its_speed_line_at_the_run_s_threads(monkeypat
     assert "ok   causal" in out and "encoding alibi (causal): all 14 checks passed" in out
     assert measured == [(True, 2)]
     assert "speed: 50.0 ms per training step (reverse_string, batch 32, n = 40, cpu, 2 threads)" in out
+
+
+def test_logits_of_another_shape_or_not_finite_are_one_failure_line():
+    """check-encoding's and check-model's shape check (``output_problem``)."""
+    from che_bench.checks.conformance_hooks import output_problem
+
+    task = get_task("reverse_string")
+    logits = torch.zeros(1, 2, task.output_length(3), task.output_size)
+    assert output_problem(logits, task, 3, 2, "here") is None
+    classes = task.output_size
+    assert output_problem(logits[:, :1], task, 3, 2, "here") == (
+        f"output shape (here): expected [1, 2, 3, {classes}], got [1, 1, 3, {classes}]")
+    logits[0, 1, 0, 0] = float("nan")
+    assert output_problem(logits, task, 3, 2, "here") == (
+        "finite outputs (here): expected finite logits, got 1 non-finite values")

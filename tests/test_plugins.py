@@ -261,6 +261,38 @@ def test_options_a_plugin_refuses_with_a_value_error_are_one_line_errors(tmp_pat
     assert capsys.readouterr().err == "che-bench: error: task 'test_picky_task': size must be 2, got 3\n"
 
 
+def test_an_encoding_passing_its_shape_on_and_one_naming_it_take_the_same_options():
+    """The two constructor forms of docs/plugins.md: the model's shape passed on as ``**shape``
+    (only the encoding's own keywords are its options) and the five keywords named."""
+    from che_bench.encodings import PositionalEncoding, build_encoding, register
+
+    class PassedOn(PositionalEncoding):
+        name, kind, description = "test_passed_on", "none", "shape passed on"
+
+        def __init__(self, *, scale=1.0, **shape):
+            super().__init__(**shape)
+            self.resolved_options = {"scale": scale}
+
+    class Named(PositionalEncoding):
+        name, kind, description = "test_named", "none", "shape named"
+
+        def __init__(self, *, dim, heads, layers, train_max_tokens, members=1, scale=1.0):
+            super().__init__(dim=dim, heads=heads, layers=layers,
+                             train_max_tokens=train_max_tokens, members=members)
+            self.resolved_options = {"scale": scale}
+
+    shape = {"dim": 8, "heads": 2, "layers": 3, "train_max_tokens": 20}
+    for cls in (PassedOn, Named):
+        register(cls)
+        assert cls.option_names() == ["scale"]
+        encoding = build_encoding(cls.name, **shape, members=2, scale=2.0)
+        assert (encoding.dim, encoding.heads, encoding.head_dim, encoding.layers,
+                encoding.train_max_tokens, encoding.members) == (8, 2, 4, 3, 20, 2)
+        assert encoding.options() == {"scale": 2.0} and len(encoding.layer_hooks()) == 3
+        with pytest.raises(CheBenchError, match=r"take option\(s\) shape; its options: scale"):
+            build_encoding(cls.name, **shape, shape=1)
+
+
 def test_the_documented_one_module_plugin_passes_every_check(monkeypatch, capsys):
     monkeypatch.chdir(EXAMPLES)  # "from this folder", as its docstring says
     assert main(["--plugin", "my_plugin", "check-encoding", "my_pe", "--pe-option", "power=0.5"]) == 0

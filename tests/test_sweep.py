@@ -72,6 +72,18 @@ def test_bad_suite_is_rejected_before_anything_runs(tmp_path, capsys):
     assert not store.exists()
 
 
+@pytest.mark.parametrize(("flag", "value", "expected"), [
+    ("--max-runs", "0", "a positive integer"), ("--max-runs", "2.5", "a positive integer"),
+    ("--num-cpus", "-1", "a number >= 0"), ("--num-gpus", "x", "a number >= 0"),
+])
+def test_bad_numbers_of_the_sweep_flags_are_refused(tmp_path, capsys, flag, value, expected):
+    suite = write_suite(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["sweep", str(suite), "--dry-run", flag, value])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: expected {expected}, got '{value}'" in capsys.readouterr().err
+
+
 def test_sweep_runs_the_grid_in_parallel_and_skips_completed_runs(tmp_path, capsys):
     suite = write_suite(tmp_path)
     store_path = tmp_path / "store.sqlite"

@@ -30,6 +30,7 @@ from che_bench.checks.conformance_hooks import (
     check_translation_invariance,
     differ,
     dtype_problem,
+    output_problem,
 )
 from che_bench.checks.guarded import guarded
 from che_bench.checks.model_declarations import causal_failures, in_place_task
@@ -84,18 +85,9 @@ def check_shapes_and_finite(pe: str, options: dict[str, Any], causal: bool = Fal
         model.train(mode == "train")
         with torch.set_grad_enabled(mode == "train"):
             logits = model(_inputs(LONG_TASK, n, 2))
-        expected = (1, 2, task.output_length(n), task.output_size)
         where = f"{LONG_TASK} n={n} ({task.input_length(n) + task.output_length(n)} tokens, {mode})"
-        if tuple(logits.shape) != expected:
-            failures.append(
-                f"output shape ({where}): expected {list(expected)}, got {list(logits.shape)}"
-            )
-        elif not torch.isfinite(logits).all():
-            failures.append(
-                f"finite outputs ({where}): expected finite logits, got "
-                f"{int((~torch.isfinite(logits)).sum())} non-finite values"
-            )
-    return failures
+        failures.append(output_problem(logits, task, n, 2, where))
+    return [failure for failure in failures if failure]
 
 
 def check_pack_equals_members(

@@ -18,6 +18,7 @@ import torch
 
 from che_bench.encodings import build_encoding
 from che_bench.encodings.base import AttentionHook, Draws, PositionalEncoding, prepare_hook
+from che_bench.tasks import Task
 
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 #: Hook sizes: three members (so a bias must say whether it is per member), four heads.
@@ -38,6 +39,21 @@ def differ(got: torch.Tensor, expected: torch.Tensor) -> str | None:
     if torch.allclose(got, expected, **TOLERANCE, equal_nan=False):
         return None
     return f"max |difference| {(got - expected).abs().max().item():.3g}"
+
+
+def output_problem(logits: torch.Tensor, task: Task, n: int, batch: int, where: str) -> str | None:
+    """None when the logits of one model for ``batch`` sequences of ``task`` at length ``n`` have
+    the shape ``[1, batch, output_length(n), output_size]`` and are finite, else the failure
+    (``where``: the task, length and mode, for the line)."""
+    expected = (1, batch, task.output_length(n), task.output_size)
+    if tuple(logits.shape) != expected:
+        return f"output shape ({where}): expected {list(expected)}, got {list(logits.shape)}"
+    if not torch.isfinite(logits).all():
+        return (
+            f"finite outputs ({where}): expected finite logits, got "
+            f"{int((~torch.isfinite(logits)).sum())} non-finite values"
+        )
+    return None
 
 
 def _future(rows: slice, length: int) -> torch.Tensor:

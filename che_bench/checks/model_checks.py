@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from che_bench.checks.conformance_hooks import differ
+from che_bench.checks.conformance_hooks import differ, output_problem
 from che_bench.checks.guarded import guarded
 from che_bench.checks.model_declarations import (
     check_causal_outputs,
@@ -119,18 +119,9 @@ def check_shapes_and_finite(arch: str, options: dict[str, Any]) -> list[str]:
             model.train(training)
             with torch.set_grad_enabled(training):
                 logits = model(_inputs(task, n, 2), evaluating=not training)
-            expected = (1, 2, task.output_length(n), task.output_size)
             where = f"{task_name} n={n}, {'train' if training else 'eval'}"
-            if tuple(logits.shape) != expected:
-                failures.append(
-                    f"output shape ({where}): expected {list(expected)}, got {list(logits.shape)}"
-                )
-            elif not torch.isfinite(logits).all():
-                failures.append(
-                    f"finite outputs ({where}): expected finite logits, got "
-                    f"{int((~torch.isfinite(logits)).sum())} non-finite values"
-                )
-    return failures
+            failures.append(output_problem(logits, task, n, 2, where))
+    return [failure for failure in failures if failure]
 
 
 def check_pack_equals_members(arch: str, options: dict[str, Any]) -> list[str]:

@@ -70,27 +70,14 @@ def check_ids_shapes_masks(task: Task) -> list[str]:
     for n in _lengths(task)[::7] + _lengths(task)[-1:]:
         batch = task.sample(n, 16, rng)
         expected_in, expected_out = (16, task.input_length(n)), (16, task.output_length(n))
-        found = []
-        if batch.inputs.shape != expected_in or batch.inputs.dtype != np.int64:
-            found.append(
-                f"inputs {batch.inputs.dtype} {list(batch.inputs.shape)} (expected int64 "
-                f"{list(expected_in)})"
+        found = [
+            problem
+            for problem in (
+                _id_problem("input", batch.inputs, expected_in, task.input_size),
+                _id_problem("target", batch.targets, expected_out, task.output_size),
             )
-        elif batch.inputs.min() < 0 or batch.inputs.max() >= task.input_size:
-            found.append(
-                f"input ids {batch.inputs.min()}..{batch.inputs.max()} (expected "
-                f"0..{task.input_size - 1})"
-            )
-        if batch.targets.shape != expected_out or batch.targets.dtype != np.int64:
-            found.append(
-                f"targets {batch.targets.dtype} {list(batch.targets.shape)} (expected int64 "
-                f"{list(expected_out)})"
-            )
-        elif batch.targets.min() < 0 or batch.targets.max() >= task.output_size:
-            found.append(
-                f"target ids {batch.targets.min()}..{batch.targets.max()} (expected "
-                f"0..{task.output_size - 1})"
-            )
+            if problem
+        ]
         if batch.mask.shape != expected_out or batch.mask.dtype != bool:
             found.append(
                 f"mask {batch.mask.dtype} {list(batch.mask.shape)} (expected bool "
@@ -100,6 +87,16 @@ def check_ids_shapes_masks(task: Task) -> list[str]:
             found.append("a row with no counted position (expected at least one per row)")
         failures += [f"ids, shapes and masks (n={n}): {what}" for what in found]
     return failures
+
+
+def _id_problem(what: str, ids: np.ndarray, shape: tuple[int, int], size: int) -> str | None:
+    """What is wrong with a batch's ``what`` ids (input or target): not int64 of ``shape``, or
+    an id outside ``0..size-1``; None when nothing."""
+    if ids.shape != shape or ids.dtype != np.int64:
+        return f"{what}s {ids.dtype} {list(ids.shape)} (expected int64 {list(shape)})"
+    if ids.min() < 0 or ids.max() >= size:
+        return f"{what} ids {ids.min()}..{ids.max()} (expected 0..{size - 1})"
+    return None
 
 
 def check_same_seed_same_data(task: Task) -> list[str]:

@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Any
 
 from che_bench.commands.common import add_runtime_arguments, runtime_options_from_args
-from che_bench.commands.key_values import parse_key_values
+from che_bench.commands.key_values import add_key_values_argument, parse_key_values
 from che_bench.errors import one_line
 
 
@@ -37,13 +37,7 @@ def _register_check_encoding(subparsers: argparse._SubParsersAction) -> None:
         "and its logits causal. One line per failure, then the measured step time.",
     )
     encoding.add_argument("name", help="encoding name (see `che-bench encodings`)")
-    encoding.add_argument(
-        "--pe-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="encoding option to check with (repeatable)",
-    )
+    add_key_values_argument(encoding, "--pe-option", "encoding option to check with (repeatable)")
     encoding.add_argument(
         "--causal",
         action="store_true",
@@ -63,13 +57,7 @@ def _register_check_task(subparsers: argparse._SubParsersAction) -> None:
         "One line per failure.",
     )
     task.add_argument("name", help="task name (see `che-bench tasks`)")
-    task.add_argument(
-        "--param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="task parameter to check with (repeatable)",
-    )
+    add_key_values_argument(task, "--param", "task parameter to check with (repeatable)")
     task.set_defaults(handler=check_task_command)
 
 
@@ -89,12 +77,8 @@ def _register_check_model(subparsers: argparse._SubParsersAction) -> None:
         "defaults. One line per failure, then the measured step time.",
     )
     model.add_argument("name", help="architecture name (see `che-bench models`)")
-    model.add_argument(
-        "--arch-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="architecture option to check with (repeatable)",
+    add_key_values_argument(
+        model, "--arch-option", "architecture option to check with (repeatable)"
     )
     add_runtime_arguments(model, ("threads",))
     model.set_defaults(handler=check_model_command)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -22,3 +23,8 @@ def parse_key_values(items: list[str], flag: str) -> dict[str, Any]:
         except json.JSONDecodeError:
             parsed[key] = text
     return parsed
+
+
+def add_key_values_argument(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """A repeatable ``flag KEY=VALUE`` (read with ``parse_key_values``)."""
+    parser.add_argument(flag, action="append", default=[], metavar="KEY=VALUE", help=help)

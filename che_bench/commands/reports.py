@@ -47,12 +47,8 @@ def _register_table(subparsers: argparse._SubParsersAction) -> None:
         help="only the runs of this suite file (or name in tasks/); its best_over applies "
         "unless --best-over is given",
     )
-    selection.add_argument(
-        "--task", action="append", dest="tasks", metavar="TASK", help="only this task (repeatable)"
-    )
-    add_arch_filter_argument(table)
-    _add_evaluation_argument(table)
-    _add_metric_argument(table)
+    _add_task_argument(selection, "only this task (repeatable)")
+    _add_score_arguments(table)
     table.add_argument(
         "--best-over",
         action="append",
@@ -94,22 +90,14 @@ def _register_export(subparsers: argparse._SubParsersAction) -> None:
         "longest test length)",
     )
     export.add_argument("--out", help="output file (default or '-': standard output)")
-    add_arch_filter_argument(export)
-    _add_evaluation_argument(export)
-    _add_metric_argument(export)
+    _add_score_arguments(export)
     add_store_argument(export)
     export.set_defaults(handler=export_command)
 
 
 def _register_plot(subparsers: argparse._SubParsersAction) -> None:
     plot = subparsers.add_parser("plot", help="accuracy against length, one line per configuration")
-    plot.add_argument(
-        "--task",
-        action="append",
-        dest="tasks",
-        metavar="TASK",
-        help="only this task (repeatable; default every task in the store)",
-    )
+    _add_task_argument(plot, "only this task (repeatable; default every task in the store)")
     plot.add_argument("--out", required=True, help="image file, e.g. accuracy.png")
     plot.add_argument(
         "--prefix",
@@ -117,9 +105,7 @@ def _register_plot(subparsers: argparse._SubParsersAction) -> None:
         help="DeltaProduct's cumulative sequence accuracy against prefix length instead (at "
         "the longest test length; --metric does not apply)",
     )
-    add_arch_filter_argument(plot)
-    _add_evaluation_argument(plot)
-    _add_metric_argument(plot)
+    _add_score_arguments(plot)
     add_store_argument(plot)
     plot.set_defaults(handler=plot_command)
 
@@ -130,13 +116,7 @@ def _register_report(subparsers: argparse._SubParsersAction) -> None:
     )
     selection = report.add_mutually_exclusive_group()
     selection.add_argument("--suite", help="the runs of this suite file (or name in tasks/)")
-    selection.add_argument(
-        "--task",
-        action="append",
-        dest="tasks",
-        metavar="TASK",
-        help="the runs of this task (repeatable)",
-    )
+    _add_task_argument(selection, "the runs of this task (repeatable)")
     selection.add_argument(
         "--run",
         action="extend",
@@ -146,9 +126,7 @@ def _register_report(subparsers: argparse._SubParsersAction) -> None:
         help="these runs (ids or unique id prefixes; default: every run in the store)",
     )
     report.add_argument("--out", required=True, help="HTML file, e.g. report.html")
-    add_arch_filter_argument(report)
-    _add_evaluation_argument(report)
-    _add_metric_argument(report)
+    _add_score_arguments(report)
     add_store_argument(report)
     report.set_defaults(handler=report_command)
 
@@ -168,7 +146,14 @@ def _register_curves(subparsers: argparse._SubParsersAction) -> None:
     curves.set_defaults(handler=curves_command)
 
 
-def _add_evaluation_argument(parser: argparse.ArgumentParser) -> None:
+def _add_task_argument(parser: argparse._ActionsContainer, help: str) -> None:
+    parser.add_argument("--task", action="append", dest="tasks", metavar="TASK", help=help)
+
+
+def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
+    """Whose scores a table, export, plot or report shows: ``--arch`` (which runs),
+    ``--evaluation`` and ``--metric``."""
+    add_arch_filter_argument(parser)
     parser.add_argument(
         "--evaluation",
         default="original",
@@ -176,9 +161,6 @@ def _add_evaluation_argument(parser: argparse.ArgumentParser) -> None:
         help="whose scores: each run's original evaluation (default) or the "
         "re-evaluations with this id (see `che-bench evaluations`)",
     )
-
-
-def _add_metric_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metric",
         choices=METRICS,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from rich.console import Console
 
@@ -19,6 +21,9 @@ from che_bench.commands.common import (
     runtime_options_from_args,
 )
 from che_bench.errors import CheBenchError
+
+#: What a numeric flag reads (`_number_at_least`).
+Number = TypeVar("Number", int, float)
 
 
 def register(subparsers) -> None:
@@ -274,21 +279,23 @@ def _preset_text(suite) -> str:
     return f"preset {suite.preset}" + (f" with {changes}" if changes else "")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _number_at_least(
+    kind: Callable[[str], Number], minimum: Number, what: str
+) -> Callable[[str], Number]:
+    """An argparse type: the text read as ``kind``, refused (``expected {what}``) when it is
+    not one or is below ``minimum``."""
+
+    def parse(text: str) -> Number:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
+_positive_int = _number_at_least(int, 1, "a positive integer")
+_non_negative_float = _number_at_least(float, 0.0, "a number >= 0")

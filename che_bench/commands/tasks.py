@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from che_bench.commands.key_values import parse_key_values
+from che_bench.commands.key_values import add_key_values_argument, parse_key_values
 from che_bench.errors import CheBenchError
 from che_bench.reports.text_tables import Column, fit_table, wrap
 from che_bench.tasks import TASKS, get_task, list_tasks
@@ -29,12 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sample.add_argument("--count", type=int, default=4, help="number of samples (default 4)")
     sample.add_argument("--seed", type=int, default=0, help="numpy seed (default 0)")
     sample.add_argument("--format", choices=("text", "jsonl"), default="text")
-    sample.add_argument(
-        "--param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="task parameter, e.g. --param value_mode=iid (repeatable)",
+    add_key_values_argument(
+        sample, "--param", "task parameter, e.g. --param value_mode=iid (repeatable)"
     )
     sample.set_defaults(handler=sample_handler)
 

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import math
-from functools import partial
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
-from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.base import AttentionHook, EncodingShape, PositionalEncoding, register
 from che_bench.encodings.common import check_choice, toeplitz_rows, two_sided
 from che_bench.encodings.randomized import (
     DEFAULT_NOISE_MAX_LENGTH,
+    DistanceDraws,
     Distances,
-    LayerDraws,
     RandomizedLayers,
     RandomOptions,
-    sample_distances,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 MODES = ("symmetric_offset", "symmetric", "two_slopes")
 
@@ -114,25 +115,16 @@ class ALiBiEncoding(PositionalEncoding):
     option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"alibi_mode": MODES}
 
     def __init__(
-        self,
-        *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
-        alibi_mode: str = "symmetric_offset",
+        self, *, alibi_mode: str = "symmetric_offset", **shape: Unpack[EncodingShape]
     ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
+        super().__init__(**shape)
         check_choice("alibi_mode", alibi_mode, MODES)
-        self.hooks = nn.ModuleList(ALiBiHook(heads, alibi_mode) for _ in range(layers))
+        self.hooks = nn.ModuleList(ALiBiHook(self.heads, alibi_mode) for _ in range(self.layers))
         self.resolved_options = {"alibi_mode": alibi_mode}
 
 
 @register("noisy_alibi")
-class RandomALiBiEncoding(RandomizedLayers, PositionalEncoding):
+class RandomALiBiEncoding(RandomizedLayers, ALiBiEncoding):
     """ALiBi over randomized distances: token distance ``d`` becomes ``s_d`` from a sorted
     draw of distinct values in ``[1, noise_max_length)``; the +0.5 left offset is kept.
 
@@ -142,37 +134,22 @@ class RandomALiBiEncoding(RandomizedLayers, PositionalEncoding):
 
     name = "random_alibi"
     description = "Randomized ALiBi (distances replaced by a sorted draw from [1, L))."
-    kind = "relative"
-    carries_bias = True
-    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"alibi_mode": MODES}
 
     def __init__(
         self,
         *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
         alibi_mode: str = "symmetric_offset",
         noise_max_length: int = DEFAULT_NOISE_MAX_LENGTH,
         randomize_at_eval: bool = True,
         random_per_layer: bool = True,
         randomize_both_sides: bool = False,
+        **shape: Unpack[EncodingShape],
     ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
-        check_choice("alibi_mode", alibi_mode, MODES)
-        self.layer_draws = LayerDraws(
+        super().__init__(alibi_mode=alibi_mode, **shape)
+        self.layer_draws = DistanceDraws(
             RandomOptions(noise_max_length, randomize_at_eval),
             random_per_layer,
-            layers,
-            partial(sample_distances, both_sides=randomize_both_sides),
+            self.layers,
+            randomize_both_sides,
         )
-        self.hooks = nn.ModuleList(ALiBiHook(heads, alibi_mode) for _ in range(layers))
-        self.resolved_options = {
-            "alibi_mode": alibi_mode,
-            **self.layer_draws.recorded(),
-            "randomize_both_sides": randomize_both_sides,
-        }
+        self.resolved_options = {**self.resolved_options, **self.layer_draws.recorded()}

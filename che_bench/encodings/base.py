@@ -42,7 +42,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, cast
 
 import torch
 from torch import nn
@@ -51,7 +51,27 @@ from che_bench.errors import CheBenchError
 from che_bench.registry import Registry
 from che_bench.setting_types import spelt_default
 
+if TYPE_CHECKING:
+    pass
+
 KINDS = ("none", "absolute", "relative")
+#: A constructor's ``*args`` and ``**shape``: what it passes on, not options of its own.
+PASSED_ON = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+class _ModelShape(TypedDict):
+    dim: int
+    heads: int
+    layers: int
+    train_max_tokens: int
+
+
+class EncodingShape(_ModelShape, total=False):
+    """The keywords of the model's shape that every encoding's constructor takes and passes on
+    to ``PositionalEncoding``'s (``**shape: Unpack[EncodingShape]``); ``members`` is 1 when not
+    given."""
+
+    members: int
 
 
 @dataclass
@@ -199,10 +219,16 @@ def own_normalisation(hook: AttentionHook) -> bool:
 class PositionalEncoding(nn.Module):
     """One encoding family. Subclasses set the class attributes and build ``hooks``.
 
-    Constructor keywords: ``dim``, ``heads``, ``layers``, ``train_max_tokens`` (the longest
-    model input seen in training, T_train_max, used by FIRE's L0 and CoPE's npos),
-    ``members`` (the leading axis of every parameter) and the encoding's own options
-    (documented by each subclass; unknown options are an error).
+    Constructor keywords: the model's shape, ``dim``, ``heads``, ``layers``,
+    ``train_max_tokens`` (the longest model input seen in training, T_train_max, used by
+    FIRE's L0 and CoPE's npos) and ``members`` (the leading axis of every parameter), which
+    this constructor takes and keeps as attributes, and the encoding's own options (documented
+    by each subclass; unknown options are an error). A subclass names its options and passes
+    the shape on, then reads it from ``self``::
+
+        def __init__(self, *, power: float = 1.0, **shape: Unpack[EncodingShape]) -> None:
+            super().__init__(**shape)
+            self.hooks = nn.ModuleList(MyHook(self.heads, power) for _ in range(self.layers))
     """
 
     name: ClassVar[str]
@@ -237,7 +263,11 @@ class PositionalEncoding(nn.Module):
     def option_names(cls) -> list[str]:
         """The encoding-specific keyword options this class accepts."""
         common = {"self", "dim", "heads", "layers", "train_max_tokens", "members", "causal"}
-        return [p for p in inspect.signature(cls.__init__).parameters if p not in common]
+        return [
+            name
+            for name, parameter in inspect.signature(cls.__init__).parameters.items()
+            if name not in common and parameter.kind not in PASSED_ON
+        ]
 
     def layer_hooks(self) -> list[AttentionHook]:
         """The attention hook of every layer, in order."""

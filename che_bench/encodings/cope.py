@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.base import AttentionHook, EncodingShape, PositionalEncoding, register
 from che_bench.encodings.common import query_positions, running_sum
 from che_bench.errors import CheBenchError
 from che_bench.members import per_member
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class CopeHook(AttentionHook):
@@ -71,21 +75,12 @@ class CopeEncoding(PositionalEncoding):
     description = "Contextual position encoding (gate counts, separate left/right tables)."
     kind = "relative"
 
-    def __init__(
-        self,
-        *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
-        cope_npos: int | None = None,
-    ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
-        npos = train_max_tokens + 1 if cope_npos is None else cope_npos
+    def __init__(self, *, cope_npos: int | None = None, **shape: Unpack[EncodingShape]) -> None:
+        super().__init__(**shape)
+        npos = self.train_max_tokens + 1 if cope_npos is None else cope_npos
         if npos < 2:
             raise CheBenchError(f"cope_npos must be >= 2; got {npos}")
-        self.hooks = nn.ModuleList(CopeHook(self.head_dim, npos, members) for _ in range(layers))
+        self.hooks = nn.ModuleList(
+            CopeHook(self.head_dim, npos, self.members) for _ in range(self.layers)
+        )
         self.resolved_options = {"cope_npos": npos}

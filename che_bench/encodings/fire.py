@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.base import AttentionHook, EncodingShape, PositionalEncoding, register
 from che_bench.encodings.common import LengthCache, check_positive, query_positions
 from che_bench.members import MemberLinear
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 EPS = 1e-6
 MIN_THRESHOLD = 1.0  # lower bound of |lambda * L0|: keeps the row-0 normaliser away from 0
@@ -84,20 +89,12 @@ class FireEncoding(PositionalEncoding):
     carries_bias = True
 
     def __init__(
-        self,
-        *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
-        fire_L0: float | None = None,
-        fire_width: int = 32,
+        self, *, fire_L0: float | None = None, fire_width: int = 32, **shape: Unpack[EncodingShape]
     ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
-        l0 = check_positive("fire_L0", train_max_tokens if fire_L0 is None else fire_L0)
+        super().__init__(**shape)
+        l0 = check_positive("fire_L0", self.train_max_tokens if fire_L0 is None else fire_L0)
         check_positive("fire_width", fire_width)
-        self.hooks = nn.ModuleList(FireHook(heads, fire_width, l0, members) for _ in range(layers))
+        self.hooks = nn.ModuleList(
+            FireHook(self.heads, fire_width, l0, self.members) for _ in range(self.layers)
+        )
         self.resolved_options = {"fire_L0": l0, "fire_width": fire_width}

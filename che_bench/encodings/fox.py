@@ -23,15 +23,18 @@ channels (2H channels, as for ALiBi or Kerple), per sequence.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.base import AttentionHook, EncodingShape, PositionalEncoding, register
 from che_bench.encodings.common import cache_blocks, running_sum
 from che_bench.members import MemberLinear, init_members_
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 #: The gates' weight initialisation (FoX and fla: N(0, 0.02^2); the bias starts at 0).
 GATE_STD = 0.02
@@ -158,19 +161,8 @@ class ForgettingEncoding(PositionalEncoding):
     kind = "relative"
     carries_bias = True
 
-    def __init__(
-        self,
-        *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
-        causal: bool = False,
-    ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
+    def __init__(self, *, causal: bool = False, **shape: Unpack[EncodingShape]) -> None:
+        super().__init__(**shape)
         self.hooks = nn.ModuleList(
-            ForgetGateHook(dim, heads, members, causal) for _ in range(layers)
+            ForgetGateHook(self.dim, self.heads, self.members, causal) for _ in range(self.layers)
         )

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
-from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.base import AttentionHook, EncodingShape, PositionalEncoding, register
 from che_bench.encodings.common import check_choice, layer_hooks, toeplitz_rows, two_sided
 from che_bench.members import init_members_
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 BIDIRECTIONAL = ("two_sided", "symmetric_offset")
 #: Lower bound of every Kerple parameter (the KERPLE code's projection).
@@ -87,22 +90,16 @@ class _KerpleEncoding(PositionalEncoding):
     def __init__(
         self,
         *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
         kerple_bidir: str = "two_sided",
         share_across_layers: bool = False,
+        **shape: Unpack[EncodingShape],
     ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
+        super().__init__(**shape)
         check_choice("kerple_bidir", kerple_bidir, BIDIRECTIONAL)
         # Shared: the KERPLE repo; per layer: the DAPE repo (which produced the DAPE tables).
         self.hooks = layer_hooks(
-            lambda: KerpleHook(heads, self.kernel, kerple_bidir, members),
-            layers,
+            lambda: KerpleHook(self.heads, self.kernel, kerple_bidir, self.members),
+            self.layers,
             share_across_layers,
         )
         self.resolved_options = {

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from che_bench.encodings.base import Draws, PositionalEncoding, register
+from che_bench.encodings.base import Draws, EncodingShape, PositionalEncoding, register
 from che_bench.encodings.common import check_positive
 from che_bench.encodings.randomized import DEFAULT_NOISE_MAX_LENGTH, RandomOptions, RandomPositions
 from che_bench.errors import CheBenchError
 from che_bench.members import init_members_, truncated_normal_
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 @register("learnt")
@@ -34,20 +39,14 @@ class LearnedEncoding(PositionalEncoding):
     def __init__(
         self,
         *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
         max_positions: int = 2048,
         learned_init_std: float = 1.0,
+        **shape: Unpack[EncodingShape],
     ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
+        super().__init__(**shape)
         check_positive("max_positions", max_positions)
         check_positive("learned_init_std", learned_init_std)
-        self.table = nn.Parameter(torch.empty(members, max_positions, dim))
+        self.table = nn.Parameter(torch.empty(self.members, max_positions, self.dim))
         init_members_(self.table, lambda table: truncated_normal_(table, learned_init_std))
         self.resolved_options = {
             "max_positions": max_positions,
@@ -86,23 +85,11 @@ class RandomLearnedEncoding(RandomPositions, LearnedEncoding):
     def __init__(
         self,
         *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
         noise_max_length: int = DEFAULT_NOISE_MAX_LENGTH,
         randomize_at_eval: bool = True,
         learned_init_std: float = 1.0,
+        **shape: Unpack[EncodingShape],
     ) -> None:
-        super().__init__(
-            dim=dim,
-            heads=heads,
-            layers=layers,
-            train_max_tokens=train_max_tokens,
-            members=members,
-            max_positions=noise_max_length,
-            learned_init_std=learned_init_std,
-        )
+        super().__init__(max_positions=noise_max_length, learned_init_std=learned_init_std, **shape)
         self.random = RandomOptions(noise_max_length, randomize_at_eval)
         self.resolved_options = {**self.random.recorded(), "learned_init_std": learned_init_std}

@@ -28,12 +28,12 @@ che-bench keeps fla's choice.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
 
-from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.base import AttentionHook, EncodingShape, PositionalEncoding, register
 from che_bench.encodings.common import chunk_length, running_sum
 from che_bench.encodings.fox import ForgetBias
 from che_bench.encodings.path_parameters import PathProjections
@@ -45,6 +45,9 @@ from che_bench.encodings.path_transform import (
     prepare_path,
 )
 from che_bench.errors import CheBenchError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 #: Floats of one in-block map (``[., H, T, C]``) that an evaluation prepares at a time: its
 #: sequences are prepared a few at a time, so that the transform's work maps (about five such
@@ -250,24 +253,19 @@ class PathEncoding(PositionalEncoding):
     def __init__(
         self,
         *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
         causal: bool = False,
         negative_eigenvalues: bool = True,
         forget_gate: bool = False,
         fox_bias_scaled: bool = True,
+        **shape: Unpack[EncodingShape],
     ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
+        super().__init__(**shape)
         if not (forget_gate or fox_bias_scaled):
             raise CheBenchError("fox_bias_scaled applies to PaTH-FoX only (forget_gate true)")
+        dim, heads, members = self.dim, self.heads, self.members
         self.hooks = nn.ModuleList(
             _hook(dim, heads, members, negative_eigenvalues, forget_gate, fox_bias_scaled, causal)
-            for _ in range(layers)
+            for _ in range(self.layers)
         )
         # PaTH-FoX carries a bias per sequence (DAPE's bias channels); plain PaTH none.
         self.carries_bias = forget_gate  # type: ignore[misc]

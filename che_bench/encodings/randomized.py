@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -124,6 +125,23 @@ class LayerDraws:
         if not self.per_layer:
             return Draws(layers=[self.sampler(length, limit, generators)] * self.layers)
         return Draws(layers=[self.sampler(length, limit, generators) for _ in range(self.layers)])
+
+
+class DistanceDraws(LayerDraws):
+    """The layers' draws of a randomized relative bias (ALiBi, Transformer-XL): sorted
+    distances (``sample_distances``), the right side's mirrored to the left or, with
+    ``both_sides``, drawn again."""
+
+    def __init__(
+        self, random: RandomOptions, per_layer: bool, layers: int, both_sides: bool
+    ) -> None:
+        super().__init__(
+            random, per_layer, layers, partial(sample_distances, both_sides=both_sides)
+        )
+        self.both_sides = both_sides
+
+    def recorded(self) -> dict[str, Any]:
+        return {**super().recorded(), "randomize_both_sides": self.both_sides}
 
 
 class RandomizedLayers:

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import math
-from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.base import AttentionHook, EncodingShape, PositionalEncoding, register
 from che_bench.encodings.common import check_positive, offset_index, offsets, sinusoid, two_sided
 from che_bench.encodings.randomized import (
     DEFAULT_NOISE_MAX_LENGTH,
+    DistanceDraws,
     Distances,
-    LayerDraws,
     RandomizedLayers,
     RandomOptions,
-    sample_distances,
 )
 from che_bench.members import MemberLinear, init_members_
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class RelativeHook(AttentionHook):
@@ -115,22 +117,11 @@ class RelativeEncoding(PositionalEncoding):
     description = "Transformer-XL relative attention (sinusoid of j - i, per-layer u, v, W_R)."
     kind = "relative"
 
-    def __init__(
-        self,
-        *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
-        max_time: float = 10000.0,
-    ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
+    def __init__(self, *, max_time: float = 10000.0, **shape: Unpack[EncodingShape]) -> None:
+        super().__init__(**shape)
         check_positive("max_time", max_time)
         self.hooks = nn.ModuleList(
-            RelativeHook(dim, heads, max_time, members) for _ in range(layers)
+            RelativeHook(self.dim, self.heads, max_time, self.members) for _ in range(self.layers)
         )
         self.resolved_options = {"max_time": max_time}
 
@@ -152,35 +143,29 @@ class RandomRelativeEncoding(RandomizedLayers, PositionalEncoding):
     def __init__(
         self,
         *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
         max_time: float = 10000.0,
         noise_max_length: int = DEFAULT_NOISE_MAX_LENGTH,
         randomize_at_eval: bool = True,
         random_per_layer: bool = True,
         randomize_both_sides: bool = False,
         relative_reference_bug: bool = False,
+        **shape: Unpack[EncodingShape],
     ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
+        super().__init__(**shape)
         check_positive("max_time", max_time)
-        self.layer_draws = LayerDraws(
+        self.layer_draws = DistanceDraws(
             RandomOptions(noise_max_length, randomize_at_eval),
             random_per_layer,
-            layers,
-            partial(sample_distances, both_sides=randomize_both_sides),
+            self.layers,
+            randomize_both_sides,
         )
         bug_limit = noise_max_length if relative_reference_bug else None
         self.hooks = nn.ModuleList(
-            RelativeHook(dim, heads, max_time, members, bug_limit) for _ in range(layers)
+            RelativeHook(self.dim, self.heads, max_time, self.members, bug_limit)
+            for _ in range(self.layers)
         )
         self.resolved_options = {
             "max_time": max_time,
             **self.layer_draws.recorded(),
-            "randomize_both_sides": randomize_both_sides,
             "relative_reference_bug": relative_reference_bug,
         }

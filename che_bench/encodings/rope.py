@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
-from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.base import AttentionHook, EncodingShape, PositionalEncoding, register
 from che_bench.encodings.common import check_choice, check_positive
 from che_bench.encodings.randomized import (
     DEFAULT_NOISE_MAX_LENGTH,
@@ -17,6 +17,9 @@ from che_bench.encodings.randomized import (
     sample_sorted,
 )
 from che_bench.errors import CheBenchError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 PAIRINGS = ("interleaved", "half")
 
@@ -88,26 +91,20 @@ class RotaryEncoding(PositionalEncoding):
     def __init__(
         self,
         *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
         rope_base: float = 10000.0,
         rope_pairing: str = "interleaved",
+        **shape: Unpack[EncodingShape],
     ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
+        super().__init__(**shape)
         check_rope_options(self.head_dim, rope_base, rope_pairing)
         self.hooks = nn.ModuleList(
-            RotaryHook(self.head_dim, rope_base, rope_pairing) for _ in range(layers)
+            RotaryHook(self.head_dim, rope_base, rope_pairing) for _ in range(self.layers)
         )
         self.resolved_options = {"rope_base": rope_base, "rope_pairing": rope_pairing}
 
 
 @register("random_rotary", "noisy_rotary", "noisy_rope")
-class RandomRotaryEncoding(RandomizedLayers, PositionalEncoding):
+class RandomRotaryEncoding(RandomizedLayers, RotaryEncoding):
     """RoPE at sorted random positions from ``[0, noise_max_length)``, drawn separately in
     every layer by default (as in the reference), the same draw for q and k.
 
@@ -117,38 +114,22 @@ class RandomRotaryEncoding(RandomizedLayers, PositionalEncoding):
 
     name = "random_rope"
     description = "Randomized RoPE (sorted positions drawn from [0, L), per layer)."
-    kind = "relative"
-    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"rope_pairing": PAIRINGS}
 
     def __init__(
         self,
         *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
         rope_base: float = 10000.0,
         rope_pairing: str = "interleaved",
         noise_max_length: int = DEFAULT_NOISE_MAX_LENGTH,
         randomize_at_eval: bool = True,
         random_per_layer: bool = True,
+        **shape: Unpack[EncodingShape],
     ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
-        check_rope_options(self.head_dim, rope_base, rope_pairing)
+        super().__init__(rope_base=rope_base, rope_pairing=rope_pairing, **shape)
         self.layer_draws = LayerDraws(
             RandomOptions(noise_max_length, randomize_at_eval),
             random_per_layer,
-            layers,
+            self.layers,
             sample_sorted,
         )
-        self.hooks = nn.ModuleList(
-            RotaryHook(self.head_dim, rope_base, rope_pairing) for _ in range(layers)
-        )
-        self.resolved_options = {
-            "rope_base": rope_base,
-            "rope_pairing": rope_pairing,
-            **self.layer_draws.recorded(),
-        }
+        self.resolved_options = {**self.resolved_options, **self.layer_draws.recorded()}

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from che_bench.encodings.base import Draws, PositionalEncoding, register
+from che_bench.encodings.base import Draws, EncodingShape, PositionalEncoding, register
 from che_bench.encodings.common import check_positive, sinusoid
 from che_bench.encodings.randomized import DEFAULT_NOISE_MAX_LENGTH, RandomOptions, RandomPositions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 @register("sincos", "sinusoidal")
@@ -26,17 +31,11 @@ class SinCosEncoding(PositionalEncoding):
     def __init__(
         self,
         *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
         max_time: float = 10000.0,
         sin_cos_backward: bool = False,
+        **shape: Unpack[EncodingShape],
     ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
+        super().__init__(**shape)
         self.max_time = check_positive("max_time", max_time)
         self.backward = sin_cos_backward
         self.resolved_options = {"max_time": max_time, "sin_cos_backward": sin_cos_backward}
@@ -65,22 +64,11 @@ class RandomSinCosEncoding(RandomPositions, SinCosEncoding):
     def __init__(
         self,
         *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
         max_time: float = 10000.0,
         noise_max_length: int = DEFAULT_NOISE_MAX_LENGTH,
         randomize_at_eval: bool = True,
+        **shape: Unpack[EncodingShape],
     ) -> None:
-        super().__init__(
-            dim=dim,
-            heads=heads,
-            layers=layers,
-            train_max_tokens=train_max_tokens,
-            members=members,
-            max_time=max_time,
-        )
+        super().__init__(max_time=max_time, **shape)
         self.random = RandomOptions(noise_max_length, randomize_at_eval)
         self.resolved_options = {"max_time": max_time, **self.random.recorded()}

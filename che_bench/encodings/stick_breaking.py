@@ -30,14 +30,17 @@ bias: the filter sees the H score channels), with the future keys hidden in a ca
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.base import AttentionHook, EncodingShape, PositionalEncoding, register
 from che_bench.encodings.common import cache_blocks, check_choice, running_sum
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 REMAINDERS = ("current", "none")
 
@@ -184,19 +187,8 @@ class StickBreakingEncoding(PositionalEncoding):
     kind = "relative"
     option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"stick_remainder": REMAINDERS}
 
-    def __init__(
-        self,
-        *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
-        stick_remainder: str = "current",
-    ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
+    def __init__(self, *, stick_remainder: str = "current", **shape: Unpack[EncodingShape]) -> None:
+        super().__init__(**shape)
         check_choice("stick_remainder", stick_remainder, REMAINDERS)
-        self.hooks = nn.ModuleList(StickBreakingHook(stick_remainder) for _ in range(layers))
+        self.hooks = nn.ModuleList(StickBreakingHook(stick_remainder) for _ in range(self.layers))
         self.resolved_options = {"stick_remainder": stick_remainder}

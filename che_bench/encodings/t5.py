@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from che_bench.encodings.base import AttentionHook, PositionalEncoding, register
+from che_bench.encodings.base import AttentionHook, EncodingShape, PositionalEncoding, register
 from che_bench.encodings.common import layer_hooks, offsets, toeplitz_rows
 from che_bench.errors import CheBenchError
 from che_bench.members import init_members_
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 def t5_buckets(relative: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -78,19 +82,13 @@ class T5Encoding(PositionalEncoding):
     def __init__(
         self,
         *,
-        dim: int,
-        heads: int,
-        layers: int,
-        train_max_tokens: int,
-        members: int = 1,
         t5_num_buckets: int = 32,
         t5_max_distance: int = 128,
         t5_neox_scaling: bool = False,
         share_across_layers: bool = True,
+        **shape: Unpack[EncodingShape],
     ) -> None:
-        super().__init__(
-            dim=dim, heads=heads, layers=layers, train_max_tokens=train_max_tokens, members=members
-        )
+        super().__init__(**shape)
         if t5_num_buckets < 4 or t5_num_buckets % 4:
             raise CheBenchError(
                 f"t5_num_buckets must be a positive multiple of 4; got {t5_num_buckets}"
@@ -98,8 +96,10 @@ class T5Encoding(PositionalEncoding):
         if t5_max_distance <= t5_num_buckets // 4:
             raise CheBenchError("t5_max_distance must exceed t5_num_buckets / 4")
         self.hooks = layer_hooks(
-            lambda: T5Hook(heads, t5_num_buckets, t5_max_distance, t5_neox_scaling, dim, members),
-            layers,
+            lambda: T5Hook(
+                self.heads, t5_num_buckets, t5_max_distance, t5_neox_scaling, self.dim, self.members
+            ),
+            self.layers,
             share_across_layers,
         )
         self.resolved_options = {

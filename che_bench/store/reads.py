@@ -15,7 +15,7 @@ import pandas as pd
 
 from che_bench.errors import CheBenchError
 from che_bench.protocol import EVAL_SEED, format_lengths
-from che_bench.store.schema import RUN_COLUMNS
+from che_bench.store.schema import CONFIG_COLUMNS, RUN_COLUMNS
 from che_bench.train.history import HISTORY_FIELDS
 
 #: ``evaluation`` argument of the readers: each run's own original evaluation.
@@ -108,10 +108,10 @@ class StoreReads:
         the run's identifying columns."""
         with self._connect() as connection:
             join, params = self._evaluation_join(connection, evaluation, inner=True)
+            config_columns = ", ".join(f"r.{column}" for column in CONFIG_COLUMNS)
             frame = pd.read_sql_query(
-                f"""SELECT r.run_id, e.evaluation_id AS evaluation, r.task, r.pe, r.kernel,
-                           r.seed, r.lr, r.steps, r.preset, a.split, a.length, a.accuracy,
-                           a.exact_accuracy, a.correct, a.scored,
+                f"""SELECT r.run_id, e.evaluation_id AS evaluation, {config_columns}, a.split,
+                           a.length, a.accuracy, a.exact_accuracy, a.correct, a.scored,
                            CAST(a.correct AS REAL) / a.scored AS pooled_accuracy
                     FROM runs r {join}
                     JOIN accuracies a

@@ -110,17 +110,13 @@ SCHEMA = (
     + POOLED_AND_PREFIX_SCHEMA
 )
 
+#: The ``runs`` columns that copy a run's config, after its ``run_id``.
+CONFIG_COLUMNS = ("task", "pe", "kernel", "seed", "lr", "steps", "preset")
 #: Columns of ``runs()`` taken from the ``runs`` table; the evaluation shown adds ``score``,
 #: ``train_accuracy`` and ``EVALUATION_COLUMNS``.
 RUN_COLUMNS = (
     "run_id",
-    "task",
-    "pe",
-    "kernel",
-    "seed",
-    "lr",
-    "steps",
-    "preset",
+    *CONFIG_COLUMNS,
     "status",
     "device",
     "error",

@@ -14,7 +14,7 @@ from che_bench.config import RunConfig, protocol_id
 from che_bench.errors import CheBenchError
 from che_bench.outcomes import RunResult, Scores
 from che_bench.protocol import format_lengths
-from che_bench.store.schema import checked_protocol, now
+from che_bench.store.schema import CONFIG_COLUMNS, checked_protocol, now
 from che_bench.train.history import HISTORY_FIELDS
 
 
@@ -203,18 +203,21 @@ def finite_or_none(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+#: ``CONFIG_COLUMNS`` in SQL, and a placeholder for each.
+_CONFIG_NAMES, _CONFIG_MARKS = ", ".join(CONFIG_COLUMNS), ", ".join("?" for _ in CONFIG_COLUMNS)
+
+
+def config_values(config: RunConfig) -> tuple:
+    """The values of ``CONFIG_COLUMNS`` for a run of ``config``."""
+    return tuple(getattr(config, column) for column in CONFIG_COLUMNS)
+
+
 def run_row(result: RunResult) -> tuple:
     """The ``runs`` row of a finished run, in ``record``'s column order."""
     config = result.config
     return (
         result.run_id,
-        config.task,
-        config.pe,
-        config.kernel,
-        config.seed,
-        config.lr,
-        config.steps,
-        config.preset,
+        *config_values(config),
         result.status,
         result.score,
         result.train_accuracy,
@@ -243,25 +246,13 @@ class StoreWrites:
         run_id = config.run_id()
         with self._transaction() as connection:
             connection.execute(
-                """INSERT INTO runs (run_id, task, pe, kernel, seed, lr, steps, preset, status,
-                                     config, created_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'started', ?, ?)
-                   ON CONFLICT (run_id) DO UPDATE SET
-                       status = 'started', attempts = attempts + 1, error = NULL,
-                       finished_at = NULL
-                   WHERE status != 'complete'""",
-                (
-                    run_id,
-                    config.task,
-                    config.pe,
-                    config.kernel,
-                    config.seed,
-                    config.lr,
-                    config.steps,
-                    config.preset,
-                    json.dumps(config.to_dict()),
-                    now(),
-                ),
+                f"""INSERT INTO runs (run_id, {_CONFIG_NAMES}, status, config, created_at)
+                    VALUES (?, {_CONFIG_MARKS}, 'started', ?, ?)
+                    ON CONFLICT (run_id) DO UPDATE SET
+                        status = 'started', attempts = attempts + 1, error = NULL,
+                        finished_at = NULL
+                    WHERE status != 'complete'""",
+                (run_id, *config_values(config), json.dumps(config.to_dict()), now()),
             )
 
     def record(self, result: RunResult) -> None:
@@ -278,17 +269,17 @@ class StoreWrites:
                 (result.run_id,),
             ).fetchone()
             connection.execute(
-                """INSERT INTO runs (run_id, task, pe, kernel, seed, lr, steps, preset, status,
-                                     score, train_accuracy, config, versions, device, timings,
-                                     details, error, plugins, created_at, finished_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                   ON CONFLICT (run_id) DO UPDATE SET
-                       status = excluded.status, score = excluded.score,
-                       train_accuracy = excluded.train_accuracy, config = excluded.config,
-                       versions = excluded.versions, device = excluded.device,
-                       timings = excluded.timings, details = excluded.details,
-                       error = excluded.error, plugins = excluded.plugins,
-                       finished_at = excluded.finished_at""",
+                f"""INSERT INTO runs (run_id, {_CONFIG_NAMES}, status, score, train_accuracy,
+                                      config, versions, device, timings, details, error,
+                                      plugins, created_at, finished_at)
+                    VALUES (?, {_CONFIG_MARKS}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    ON CONFLICT (run_id) DO UPDATE SET
+                        status = excluded.status, score = excluded.score,
+                        train_accuracy = excluded.train_accuracy, config = excluded.config,
+                        versions = excluded.versions, device = excluded.device,
+                        timings = excluded.timings, details = excluded.details,
+                        error = excluded.error, plugins = excluded.plugins,
+                        finished_at = excluded.finished_at""",
                 run_row(result),
             )
             if replaces_other_code(stored, result):

@@ -107,7 +107,28 @@ class ReverseString(IidStringTask):
         return np.flip(inputs, axis=1).copy()
 
 
-class ModularArithmeticBrackets(Task):
+class _ExpressionTask(Task):
+    """A task over bracketed expressions mod ``modulus``: the digits' ids are ``0..m-1``, the
+    other symbols' follow in order (``vocab``); the answer is one of the ``m`` residues."""
+
+    level = "dcf"
+    output_length_formula = "1"
+
+    def _set_vocabulary(self, modulus: int, symbols: tuple[str, ...]) -> None:
+        self.modulus = m = check_int_param(self.name, "modulus", modulus, 2)
+        self.vocab = Vocabulary(m, {symbol: m + i for i, symbol in enumerate(symbols)})
+        self.input_size = m + len(symbols)
+        self.output_size = m
+
+    @property
+    def input_symbols(self) -> tuple[str, ...]:
+        return self.vocab.names(self.input_size)
+
+    def output_length(self, n: int) -> int:
+        return 1
+
+
+class ModularArithmeticBrackets(_ExpressionTask):
     """A fully bracketed expression of exactly n tokens; target = its value mod ``modulus``.
 
     Ids: digits ``0..m-1``, ``+`` = m, ``-`` = m+1, ``*`` = m+2, ``(`` = m+3, ``)`` = m+4;
@@ -121,32 +142,17 @@ class ModularArithmeticBrackets(Task):
     """
 
     name = "modular_arithmetic_brackets"
-    level = "dcf"
-    output_length_formula = "1"
 
     def __init__(self, modulus: int = 5, mult: bool = True) -> None:
-        self.modulus = check_int_param(self.name, "modulus", modulus, 2)
+        self._set_vocabulary(modulus, ("+", "-", "*", "(", ")", "x"))
         if not isinstance(mult, bool):
             raise CheBenchError(
                 f"task {self.name!r}: parameter 'mult' must be a boolean, got {mult!r}"
             )
         self.mult = mult
-        m = self.modulus
-        self.vocab = Vocabulary(
-            m, {"+": m, "-": m + 1, "*": m + 2, "(": m + 3, ")": m + 4, "x": m + 5}
-        )
-        self.input_size = m + 6
-        self.output_size = m
 
     def params(self) -> dict:
         return {"modulus": self.modulus, "mult": self.mult}
-
-    @property
-    def input_symbols(self) -> tuple[str, ...]:
-        return self.vocab.names(self.input_size)
-
-    def output_length(self, n: int) -> int:
-        return 1
 
     def _sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch:
         operators = ("+", "-", "*") if self.mult else ("+", "-")
@@ -159,7 +165,7 @@ class ModularArithmeticBrackets(Task):
         return single_class(np.array([evaluate(row, self.vocab)[1] for row in inputs]))
 
 
-class SolveEquation(Task):
+class SolveEquation(_ExpressionTask):
     """``E = v`` where one digit of a bracketed expression E was replaced by ``x``;
     target = the replaced digit (the unique solution mod ``modulus``).
 
@@ -173,27 +179,12 @@ class SolveEquation(Task):
     """
 
     name = "solve_equation"
-    level = "dcf"
-    output_length_formula = "1"
 
     def __init__(self, modulus: int = 5) -> None:
-        self.modulus = check_int_param(self.name, "modulus", modulus, 2)
-        m = self.modulus
-        self.vocab = Vocabulary(
-            m, {"+": m, "-": m + 1, "(": m + 2, ")": m + 3, "x": m + 4, "=": m + 5}
-        )
-        self.input_size = m + 6
-        self.output_size = m
+        self._set_vocabulary(modulus, ("+", "-", "(", ")", "x", "="))
 
     def params(self) -> dict:
         return {"modulus": self.modulus}
-
-    @property
-    def input_symbols(self) -> tuple[str, ...]:
-        return self.vocab.names(self.input_size)
-
-    def output_length(self, n: int) -> int:
-        return 1
 
     def _sample(self, n: int, batch_size: int, rng: np.random.Generator) -> Batch:
         if n < 3:
