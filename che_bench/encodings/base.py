@@ -42,7 +42,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, cast
+from typing import Any, ClassVar, TypedDict, cast
 
 import torch
 from torch import nn
@@ -50,9 +50,6 @@ from torch import nn
 from che_bench.errors import CheBenchError
 from che_bench.registry import Registry
 from che_bench.setting_types import spelt_default
-
-if TYPE_CHECKING:
-    pass
 
 KINDS = ("none", "absolute", "relative")
 #: A constructor's ``*args`` and ``**shape``: what it passes on, not options of its own.
