@@ -14,6 +14,7 @@ from typing import Any
 from che_bench.commands.common import add_runtime_arguments, runtime_options_from_args
 from che_bench.commands.key_values import add_key_values_argument, parse_key_values
 from che_bench.errors import one_line
+from che_bench.reports.text_tables import print_wrapped
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -98,7 +99,7 @@ def check_encoding_command(args: argparse.Namespace) -> int:
         conformance.encoding_checks(args.causal),
         lambda check: conformance.run_encoding_check(check, name, options, causal=args.causal),
     )
-    print(
+    print_wrapped(
         _speed_line(
             lambda speed, cpu: speed.encoding_speed_line(name, options, args.causal, cpu, threads)
         )
@@ -135,7 +136,7 @@ def check_model_command(args: argparse.Namespace) -> int:
         lambda check: model_checks.run_model_check(check, name, options),
     )
     # A run's model: the options given over the defaults, not the checks' tiny sizes.
-    print(_speed_line(lambda speed, cpu: speed.model_speed_line(name, given, cpu, threads)))
+    print_wrapped(_speed_line(lambda speed, cpu: speed.model_speed_line(name, given, cpu, threads)))
     return status
 
 
