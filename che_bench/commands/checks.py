@@ -58,7 +58,12 @@ def _register_check_task(subparsers: argparse._SubParsersAction) -> None:
         "One line per failure.",
     )
     task.add_argument("name", help="task name (see `che-bench tasks`)")
-    add_key_values_argument(task, "--param", "task parameter to check with (repeatable)")
+    add_key_values_argument(
+        task,
+        "--param",
+        "task parameter to check with (repeatable; also --task-param, as `run`)",
+        aliases=("--task-param",),
+    )
     task.set_defaults(handler=check_task_command)
 
 
