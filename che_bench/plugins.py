@@ -84,10 +84,12 @@ def add_modules(module_names: list[str]) -> None:
             f"--plugin {module_names[0]} and --no-plugins ({DISABLE_VARIABLE}) "
             "contradict each other: give one of them"
         )
+    # The configured plugins load before the command line's join the variable, so that a
+    # module named with --plugin is not said to be named in it.
+    load_configured()
     if module_names:
         named = [name for name in _environment_modules() if name not in module_names]
         os.environ[ENVIRONMENT_VARIABLE] = ",".join(named + module_names)
-    load_configured()
     for module_name in module_names:
         _load(module_name, module_name, None)
 

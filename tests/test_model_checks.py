@@ -171,10 +171,27 @@ def test_the_speed_line_is_measured_at_the_run_s_thread_count(monkeypatch, capsy
         assert measured_at == [1, 2] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(previous)
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # the speed line wraps to the terminal
     assert "speed: 50.0 ms per training step (reverse_string, batch 32, n = 40, cpu, 1 thread); " in out
     assert "cpu, 2 threads); the quick preset's" in out
     assert main(["check-model", "rnn", "--threads", "0"]) == 2
+
+
+@pytest.mark.parametrize("columns", [100, 160])
+def test_the_speed_line_fits_the_terminal(columns, monkeypatch, capsys):
+    """It was one line of about 190 characters, wider than a terminal of 100 or 160 columns."""
+    from che_bench.checks import speed
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setattr(speed, "step_seconds", lambda configs, device, repeats, warm_up=1: 0.05)
+    for check in [name for name in model_checks.MODEL_CHECKS if name != "shapes"]:
+        monkeypatch.setitem(model_checks.MODEL_CHECKS, check, lambda arch, options: [])
+    assert main(["check-model", "rnn"]) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= columns
+    speed_text = " ".join(out[out.index("speed: "):].split())
+    assert speed_text.startswith("speed: 50.0 ms per training step (reverse_string, batch 32, ")
+    assert speed_text.endswith("(at most: shorter lengths are faster; evaluation not included)")
 
 
 def test_a_check_that_raises_is_one_failure_line(scratch_registries, monkeypatch):

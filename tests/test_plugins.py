@@ -124,6 +124,22 @@ def test_a_missing_plugin_and_a_missing_module_argument(capsys):
     assert exit_info.value.code == 2
 
 
+def test_a_missing_plugin_named_with_the_flag_is_not_said_to_be_in_the_variable(monkeypatch, capsys):
+    """A fresh process (plugins not yet configured): the error of a ``--plugin`` module named
+    CHE_BENCH_PLUGINS, which the user never set, before the fix."""
+    monkeypatch.setattr(plugins, "_configured", False)
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [])
+    assert main(["--plugin", "no_such_plugin_module", "tasks"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("che-bench: error: plugin no_such_plugin_module failed to import")
+    assert plugins.ENVIRONMENT_VARIABLE not in err
+    # A module the variable does name is still said to be named there.
+    monkeypatch.setattr(plugins, "_configured", False)
+    monkeypatch.setenv(plugins.ENVIRONMENT_VARIABLE, "no_such_plugin_module_either")
+    assert main(["tasks"]) == 2
+    assert f"it is named in {plugins.ENVIRONMENT_VARIABLE}" in capsys.readouterr().err
+
+
 def test_unknown_names_suggest_close_ones():
     with pytest.raises(CheBenchError, match="did you mean 'kerple'"):
         canonical_encoding_name("kerpel")

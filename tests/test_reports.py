@@ -158,6 +158,36 @@ def test_runs_differing_in_encoding_options_name_the_options_not_a_dict(tmp_path
     assert columns == ["ALiBi [alibi_mode=two_slopes]", "ALiBi [pe_options=default]"]
 
 
+def test_the_paper_notes_name_its_tables_only_beside_their_tasks(tmp_path):
+    """``che-bench run --task flip_flop`` printed DAPE V2's Table 6 note (and for the LSTM,
+    that CHE's table could not be read) under a table with no task of theirs."""
+    store = ResultStore(tmp_path / "s.sqlite")
+    store.record(synthetic_result("word_problem", "none", task_params={"group": "S3"}))
+    store.record(synthetic_result("flip_flop", None, arch="lstm"))
+    text = format_table(store, compare="paper")
+    assert "2410.04798" not in text and "2207.02098" not in text
+    store.record(synthetic_result("parity_check", "kerple"))
+    store.record(synthetic_result("parity_check", None, arch="lstm"))
+    text = format_table(store, compare="paper")
+    assert "paper: DAPE V2 (arXiv 2410.04798)" in text and "LSTM: no published reference" in text
+
+
+def test_runs_differing_in_one_model_option_name_that_option_only(tmp_path):
+    """``--layers 2`` beside the preset's 1 layer: the columns read ``[layers=1]`` and
+    ``[layers=2]``, not every model option (``layers=1, dim=16, heads=2, ffn=32, ...``)."""
+    store = ResultStore(tmp_path / "s.sqlite")
+    store.record(synthetic_result("even_pairs", "alibi", score=0.6))
+    store.record(synthetic_result("even_pairs", "alibi", score=0.7, layers=2))
+    store.record(synthetic_result("even_pairs", "kerple", score=0.7, layers=2, dim=32))
+    store.record(synthetic_result("even_pairs", "kerple", score=0.7, layers=3, dim=32))
+    store.record(synthetic_result("even_pairs", "rope", score=0.7, pe_options={"rope_base": 100}))
+    store.record(synthetic_result("even_pairs", "rope", score=0.7,
+                                  pe_options={"rope_base": 100, "rope_pairing": "half"}))
+    columns = sorted(summarize(store)["column"].tolist())
+    assert columns == ["ALiBi [layers=1]", "ALiBi [layers=2]", "Kerple [layers=2]",
+                       "Kerple [layers=3]", "RoPE [rope_pairing=default]", "RoPE [rope_pairing=half]"]
+
+
 def test_export_keeps_every_run_and_per_length_rows(store):
     runs = export_frame(store)
     assert sorted(runs["status"]) == ["complete"] * 4 + ["failed", "started"]

@@ -4,6 +4,7 @@ Table 3 beside che-bench's cells (issue 27, items 5 and 6)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import matplotlib
@@ -137,6 +138,21 @@ def test_the_published_value_beside_each_cell_compared_where_the_protocol_was_fo
     assert "needs --metric scaled" in capsys.readouterr().err
     with pytest.raises(CheBenchError, match="valid: none, paper, grazzi"):
         summarize(store, compare="other")
+
+
+def test_runs_laid_out_as_the_harness_go_beside_the_published_column(tmp_path):
+    """``--task-param layout=harness`` is the harness's own read-out of the same problem
+    (docs/protocol.md): its cells were left without a published value, and without a note."""
+    store = ResultStore(tmp_path / "s.sqlite")
+    record(store, "parity_check", 1.0, negative=True, task_params={"layout": "harness"})
+    record(store, "modular_arithmetic", 0.6, negative=True, task_params={"layout": "harness"})
+    record(store, "modular_arithmetic", 0.6, negative=True, task_params={"modulus": 7})
+    cells = summarize(store, metric="scaled", compare="grazzi").set_index("task")
+    parity = cells.loc["parity_check(layout=harness)"]
+    assert (parity["paper"], parity["comparable"], parity["diff"]) == (100.0, True, 0.0)
+    assert cells.loc["modular_arithmetic(layout=harness)", "paper"] == pytest.approx(97.1)
+    assert math.isnan(cells.loc["modular_arithmetic(modulus=7)", "paper"])  # another problem
+    assert "100.00 (+0.00)" in format_table(store, metric="scaled", compare="grazzi")
 
 
 @pytest.mark.parametrize(

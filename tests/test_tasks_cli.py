@@ -107,7 +107,8 @@ def test_sample_shows_the_state_tracking_tasks_symbols_and_scored_positions(task
     arguments = [item for key, value in params.items() for item in ("--param", f"{key}={value}")]
     assert main(["sample", "--task", task, "--length", "6", "--count", "3", "--seed", "2",
                  *arguments]) == 0
-    lines = capsys.readouterr().out.splitlines()[1:]
+    lines = capsys.readouterr().out.splitlines()
+    lines = lines[lines.index(next(line for line in lines if line.startswith("[0] "))):]
     task_obj = get_task(task, **params)
     batch = task_obj.sample(6, 3, np.random.default_rng(2))
     for row in range(3):
@@ -115,3 +116,36 @@ def test_sample_shows_the_state_tracking_tasks_symbols_and_scored_positions(task
         outputs = " ".join(str(t) if m else "·" for t, m in
                            zip(batch.targets[row], batch.mask[row], strict=True))
         assert lines[2 * row] == f"[{row}] {symbols}" and lines[2 * row + 1] == f"  -> {outputs}"
+
+
+@pytest.mark.parametrize("columns", [100, 160])
+def test_a_long_sample_wraps_between_tokens_to_the_terminal(columns, monkeypatch, capsys):
+    """The header of a word problem (126 characters) and the tokens of a long sample were one
+    line each; wrapped, every line fits and the tokens read back whole, in order."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["sample", "--task", "word_problem", "--param", "group=S5", "--length", "120",
+                 "--count", "2", "--seed", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= columns
+    header = " ".join(" ".join(lines[: lines.index(next(ln for ln in lines
+                                                      if ln.startswith("[0] ")))]).split())
+    assert "WordProblem(group='S5'" in header and "output positions=120 (· = not scored)" in header
+    text = " ".join(line.strip() for line in lines)
+    batch = get_task("word_problem", group="S5").sample(120, 2, np.random.default_rng(3))
+    for row in range(2):
+        symbols = " ".join(str(token) for token in batch.inputs[row])
+        outputs = " ".join(str(token) for token in batch.targets[row])
+        assert f"[{row}] {symbols} -> {outputs}" in text
+
+
+def test_sample_and_check_task_take_task_param_as_run_does(capsys):
+    """``run`` spells a task parameter ``--task-param``; ``sample`` and ``check-task`` refused
+    it (``unrecognized arguments``) and knew only ``--param``."""
+    assert main(["sample", "--task", "word_problem", "--task-param", "group=S3", "--length", "4",
+                 "--count", "1"]) == 0
+    assert "WordProblem(group='S3'" in capsys.readouterr().out
+    assert main(["sample", "--task", "parity_check", "--task-param", "group=S3",
+                 "--length", "4"]) == 2
+    assert "has no parameter group" in capsys.readouterr().err
+    assert main(["check-task", "parity_check", "--task-param", "group=S3"]) == 2
+    assert "has no parameter group" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from typing import Any
 from che_bench.commands.common import add_runtime_arguments, runtime_options_from_args
 from che_bench.commands.key_values import add_key_values_argument, parse_key_values
 from che_bench.errors import one_line
+from che_bench.reports.text_tables import print_wrapped
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -57,7 +58,12 @@ def _register_check_task(subparsers: argparse._SubParsersAction) -> None:
         "One line per failure.",
     )
     task.add_argument("name", help="task name (see `che-bench tasks`)")
-    add_key_values_argument(task, "--param", "task parameter to check with (repeatable)")
+    add_key_values_argument(
+        task,
+        "--param",
+        "task parameter to check with (repeatable; also --task-param, as `run`)",
+        aliases=("--task-param",),
+    )
     task.set_defaults(handler=check_task_command)
 
 
@@ -98,7 +104,7 @@ def check_encoding_command(args: argparse.Namespace) -> int:
         conformance.encoding_checks(args.causal),
         lambda check: conformance.run_encoding_check(check, name, options, causal=args.causal),
     )
-    print(
+    print_wrapped(
         _speed_line(
             lambda speed, cpu: speed.encoding_speed_line(name, options, args.causal, cpu, threads)
         )
@@ -135,7 +141,7 @@ def check_model_command(args: argparse.Namespace) -> int:
         lambda check: model_checks.run_model_check(check, name, options),
     )
     # A run's model: the options given over the defaults, not the checks' tiny sizes.
-    print(_speed_line(lambda speed, cpu: speed.model_speed_line(name, given, cpu, threads)))
+    print_wrapped(_speed_line(lambda speed, cpu: speed.model_speed_line(name, given, cpu, threads)))
     return status
 
 

@@ -25,6 +25,9 @@ def parse_key_values(items: list[str], flag: str) -> dict[str, Any]:
     return parsed
 
 
-def add_key_values_argument(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
-    """A repeatable ``flag KEY=VALUE`` (read with ``parse_key_values``)."""
-    parser.add_argument(flag, action="append", default=[], metavar="KEY=VALUE", help=help)
+def add_key_values_argument(
+    parser: argparse.ArgumentParser, flag: str, help: str, aliases: tuple[str, ...] = ()
+) -> None:
+    """A repeatable ``flag KEY=VALUE`` (read with ``parse_key_values``), also spelt as each
+    of ``aliases``."""
+    parser.add_argument(flag, *aliases, action="append", default=[], metavar="KEY=VALUE", help=help)

@@ -9,7 +9,7 @@ import numpy as np
 
 from che_bench.commands.key_values import add_key_values_argument, parse_key_values
 from che_bench.errors import CheBenchError
-from che_bench.reports.text_tables import Column, fit_table, wrap
+from che_bench.reports.text_tables import Column, fit_table, output_width, print_wrapped, wrap
 from che_bench.tasks import TASKS, get_task, list_tasks
 from che_bench.tasks.base import MASKED
 
@@ -30,7 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sample.add_argument("--seed", type=int, default=0, help="numpy seed (default 0)")
     sample.add_argument("--format", choices=("text", "jsonl"), default="text")
     add_key_values_argument(
-        sample, "--param", "task parameter, e.g. --param value_mode=iid (repeatable)"
+        sample,
+        "--param",
+        "task parameter, e.g. --param value_mode=iid (repeatable; also --task-param, as `run`)",
+        aliases=("--task-param",),
     )
     sample.set_defaults(handler=sample_handler)
 
@@ -85,9 +88,10 @@ def sample_handler(args: argparse.Namespace) -> int:
             print(json.dumps(record))
         return 0
     symbols = task.input_symbols
-    print(
-        f"{task!r}  n={args.length}  input tokens={task.input_length(args.length)}  "
-        f"output positions={task.output_length(args.length)}  ({MASKED} = not scored)"
+    width = output_width()
+    print_wrapped(
+        f"{task!r}: n={args.length}, input tokens={task.input_length(args.length)}, "
+        f"output positions={task.output_length(args.length)} ({MASKED} = not scored)"
     )
     for index, (inputs, targets, mask) in enumerate(
         zip(batch.inputs, batch.targets, batch.mask, strict=True)
@@ -96,6 +100,7 @@ def sample_handler(args: argparse.Namespace) -> int:
             str(t) if keep else MASKED
             for t, keep in zip(targets.tolist(), mask.tolist(), strict=True)
         ]
-        print(f"[{index}] {' '.join(symbols[t] for t in inputs.tolist())}")
-        print(f"  -> {' '.join(shown)}")
+        # Long samples wrap between tokens, each line of tokens indented past its label.
+        print("\n".join(wrap(f"[{index}] {' '.join(symbols[t] for t in inputs)}", indent="    ")))
+        print("\n".join("  " + line for line in wrap(f"-> {' '.join(shown)}", width - 2, "   ")))
     return 0

@@ -32,6 +32,9 @@ TABLE_RESOURCE = ("data", "grazzi_iclr2025_table3.csv")
 TABLE_FILE = Path("results") / "reference" / "grazzi_iclr2025_table3.csv"
 #: The che-bench tasks that the table's columns are set beside.
 TASKS = ("parity_check", "modular_arithmetic", "modular_arithmetic_brackets")
+#: Task parameters that lay a task out as their harness does (docs/protocol.md): the same
+#: problem, so such runs go beside the table's column too.
+HARNESS_LAYOUT = {"layout": "harness"}
 #: The preset that follows their protocol.
 PRESET = "state_tracking"
 #: The option that selects a row's eigenvalue range.
@@ -88,6 +91,20 @@ def published_value(table: pd.DataFrame, task: str, arch: str, negative: bool) -
     return float(rows[task].iloc[0]) * 100 if len(rows) else math.nan
 
 
+def published_task(settings: dict[str, Any]) -> str | None:
+    """The column of the table a run (``run_settings``) goes beside: its task, where that is
+    one of ``TASKS`` at its default parameters or laid out as their harness
+    (``HARNESS_LAYOUT``) and tested under its own; None otherwise."""
+    from che_bench.tasks import get_task
+
+    task = settings["task"]
+    if task not in TASKS or settings.get("eval_task_params"):
+        return None
+    default = get_task(task).params()
+    changed = {k: v for k, v in settings["task_params"].items() if default.get(k) != v}
+    return task if changed.items() <= HARNESS_LAYOUT.items() else None
+
+
 def row_key(config: dict[str, Any]) -> tuple[str, bool]:
     """A stored run's (architecture, negative eigenvalues) (false where not given)."""
     options = config.get("arch_options", {})
@@ -133,10 +150,12 @@ def _training_differences(settings: dict[str, Any], reference: dict[str, Any]) -
 
 def with_protocol_differences(runs: pd.DataFrame) -> pd.DataFrame:
     """Labelled runs (``labelled_runs``) whose ``paper_differences`` are those from Grazzi et
-    al.'s protocol, with each run's table row (``grazzi_row``: ``row_key``)."""
+    al.'s protocol, with each run's table row (``grazzi_row``: ``row_key``) and column
+    (``grazzi_task``: ``published_task``)."""
     return runs.assign(
         paper_differences=[tuple(protocol_differences(s)) for s in runs["settings"]],
         grazzi_row=[row_key(s) for s in runs["settings"]],
+        grazzi_task=[published_task(s) for s in runs["settings"]],
     )
 
 
@@ -146,16 +165,18 @@ def add_published(cells: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     paper`` gives them."""
     table = load_table()
     rows = {
-        (label, column): key
-        for label, column, key in zip(
-            runs["task_label"], runs["column"], runs["grazzi_row"], strict=True
+        (label, column): (key, task)
+        for label, column, key, task in zip(
+            runs["task_label"], runs["column"], runs["grazzi_row"], runs["grazzi_task"], strict=True
         )
     }
+    cell_rows = [
+        rows[(label, column)]
+        for label, column in zip(cells["task_label"], cells["column"], strict=True)
+    ]
     published = [
-        published_value(table, task, *rows[(label, column)]) if label == task else math.nan
-        for task, label, column in zip(
-            cells["task"], cells["task_label"], cells["column"], strict=True
-        )
+        published_value(table, task, *key) if column_task == task else math.nan
+        for task, (key, column_task) in zip(cells["task"], cell_rows, strict=True)
     ]
     cells = cells.assign(paper=published)
     cells["comparable"] = [not differences for differences in cells["paper_differences"]]

@@ -205,20 +205,45 @@ def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
     frame["paper_differences"] = [tuple(paper_protocol_differences(c)) for c in configs]
     variants = [_setting_values(config) for config in configs]
     varying: dict[str, list[str]] = {}
+    varying_items: dict[str, dict[str, set[str]]] = {}
     for encoding in set(frame["encoding"]):
         group = [v for v, e in zip(variants, frame["encoding"], strict=False) if e == encoding]
         keys = set().union(*group)
         varying[encoding] = sorted(k for k in keys if len({v.get(k) for v in group}) > 1)
+        varying_items[encoding] = _varying_items(
+            [c for c, e in zip(configs, frame["encoding"], strict=False) if e == encoding],
+            varying[encoding],
+        )
     mixed = frame["architecture"].nunique() > 1
     frame["column"] = [
         _architecture_prefix(arch, mixed)
         + encoding
-        + _settings_suffix(config, _telling_settings(config, variant, varying[encoding]))
+        + _settings_suffix(
+            config, _telling_settings(config, variant, varying[encoding]), varying_items[encoding]
+        )
         for arch, encoding, config, variant in zip(
             frame["architecture"], frame["encoding"], configs, variants, strict=True
         )
     ]
     return frame
+
+
+def _varying_items(group: list[dict[str, Any]], keys: list[str]) -> dict[str, set[str]]:
+    """For each setting of ``keys`` that is a table of items in every config of ``group``
+    (``model_options``, ``pe_options``), the items whose values differ among them (an item
+    a config lacks differs from one it has)."""
+    found: dict[str, set[str]] = {}
+    for key in keys:
+        values = [{**OMITTED_AT_DEFAULT, **config}.get(key) for config in group]
+        tables = [value for value in values if isinstance(value, dict)]
+        if len(tables) == len(values):
+            names: set[str] = set().union(*tables)
+            found[key] = {
+                name
+                for name in names
+                if len({json.dumps(table.get(name), sort_keys=True) for table in tables}) > 1
+            }
+    return found
 
 
 def _setting_values(config: Mapping[str, Any]) -> dict[str, str]:
@@ -281,11 +306,15 @@ def _architecture_prefix(arch: str, mixed: bool) -> str:
     return f"{architecture_label(TRANSFORMER)} · " if mixed and arch == TRANSFORMER else ""
 
 
-def _settings_suffix(config: dict[str, Any], keys: list[str]) -> str:
+def _settings_suffix(
+    config: dict[str, Any], keys: list[str], varying_items: dict[str, set[str]] | None = None
+) -> str:
     """`` [key=value, ...]`` of the settings that tell the encoding's runs apart (the preset
-    by its name alone: `` [paper, steps=400]``); an option
-    table (the encoding's ``pe_options``) shows its own ``key=value`` items, or
-    ``pe_options=default`` when empty, never a dict."""
+    by its name alone: `` [paper, steps=400]``); a table of items (the encoding's
+    ``pe_options``, the model's ``model_options``) shows its own ``key=value`` items, those
+    that tell the runs apart where ``varying_items`` names them (``layers=2``, not every
+    model option), an item it lacks as ``name=default``, or ``pe_options=default`` when
+    empty, never a dict."""
     if not keys:
         return ""
     values = {**OMITTED_AT_DEFAULT, **config}
@@ -295,10 +324,21 @@ def _settings_suffix(config: dict[str, Any], keys: list[str]) -> str:
         if key == "preset":
             items.append(str(value))
         elif isinstance(value, dict):
-            items.append(options_text(value) if value else f"{key}=default")
+            items.append(_items_text(key, value, (varying_items or {}).get(key)))
         else:
             items.append(f"{key}={short_value(value)}")
     return " [" + ", ".join(items) + "]"
+
+
+def _items_text(key: str, table: dict[str, Any], varying: set[str] | None) -> str:
+    """A table setting's items as a column label names them (``_settings_suffix``)."""
+    if not table:
+        return f"{key}=default"
+    if not varying:
+        return options_text(table)
+    shown = options_text({name: value for name, value in table.items() if name in varying})
+    lacking = [f"{name}=default" for name in sorted(varying) if name not in table]
+    return ", ".join(part for part in (shown, *lacking) if part)
 
 
 def short_value(value: Any) -> str:

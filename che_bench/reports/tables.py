@@ -337,7 +337,10 @@ def _notes(
     if compare in COMPARISONS:
         notes += COMPARISONS[compare].notes(runs)
     if compare == "paper":
-        stored = {run_architecture(json.loads(config)) for config in runs["config"]}
+        # Only the runs of the paper's tasks: a flip-flop or word-problem table has nothing
+        # of DAPE V2's or CHE's to set beside it.
+        paper_runs = runs[runs["task"].isin(load_paper_table().index)]
+        stored = {run_architecture(json.loads(config)) for config in paper_runs["config"]}
         if TRANSFORMER in stored:
             notes.append(
                 f"{PAPER_NOTE}; in brackets: ours (max) minus paper where the runs followed the "
