@@ -223,12 +223,26 @@ def test_without_gradients_a_chunk_s_scores_are_one_map_with_the_bits_of_the_joi
         assert torch.equal(scores, expected), rows
         assert scores.is_contiguous()
         map_bytes = 4 * 2 * 3 * (rows.stop - rows.start) * length
-        blocks = (rows.stop - 1) // 44 - rows.start // 44 + 1
-        carried_keys = 4 * 2 * 3 * blocks * 132 * 4 * len(factors)
+        room = -(-(rows.stop - rows.start - 1) // 44) + 1  # the most blocks the rows may span
+        carried_keys = 4 * 2 * 3 * room * 132 * 4 * len(factors)
         made = [size for ptr, size in storages.sizes.items() if ptr not in prepared]
         large = [size for size in made if size >= map_bytes and size != carried_keys]
         if rows.stop - rows.start > 1:  # (one row goes through a map of its own)
             assert large == [map_bytes], (rows, made)
+
+
+def test_every_chunk_of_as_many_rows_asks_for_maps_of_the_same_sizes():
+    """Ten rows inside a block and ten across two blocks make maps of the same sizes (the
+    carried keys have room for two blocks in both), which the allocator can reuse."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 2, 3, 130, 4).unbind(0)
+    prepared = prepare_path(q, k, random_factors((2, 3), 130, 4), block=44)
+    sizes = []
+    for rows in (slice(2, 12), slice(40, 50)):
+        with torch.no_grad(), _Storages() as storages:
+            prepared.scores(rows)
+        sizes.append(sorted(size for size in storages.sizes.values() if size >= 20_000))
+    assert sizes[0] == sizes[1] != []
 
 
 def test_beta_two_is_a_reflection():

@@ -155,16 +155,20 @@ def prepare_side(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, right: bool, loc
     return Side(right, q - query_w @ carry, keys, transitions)
 
 
-def carried_keys(sides: tuple[Side, ...], first: int, last: int) -> Tensor:
+def carried_keys(sides: tuple[Side, ...], first: int, last: int, room: int = 1) -> Tensor:
     """``[..., last - first + 1, n C, S d]``: for each query block ``I`` in ``first..last`` every
     key of a block ``J`` on each of the ``S`` sides carried to block I's edge (left: ``P_{I-1}
     ... P_{J+1} k^_j``, right: ``P_{I+1} ... P_{J-1} k^_j``), zero for the other keys; the sides
     side by side along the last axis, written into one zero map as they are walked (no padded
-    copy per block, no stacked or joined copies: without gradients their sizes, changing from
-    one chunk to the next, fragmented the allocator's heap)."""
+    copy per block, no stacked or joined copies). The map has room for ``room`` blocks (at
+    least ``last - first + 1``), so that every chunk of rows asks for one size: maps of
+    changing sizes fragmented the allocator's heap."""
     assert sides[0].keys is not None
     *leading, count, size, dim = sides[0].keys.shape
-    carried = sides[0].keys.new_zeros(*leading, last - first + 1, count, size, dim * len(sides))
+    blocks = last - first + 1
+    room = max(room, blocks)
+    carried = sides[0].keys.new_empty(*leading, room, count, size, dim * len(sides))
+    carried = carried[..., :blocks, :, :, :].zero_()
     for index, side in enumerate(sides):
         _walk(side, first, last, carried[..., index * dim : (index + 1) * dim])
     return carried.flatten(-3, -2)
@@ -222,7 +226,8 @@ class PreparedPath:
         # One product for both sides per query block, of the rows asked for only (a chunk
         # smaller than a block forms no other block rows), the in-block scores put on it.
         queries = torch.cat([self._queries(side, first, last) for side in self.sides], -1)
-        keys = carried_keys(self.sides, first, last)
+        room = -(-(stop - start - 1) // size) + 1  # the most blocks a chunk's rows span
+        keys = carried_keys(self.sides, first, last, room)
         blocks = [
             (index, block, max(start - block * size, 0), min(stop - block * size, size))
             for index, block in enumerate(range(first, last + 1))
