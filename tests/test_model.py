@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from che_bench.checks.conformance import check_pack_equals_members
-from che_bench.encodings import list_encodings
+from che_bench.encodings import AttentionHook, list_encodings
 from che_bench.errors import CheBenchError
 from che_bench.model.attention import Attention
 from che_bench.model.encoder import build_model
@@ -191,6 +193,40 @@ def test_attention_module_is_reusable_with_a_default_hook():
 
     attention = Attention(8, 2, AttentionHook(), None, causal=False, memory_budget_bytes=1 << 20)
     assert attention(torch.randn(1, 3, 5, 8)).shape == (1, 3, 5, 8)
+
+
+class _LiveOutputs(TorchDispatchMode):
+    """Counts the storages of ``nbytes`` bytes that operations make, alive at once."""
+
+    def __init__(self, nbytes: int) -> None:
+        super().__init__()
+        self.nbytes, self.alive, self.most = nbytes, 0, 0
+
+    def _freed(self) -> None:
+        self.alive -= 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        seen = {arg.untyped_storage().data_ptr() for arg in args if isinstance(arg, torch.Tensor)}
+        for tensor in out if isinstance(out, tuple) else [out]:
+            storage = tensor.untyped_storage()
+            # (A view or an in-place result is no new storage.)
+            if storage.nbytes() == self.nbytes and storage.data_ptr() not in seen:
+                self.alive += 1
+                self.most = max(self.most, self.alive)
+                weakref.finalize(storage, self._freed)
+        return out
+
+
+def test_without_gradients_no_chunk_s_output_outlives_its_chunk():
+    """Each row chunk's output goes into the layer's output as it comes: kept until joined,
+    they lay among the next chunks' freed maps and fragmented the allocator's heap."""
+    attention = Attention(8, 2, AttentionHook(), None, causal=False, memory_budget_bytes=1)
+    x = torch.randn(1, 3, 10, 8)
+    chunk_output = 4 * 3 * 2 * 1 * 4  # [M, B, H, 1 row, d_h] floats: one row per chunk
+    with torch.no_grad(), _LiveOutputs(chunk_output) as outputs:
+        attention(x)
+    assert 1 <= outputs.most <= 2, outputs.most
 
 
 @pytest.mark.parametrize("pe, kernel", [("kerple", 5), ("none", 7)])

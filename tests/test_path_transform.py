@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from che_bench.encodings.path_parameters import INIT_STD, W_KERNEL, PathProjections
 from che_bench.encodings.path_transform import (
@@ -181,6 +182,67 @@ def test_the_prepared_state_grows_as_the_sequence_not_its_square():
     blocks, size = 5, 60  # the fewest blocks of at most 64
     expected = blocks * size * (size + 4 * dim) + 2 * blocks * dim * dim
     assert sum(tensor.numel() for tensor in kept) == expected
+
+
+class _Storages(TorchDispatchMode):
+    """Records the bytes of every storage the operations inside write their results into."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(tensor, torch.Tensor):
+                storage = tensor.untyped_storage()
+                self.sizes[storage.data_ptr()] = storage.nbytes()
+        return out
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_without_gradients_a_chunk_s_scores_are_one_map_with_the_bits_of_the_joined_form(
+    bidirectional,
+):
+    """An evaluation's chunk writes each block's rows into one contiguous map over the keys
+    (the softmax copies nothing, no map per block: their sizes fragmented the heap), with the
+    bits of the form autograd takes (each block's product, joined, the padding cut), for one
+    row, rows inside a block and rows across blocks. Three blocks of 44, two keys of padding."""
+    torch.manual_seed(0)
+    length = 130
+    q, k = torch.randn(2, 2, 3, length, 4).unbind(0)
+    factors = [random_factors((2, 3), length, 4) for _ in range(1 + bidirectional)]
+    joined = prepare_path(q.clone().requires_grad_(), k, *factors, block=44)
+    written = prepare_path(q, k, *factors, block=44)
+    kept = [written.local, *(side.keys for side in written.sides), *(s.queries for s in written.sides)]
+    prepared = {tensor.untyped_storage().data_ptr() for tensor in kept}
+    for rows in (slice(0, length), slice(7, 8), slice(129, 130), slice(50, 54), slice(30, 100)):
+        expected = joined.scores(rows).detach()
+        with torch.no_grad(), _Storages() as storages:
+            scores = written.scores(rows)
+        assert torch.equal(scores, expected), rows
+        assert scores.is_contiguous()
+        map_bytes = 4 * 2 * 3 * (rows.stop - rows.start) * length
+        room = -(-(rows.stop - rows.start - 1) // 44) + 1  # the most blocks the rows may span
+        carried_keys = 4 * 2 * 3 * room * 132 * 4 * len(factors)
+        made = [size for ptr, size in storages.sizes.items() if ptr not in prepared]
+        large = [size for size in made if size >= map_bytes and size != carried_keys]
+        if rows.stop - rows.start > 1:  # (one row goes through a map of its own)
+            assert large == [map_bytes], (rows, made)
+
+
+def test_every_chunk_of_as_many_rows_asks_for_maps_of_the_same_sizes():
+    """Ten rows inside a block and ten across two blocks make maps of the same sizes (the
+    carried keys have room for two blocks in both), which the allocator can reuse."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 2, 3, 130, 4).unbind(0)
+    prepared = prepare_path(q, k, random_factors((2, 3), 130, 4), block=44)
+    sizes = []
+    for rows in (slice(2, 12), slice(40, 50)):
+        with torch.no_grad(), _Storages() as storages:
+            prepared.scores(rows)
+        sizes.append(sorted(size for size in storages.sizes.values() if size >= 20_000))
+    assert sizes[0] == sizes[1] != []
 
 
 def test_beta_two_is_a_reflection():

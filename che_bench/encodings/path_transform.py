@@ -155,17 +155,33 @@ def prepare_side(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, right: bool, loc
     return Side(right, q - query_w @ carry, keys, transitions)
 
 
-def carried_keys(side: Side, first: int, last: int) -> Tensor:
-    """``[..., last - first + 1, n C, d]``: for each query block ``I`` in ``first..last`` every
-    key of a block ``J`` on the side carried to block I's edge (left: ``P_{I-1} ... P_{J+1} k^_j``,
-    right: ``P_{I+1} ... P_{J-1} k^_j``), zero for the other keys. Walks the blocks from the far
-    end: ``O(n^2 C d^2)``."""
+def carried_keys(sides: tuple[Side, ...], first: int, last: int, room: int = 1) -> Tensor:
+    """``[..., last - first + 1, n C, S d]``: for each query block ``I`` in ``first..last`` every
+    key of a block ``J`` on each of the ``S`` sides carried to block I's edge (left: ``P_{I-1}
+    ... P_{J+1} k^_j``, right: ``P_{I+1} ... P_{J-1} k^_j``), zero for the other keys; the sides
+    side by side along the last axis, written into one zero map as they are walked (no padded
+    copy per block, no stacked or joined copies). The map has room for ``room`` blocks (at
+    least ``last - first + 1``), so that every chunk of rows asks for one size: maps of
+    changing sizes fragmented the allocator's heap."""
+    assert sides[0].keys is not None
+    *leading, count, size, dim = sides[0].keys.shape
+    blocks = last - first + 1
+    room = max(room, blocks)
+    carried = sides[0].keys.new_empty(*leading, room, count, size, dim * len(sides))
+    carried = carried[..., :blocks, :, :, :].zero_()
+    for index, side in enumerate(sides):
+        _walk(side, first, last, carried[..., index * dim : (index + 1) * dim])
+    return carried.flatten(-3, -2)
+
+
+def _walk(side: Side, first: int, last: int, target: Tensor) -> None:
+    """Writes ``carried_keys``' part of one side into ``target [..., last - first + 1, n, C,
+    d]``. Walks the blocks from the far end: ``O(n^2 C d^2)``."""
     assert side.keys is not None and side.transitions is not None
     keys, transitions = side.keys, side.transitions
     count = keys.shape[-3]
     order = range(count - 1, first - 1, -1) if side.right else range(last + 1)
     walked = keys[..., :0, :, :]  # the keys beyond `block`, carried to its edge
-    stack = []
     for block in order:
         source = block + 1 if side.right else block - 1  # the block just passed
         if 0 <= source < count:
@@ -173,9 +189,18 @@ def carried_keys(side: Side, first: int, last: int) -> Tensor:
             passed = keys[..., source : source + 1, :, :]
             walked = torch.cat([passed, moved] if side.right else [moved, passed], dim=-3)
         if first <= block <= last:
-            pad = (block + 1, 0) if side.right else (0, count - block)
-            stack.append(F.pad(walked, (0, 0, 0, 0, *pad)))
-    return torch.stack(stack[::-1] if side.right else stack, dim=-4).flatten(-3, -2)
+            beyond = slice(block + 1, None) if side.right else slice(0, block)
+            target[..., block - first, beyond, :, :] = walked
+
+
+def product_into(target: Tensor, left: Tensor, right: Tensor) -> None:
+    """``target[...] = left @ right`` (without gradients) for a ``target`` of some rows of a
+    map, written into it; one row through a map of its own: MKL's product of one row written
+    among other rows rounds otherwise."""
+    if target.shape[-2] == 1:
+        target.copy_(left @ right)
+    else:
+        torch.matmul(left, right, out=target)
 
 
 @dataclass
@@ -201,14 +226,32 @@ class PreparedPath:
         # One product for both sides per query block, of the rows asked for only (a chunk
         # smaller than a block forms no other block rows), the in-block scores put on it.
         queries = torch.cat([self._queries(side, first, last) for side in self.sides], -1)
-        keys = torch.cat([carried_keys(side, first, last) for side in self.sides], -1)
-        parts = []
-        for index, block in enumerate(range(first, last + 1)):
-            low, high = max(start - block * size, 0), min(stop - block * size, size)
-            part = queries[..., index, low:high, :] @ keys[..., index, :, :].transpose(-1, -2)
-            part.unflatten(-1, (count, size))[..., block, :] = local[..., index, low:high, :]
-            parts.append(part)
-        return torch.cat(parts, -2)[..., : self.length]
+        room = -(-(stop - start - 1) // size) + 1  # the most blocks a chunk's rows span
+        keys = carried_keys(self.sides, first, last, room)
+        blocks = [
+            (index, block, max(start - block * size, 0), min(stop - block * size, size))
+            for index, block in enumerate(range(first, last + 1))
+        ]
+        if torch.is_grad_enabled() and (queries.requires_grad or keys.requires_grad):
+            parts = []
+            for index, block, low, high in blocks:
+                part = queries[..., index, low:high, :] @ keys[..., index, :, :].mT
+                part.unflatten(-1, (count, size))[..., block, :] = local[..., index, low:high, :]
+                parts.append(part)
+            return torch.cat(parts, -2)[..., : self.length]
+        # Without gradients each block's rows are written into one map over the keys (no
+        # padding's columns: the softmax takes it as it is), with no map of their own: the
+        # chunks' products, of as many sizes as rows fall into a block, and the softmax's
+        # contiguous copy fragmented the allocator's heap.
+        scores = queries.new_empty(*queries.shape[:-3], stop - start, self.length)
+        for index, block, low, high in blocks:
+            part = scores[..., block * size + low - start : block * size + high - start, :]
+            product_into(
+                part, queries[..., index, low:high, :], keys[..., index, : self.length, :].mT
+            )
+            own = slice(block * size, min(block * size + size, self.length))
+            part[..., own] = local[..., index, low:high, : own.stop - own.start]
+        return scores
 
     @staticmethod
     def _queries(side: Side, first: int, last: int) -> Tensor:
