@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, cast
 
-from che_bench.commands.common import add_store_argument, existing_store
+from che_bench.commands.common import add_store_argument, existing_store, writable_output
 from che_bench.errors import CheBenchError
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ def attention_command(args: argparse.Namespace) -> int:
     from che_bench.run.kept_models import load_model
     from che_bench.store import resolve_run_ids
 
+    writable_output(args.out, "")
     store = existing_store(args.store)
     run_ids = resolve_run_ids(store, [args.run_id] + ([args.compare] if args.compare else []))
     loaded = [load_model(store.path, run_id) for run_id in run_ids]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -168,11 +169,13 @@ def add_samples_arguments(parser: argparse.ArgumentParser, help: str) -> None:
 
 
 def check_samples_arguments(args: argparse.Namespace) -> None:
-    """A bad ``--samples-per-length`` is refused before anything runs."""
+    """A bad ``--samples-per-length``, or a ``--samples`` file that cannot be written, is
+    refused before anything runs."""
     if args.samples is not None:
         from che_bench.eval.predictions import check_samples_per_length
 
         check_samples_per_length(args.samples_per_length)
+        writable_output(args.samples, "samples")
 
 
 def writable_directory(path: Path, what: str) -> Path:
@@ -183,6 +186,27 @@ def writable_directory(path: Path, what: str) -> Path:
         raise CheBenchError(f"cannot create {what} {path}: {exc.strerror or exc}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise CheBenchError(f"{what} {path} is not writable")
+    return path
+
+
+def writable_output(out: str | Path, what: str) -> Path:
+    """``out`` once checked writable, before any work goes into its content: an existing
+    ``out`` is opened for appending (its content untouched); a new one's folder, or the
+    nearest existing folder above it (the writers create the missing ones), takes a
+    temporary file. Raises the writer's own one-line error, ``cannot write {what} {out}:
+    {reason}``, that it would otherwise raise only after the work."""
+    path = Path(out)
+    try:
+        if not path.exists():
+            folder = next(parent for parent in path.parents if parent.exists())
+            with tempfile.NamedTemporaryFile(dir=folder):
+                pass
+        elif path.is_file() or path.is_dir():  # not a pipe, whose opening waits for a reader
+            with open(path, "a"):
+                pass
+    except OSError as exc:
+        label = f"{what} " if what else ""
+        raise CheBenchError(f"cannot write {label}{out}: {exc.strerror or exc}") from None
     return path
 
 

@@ -12,6 +12,7 @@ from che_bench.commands.common import (
     add_store_argument,
     existing_store,
     runs_of_arch_filter,
+    writable_output,
 )
 from che_bench.errors import CheBenchError
 from che_bench.reports import COMPARISON_NAMES, FORMATS, METRICS
@@ -180,6 +181,7 @@ def _write_text(text: str, out: str | None) -> Path | None:
         sys.stdout.write(text)
         return None
     try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text)
     except OSError as exc:
         raise CheBenchError(f"cannot write {out}: {exc.strerror or exc}") from None
@@ -243,6 +245,8 @@ def export_command(args: argparse.Namespace) -> int:
         )
     if args.prefix and args.metric != "token":
         raise CheBenchError("--prefix exports the prefix curves: --metric does not apply")
+    if args.out not in (None, "-"):
+        writable_output(args.out, "")
     store = existing_store(args.store)
     run_ids = runs_of_arch_filter(store, args.archs)
     if args.curves:
@@ -267,10 +271,11 @@ def plot_command(args: argparse.Namespace) -> int:
     from che_bench.reports.plots import plot_accuracy
     from che_bench.reports.prefix import plot_prefix
 
+    if args.prefix and args.metric != "token":
+        raise CheBenchError("--prefix plots the prefix curves: --metric does not apply")
+    writable_output(args.out, "plot")
     store = existing_store(args.store)
     if args.prefix:
-        if args.metric != "token":
-            raise CheBenchError("--prefix plots the prefix curves: --metric does not apply")
         path = plot_prefix(
             store,
             args.out,
@@ -296,6 +301,7 @@ def curves_command(args: argparse.Namespace) -> int:
     from che_bench.reports.plots import plot_curves
     from che_bench.store import resolve_run_ids
 
+    writable_output(args.out, "plot")
     store = existing_store(args.store)
     path = plot_curves(store, resolve_run_ids(store, args.run_ids), args.out)
     print(f"wrote {path}")
@@ -307,6 +313,7 @@ def report_command(args: argparse.Namespace) -> int:
     from che_bench.reports.html import write_report
     from che_bench.store import resolve_run_ids
 
+    writable_output(args.out, "report")
     store = existing_store(args.store)
     run_ids = None if args.run_ids is None else resolve_run_ids(store, args.run_ids)
     path = write_report(

@@ -114,6 +114,7 @@ def write_samples(
     check_samples_per_length(count)
     written = 0
     try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         with open(out, "w", encoding="utf-8") as handle:
             for run_id, model, config in zip(run_ids, models, configs, strict=False):
                 for record in sample_predictions(model, config, run_id, device, count):
