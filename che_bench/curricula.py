@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from che_bench.errors import CheBenchError
+from che_bench.errors import CheBenchError, accepted_text
 from che_bench.setting_types import Validator, at_least, positive_number, true_or_false
 
 #: The curricula, the default (the one every run had before curricula existed) first.
@@ -206,8 +206,7 @@ def build(name: str, options: dict[str, Any], lengths: range, steps: int) -> Cur
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise CheBenchError(
-            f"curriculum {name} takes no option {', '.join(unknown)} "
-            f"(its options: {', '.join(known) or 'none'})"
+            f"curriculum {name} takes no option {', '.join(unknown)} ({accepted_text(known)})"
         )
     checked = {key: known[key](f"curriculum option {key}", value) for key, value in options.items()}
     return _BUILDERS[name](checked, lengths, steps)

@@ -1,8 +1,17 @@
 """The one exception type the CLI turns into a one-line message and exit code 2."""
 
+from collections.abc import Iterable
+
 
 class CheBenchError(ValueError):
     """A user-facing error: bad input, impossible combination, unusable store."""
+
+
+def accepted_text(names: Iterable[str], noun: str = "options", verb: str = "takes") -> str:
+    """What an error says a thing accepts: "its options: a, b", or "it takes no options"
+    (never "options: none", which reads as an option, or the encoding, named none)."""
+    listed = ", ".join(names)
+    return f"its {noun}: {listed}" if listed else f"it {verb} no {noun}"
 
 
 def one_line(exc: BaseException) -> str:

@@ -425,3 +425,10 @@ def test_sequence_longer_than_the_random_range_is_a_user_error():
     for name in ("random_sin_cos", "random_rope"):
         with pytest.raises(CheBenchError, match="noise_max_length"):
             make(name, noise_max_length=100).sample_draws(101, generators())
+
+
+def test_an_option_of_the_encoding_none_is_refused_without_naming_none_as_an_option():
+    """The default encoding is named none: "its options: none" would read as an option."""
+    with pytest.raises(CheBenchError) as refused:
+        build_encoding("none", dim=8, heads=2, layers=1, train_max_tokens=8, foo=1)
+    assert str(refused.value) == "encoding 'none' does not take option(s) foo; it takes no options"

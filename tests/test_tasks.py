@@ -220,8 +220,8 @@ def test_unknown_task_names_the_valid_ones():
 @pytest.mark.parametrize(
     ("name", "params", "message"),
     [
-        ("even_pairs", {"vocab_size": 3}, "no parameter vocab_size"),
-        ("reverse_string", {"vocab": 3}, "valid: vocab_size"),
+        ("even_pairs", {"vocab_size": 3}, r"no parameter vocab_size \(it has no parameters\)"),
+        ("reverse_string", {"vocab": 3}, "its parameters: vocab_size"),
         ("reverse_string", {"vocab_size": 1}, "vocab_size"),
         ("modular_arithmetic", {"modulus": "5"}, "modulus"),
         ("modular_arithmetic_brackets", {"mult": 1}, "mult"),

@@ -47,7 +47,7 @@ from typing import Any, ClassVar, TypedDict, cast
 import torch
 from torch import nn
 
-from che_bench.errors import CheBenchError
+from che_bench.errors import CheBenchError, accepted_text
 from che_bench.registry import Registry
 from che_bench.setting_types import spelt_default
 
@@ -362,10 +362,9 @@ def build_encoding(
     cls = get_encoding_class(name)
     unknown = sorted(set(options) - set(cls.option_names()))
     if unknown:
-        accepted = ", ".join(cls.option_names()) or "none"
         raise CheBenchError(
             f"encoding {cls.name!r} does not take option(s) {', '.join(unknown)}; "
-            f"its options: {accepted}"
+            f"{accepted_text(cls.option_names())}"
         )
     if dim % heads:
         raise CheBenchError(f"model width {dim} is not divisible by {heads} heads")

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from che_bench.encodings import canonical_encoding_name, given_options
-from che_bench.errors import CheBenchError, one_line
+from che_bench.errors import CheBenchError, accepted_text, one_line
 from che_bench.members import load_member_states
 from che_bench.model.autoregressive import AutoregressiveTransformer
 from che_bench.model.base import BenchModel
@@ -134,8 +134,9 @@ def architecture_options(arch: str, options: dict[str, Any]) -> dict[str, Any]:
     for key in (key for key in unknown if key in refused):
         raise CheBenchError(f"{entry.name} takes no option {key}: {refused[key]}")
     if unknown:
-        takes = ", ".join(entry.defaults) or "none"
-        raise CheBenchError(f"{entry.name} takes no option {', '.join(unknown)} (options: {takes})")
+        raise CheBenchError(
+            f"{entry.name} takes no option {', '.join(unknown)} ({accepted_text(entry.defaults)})"
+        )
     return {**entry.defaults, **options}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 
-from che_bench.errors import CheBenchError
+from che_bench.errors import CheBenchError, accepted_text
 from che_bench.tasks.base import LEVELS, TASKS, Batch, Task, register_task, single_class
 from che_bench.tasks.cs import (
     BinaryAddition,
@@ -98,8 +98,8 @@ def get_task(name: str, **params: object) -> Task:
     ]
     unknown = sorted(set(params) - set(accepted))
     if unknown:
-        valid = ", ".join(accepted) or "none"
         raise CheBenchError(
-            f"task {cls.name!r} has no parameter {', '.join(unknown)} (valid: {valid})"
+            f"task {cls.name!r} has no parameter {', '.join(unknown)} "
+            f"({accepted_text(accepted, 'parameters', 'has')})"
         )
     return TASKS.instantiate(cls, **params)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from che_bench.errors import CheBenchError
+from che_bench.errors import CheBenchError, accepted_text
 from che_bench.model.base import positive_int, switch
 from che_bench.model.recurrent.base import COMPUTATION_STEPS, Cell, Memory, RecurrentModel
 from che_bench.model.recurrent.ndstack_rnn import NDStackMemory
@@ -122,7 +122,7 @@ def _settings(name: str, options: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(options) - set(defaults))
     if unknown:
         raise CheBenchError(
-            f"{name} takes no option {', '.join(unknown)} (options: {', '.join(defaults)})"
+            f"{name} takes no option {', '.join(unknown)} ({accepted_text(defaults)})"
         )
     settings = {**defaults, **options}
     for key, value in settings.items():
