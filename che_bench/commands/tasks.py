@@ -39,13 +39,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def list_handler(args: argparse.Namespace) -> int:
+    # A task named with several parameters wraps, its continuation indented under its name.
     columns = [
         Column(name, right=name not in ("task", "level", "out length"), key=name == "task")
-        for name in TASK_COLUMNS
+        for name in TASK_COLUMNS[1:]
     ]
+    columns.insert(0, Column(TASK_COLUMNS[0], key=True, wrap=True, indent="  "))
     rows = [
         (
-            " ".join([name, *(_shown(key, value) for key, value in listed.items())]),
+            " ".join([name, *(f"{key}={value}" for key, value in listed.items())]),
             task.level,
             task.input_size,
             task.output_size,
@@ -60,15 +62,10 @@ def list_handler(args: argparse.Namespace) -> int:
     ]
     title = wrap(
         "che-bench tasks (reference parameters; a parametrised task also with its published "
-        "settings, named by the parameters that differ: a text value alone, others as KEY=VALUE)"
+        "settings, named by the parameters that differ, KEY=VALUE as --task-param takes them)"
     )
     print("\n".join([*title, "", *fit_table(columns, rows)]))
     return 0
-
-
-def _shown(key: str, value: object) -> str:
-    """A listed parameter as the task column shows it: a text value alone (``S5``)."""
-    return value if isinstance(value, str) else f"{key}={value}"
 
 
 def sample_handler(args: argparse.Namespace) -> int:

@@ -66,12 +66,14 @@ def print_wrapped(text: str, file: TextIO | None = None) -> None:
 @dataclass(frozen=True)
 class Column:
     """A column of ``fit_table``: its header; ``right``: right-aligned (numbers); ``key``:
-    repeated in every column group; ``wrap``: its cells may wrap at spaces."""
+    repeated in every column group; ``wrap``: its cells may wrap at spaces, their continuation
+    lines indented by ``indent``."""
 
     name: str
     right: bool = False
     key: bool = False
     wrap: bool = False
+    indent: str = ""
 
 
 def fit_table(
@@ -164,7 +166,10 @@ def _render(
         lines += _join(
             group,
             columns,
-            [wrap(row[i], widths[i]) if columns[i].wrap else [row[i]] for i in group],
+            [
+                wrap(row[i], widths[i], columns[i].indent) if columns[i].wrap else [row[i]]
+                for i in group
+            ],
             widths,
         )
     return lines
