@@ -32,11 +32,25 @@ def test_eval_task_params_enter_the_run_id_and_the_protocol_only_when_set():
 def test_eval_task_params_that_change_nothing_or_the_model_s_inputs_are_refused():
     with pytest.raises(CheBenchError, match="run's own value"):
         make_config("flip_flop", preset="smoke", eval_task_params={"p_ignore": 0.8})
-    with pytest.raises(CheBenchError, match="change the inputs or outputs"):
+    with pytest.raises(CheBenchError, match="changes the inputs or outputs"):
         make_config("word_problem", preset="smoke", task_params={"group": "Z3"},
                     eval_task_params={"group": "Z5"})
     with pytest.raises(CheBenchError, match="p_ignore"):
         make_config("flip_flop", preset="smoke", eval_task_params={"p_ignore": 2})
+
+
+def test_an_eval_task_param_changing_the_model_s_inputs_is_named_with_what_it_reads():
+    """The error named the parameters as Python dicts, the run's own with None in them."""
+    with pytest.raises(CheBenchError) as refused:
+        make_config("word_problem", preset="smoke", task_params={"group": "S3"},
+                    eval_task_params={"group": "S5"})
+    assert str(refused.value) == (
+        "--eval-task-param group=S5 changes the inputs or outputs of task 'word_problem' (to 120 "
+        "input and 120 output classes): the run's model, trained with group=S3, reads 6 input "
+        "and 6 output classes; an evaluation may change only task parameters that keep them"
+    )
+    with pytest.raises(CheBenchError, match=r"^--eval-task-param p_ignore=0.8: the run's own"):
+        make_config("flip_flop", preset="smoke", eval_task_params={"p_ignore": 0.8})
 
 
 def test_a_run_is_evaluated_on_flip_flop_s_sparse_and_dense_splits_end_to_end(tmp_path, capsys):

@@ -14,6 +14,7 @@ import torch
 from che_bench import settings
 from che_bench.errors import CheBenchError
 from che_bench.model.architectures import build_architecture
+from che_bench.model.option_text import options_text
 from che_bench.tasks import get_task
 from che_bench.tasks.base import Task
 
@@ -127,15 +128,27 @@ def _checked_evaluation_task(config: Any) -> Task:
         return task
     trained = config.build_task()
     own = trained.params()
-    same = [key for key, value in config.eval_task_params.items() if own.get(key) == value]
+    given = config.eval_task_params
+    same = {key: value for key, value in given.items() if own.get(key) == value}
     if same:
         raise CheBenchError(
-            f"eval_task_params {', '.join(same)}: the run's own value (leave it out)"
+            f"--eval-task-param {options_text(same, ' ')}: the run's own value (leave it out)"
         )
-    shape = ("input_size", "output_size", "output_layout")
-    if any(getattr(task, name) != getattr(trained, name) for name in shape):
+    if _shape_text(task, trained) != _shape_text(trained, task):
         raise CheBenchError(
-            f"eval_task_params {config.eval_task_params} change the inputs or outputs of task "
-            f"{config.task!r}: a model trained on {own} cannot read them"
+            f"--eval-task-param {options_text(given, ' ')} changes the inputs or outputs of task "
+            f"{config.task!r} (to {_shape_text(task, trained)}): the run's model, trained with "
+            f"{options_text({key: own.get(key) for key in given}, ' ')}, reads "
+            f"{_shape_text(trained, task)}; an evaluation may change only task parameters "
+            "that keep them"
         )
     return task
+
+
+def _shape_text(task: Task, other: Task) -> str:
+    """What a model reads and writes for ``task``: its input and output classes, and where
+    its outputs go when that differs from ``other``."""
+    text = f"{task.input_size} input and {task.output_size} output classes"
+    if task.output_layout != other.output_layout:
+        text += f", outputs {task.output_layout.replace('_', ' ')}"
+    return text
