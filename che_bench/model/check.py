@@ -134,7 +134,8 @@ def _checked_evaluation_task(config: Any) -> Task:
         raise CheBenchError(
             f"--eval-task-param {options_text(same, ' ')}: the run's own value (leave it out)"
         )
-    if _shape_text(task, trained) != _shape_text(trained, task):
+    shape = ("input_size", "output_size", "output_layout")
+    if any(getattr(task, name) != getattr(trained, name) for name in shape):
         raise CheBenchError(
             f"--eval-task-param {options_text(given, ' ')} changes the inputs or outputs of task "
             f"{config.task!r} (to {_shape_text(task, trained)}): the run's model, trained with "
