@@ -70,7 +70,7 @@ from cpu_peak import (
     run_at_isa,
 )
 
-from che_bench.allocator import keep_freed_memory
+from che_bench.allocator import keep_freed_memory, large_blocks_returned
 from che_bench.checks.speed import median_seconds
 from che_bench.config import RunConfig, make_config
 from che_bench.model.architectures import (
@@ -193,7 +193,7 @@ def measure_evaluation(make_model: Callable[[], BenchModel], inputs: torch.Tenso
     model = make_model().eval()
     before = _status_bytes("VmRSS")
     walls, cpus = [], []
-    with torch.inference_mode():
+    with torch.inference_mode(), large_blocks_returned():  # as the runs' evaluations
         for index in range(warm_ups + repeats):
             wall, cpu = time.perf_counter(), time.process_time()
             model(inputs)

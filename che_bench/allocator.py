@@ -10,6 +10,12 @@ way, and 1,000-3,500 faults and 2-7 ms with both thresholds at 1 GiB (docs/bench
 allocation"). Which memory a tensor gets changes no arithmetic, so no result changes; the
 process keeps up to its peak resident memory until it exits.
 
+An evaluation under a memory budget (long lengths, in chunks) is the exception: its score maps
+of tens to hundreds of MB, kept on the heap at sizes that change from chunk to chunk, fragment
+it, and PaTH's and stick-breaking's evaluations at n = 500 then took 1.2-4.5 GiB where their
+tensors never held more than 0.7 GiB. ``large_blocks_returned`` hands blocks above 32 MiB back
+to the kernel for its duration (docs/benchmarks.md, "Memory allocation").
+
 Nothing is changed where the user chose an allocator or its settings: ``MALLOC_*`` variables,
 a ``glibc.malloc`` tunable, or an allocator in ``LD_PRELOAD`` (jemalloc, tcmalloc, mimalloc).
 """
@@ -20,7 +26,8 @@ import ctypes
 import ctypes.util
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 #: ``mallopt``'s parameters (glibc's ``malloc.h``).
 M_TRIM_THRESHOLD = -1
@@ -30,6 +37,9 @@ KEEP_BYTES = 1 << 30
 #: glibc's documented upper limit of the mmap threshold on 64-bit systems (some versions
 #: refuse more).
 MMAP_THRESHOLD_MAX = 32 << 20
+
+#: The mmap threshold ``keep_freed_memory`` set in this process (None: it set none).
+_kept_threshold: int | None = None
 
 
 def allocator_chosen_by_user(environment: Mapping[str, str] = os.environ) -> bool:
@@ -48,10 +58,35 @@ def keep_freed_memory() -> bool:
         return False
     if allocator_chosen_by_user():
         return False
-    mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    global _kept_threshold
+    mallopt = _mallopt()
     # The mmap threshold first: the trim threshold alone would turn off glibc's adjustment of
     # the mmap threshold and leave it at 128 KiB, which faults far more.
-    if not (mallopt(M_MMAP_THRESHOLD, KEEP_BYTES) or mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)):
-        return False
-    return bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
+    for threshold in (KEEP_BYTES, MMAP_THRESHOLD_MAX):
+        if mallopt(M_MMAP_THRESHOLD, threshold):
+            _kept_threshold = threshold
+            return bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
+    return False
+
+
+@contextmanager
+def large_blocks_returned() -> Iterator[None]:
+    """Within the block, allocations above 32 MiB come from and go back to the kernel, as by
+    glibc's default, where ``keep_freed_memory`` had kept them on the heap (module docstring);
+    elsewhere nothing changes."""
+    kept = _kept_threshold
+    if kept is None or kept <= MMAP_THRESHOLD_MAX:
+        yield
+        return
+    mallopt = _mallopt()
+    mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)
+    try:
+        yield
+    finally:
+        mallopt(M_MMAP_THRESHOLD, kept)
+
+
+def _mallopt():
+    mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt

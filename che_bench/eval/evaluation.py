@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, Progress, TextColumn
 
+from che_bench.allocator import large_blocks_returned
 from che_bench.config import RunConfig
 from che_bench.device_memory import free_gpu_memory, release_memory
 from che_bench.model.base import BenchModel
@@ -195,7 +196,8 @@ def length_scores(
     """Each member's ``LengthScores`` at one length; ``rows``: see ``ForwardRows``."""
     data_rng, seed = seed_for_length(model, config, length)
     sub_batch_scores, counts, prefixes = [], [], []
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    forked = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+    with forked, large_blocks_returned():
         torch.manual_seed(seed)  # dropout at evaluation
         for size in _sub_batch_sizes(config.eval_samples, config.eval_batch_size):
             batch = task.sample(length, size, data_rng)
