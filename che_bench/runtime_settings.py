@@ -19,9 +19,8 @@ RUNTIME_SETTINGS: tuple[Setting, ...] = (
     Setting(
         "threads",
         int,
-        "torch CPU threads per process (default: 1 in this process, as "
-        "these small models ran many-fold slower with more on a busy machine; sweep's local "
-        "workers: cores / workers)",
+        "torch CPU threads per run (default 1, in a sweep's local workers too: these small "
+        "models ran many-fold slower with more on a busy machine; a Ray task: its CPUs)",
         where=RUNTIME,
         in_id=NOT_IN_ID,
         metavar="N",

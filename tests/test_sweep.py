@@ -178,6 +178,8 @@ def test_max_runs_limits_the_runs_started(tmp_path):
     outcome = run_sweep(configs, store, lambda: LocalBackend(1), max_runs=1, live=False)
     assert len(outcome.results) == 1 and outcome.not_started == 3
     assert store.completed_run_ids() == {configs[0].run_id()}
+    # One torch thread a worker, as `che-bench run`, whatever the machine's cores.
+    assert set(store.runs()["device"]) == {"cpu (1 thread)"}
 
 
 def test_nothing_to_do_starts_no_backend(tmp_path):

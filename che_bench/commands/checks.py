@@ -15,6 +15,7 @@ from che_bench.commands.common import add_runtime_arguments, runtime_options_fro
 from che_bench.commands.key_values import add_key_values_argument, parse_key_values
 from che_bench.errors import one_line
 from che_bench.reports.text_tables import print_wrapped
+from che_bench.run.options import DEFAULT_THREADS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -147,7 +148,7 @@ def check_model_command(args: argparse.Namespace) -> int:
 
 def _threads(args: argparse.Namespace) -> int:
     """The torch threads a run given ``--threads`` would use (checked; 1 by default)."""
-    return runtime_options_from_args(args).threads or 1
+    return runtime_options_from_args(args).threads or DEFAULT_THREADS
 
 
 def _speed_line(measure: Callable[[ModuleType, Any], str]) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from che_bench import settings
 from che_bench.commands.key_values import parse_key_values
 from che_bench.errors import CheBenchError
-from che_bench.run.options import RuntimeOptions
+from che_bench.run.options import DEFAULT_THREADS, RuntimeOptions
 from che_bench.run.trackers import TrackerOptions
 
 
@@ -113,11 +113,10 @@ def runtime_options_from_args(args: argparse.Namespace, **fields: Any) -> Runtim
 
 
 def use_threads(options: RuntimeOptions) -> None:
-    """torch's CPU threads in this process: ``--threads``, default 1 (these models are small,
-    and extra threads slowed steps 50x on a busy 2-core machine)."""
+    """torch's CPU threads in this process: ``--threads``, default ``DEFAULT_THREADS``."""
     import torch
 
-    torch.set_num_threads(options.threads or 1)
+    torch.set_num_threads(options.threads or DEFAULT_THREADS)
 
 
 def add_store_argument(parser: argparse.ArgumentParser) -> None:

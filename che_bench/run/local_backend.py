@@ -6,8 +6,10 @@ whole lines, which it prints on its standard error: above its live progress bar 
 at spaces on a terminal, as a single run's messages are, rather than over the bar. A Ctrl-C
 is announced once, by the sweep, for all the runs it stops.
 
-The workers split the CPUs this process may use (``che_bench.device_memory.available_cpus``)
-between them: their torch threads and the batch workers a wide pack starts. With a GPU named
+Each worker runs one torch thread unless ``--threads`` says otherwise (``DEFAULT_THREADS``, as
+``che-bench run``), and the workers split the CPUs this process may use
+(``che_bench.device_memory.available_cpus``) between them for the batch workers a wide pack
+starts. With a GPU named
 without an index (``--device auto`` or ``cuda``) and several GPUs visible, worker k runs on
 ``cuda:{k mod GPUs}``, as Ray gives each task a GPU of its own; the workers on one GPU share its
 free memory equally.
@@ -30,7 +32,7 @@ from che_bench.config import RunConfig
 from che_bench.cpu import set_portable_environment
 from che_bench.device_memory import allow_cpus, available_cpus, share_gpu_among
 from che_bench.outcomes import RunResult
-from che_bench.run.options import RuntimeOptions
+from che_bench.run.options import DEFAULT_THREADS, RuntimeOptions
 from che_bench.run.runner import execute_runs
 from che_bench.train.loop import announce_interrupts
 from che_bench.train.progress import say
@@ -39,11 +41,6 @@ from che_bench.train.progress import say
 ORPHAN_POLL_S = 1.0
 #: How long an orphaned worker may take to checkpoint its run before it exits anyway.
 ORPHAN_GRACE_S = 60.0
-
-
-def default_threads_per_worker(workers: int) -> int:
-    """Split this process's CPUs evenly between the workers (at least one thread each)."""
-    return max(1, available_cpus() // max(1, workers))
 
 
 def worker_devices(device: str, workers: int) -> list[str]:
@@ -62,9 +59,8 @@ def worker_devices(device: str, workers: int) -> list[str]:
 
 class LocalBackend:
     """``workers`` spawned processes, each running one pack at a time (``execute_runs``) with
-    ``options`` and ``options.threads`` torch threads (default: this process's CPUs split
-    between them), on the device ``worker_devices`` gives it; results travel back to the
-    sweep process."""
+    ``options`` and ``options.threads`` torch threads (default ``DEFAULT_THREADS``), on the
+    device ``worker_devices`` gives it; results travel back to the sweep process."""
 
     def __init__(self, workers: int, options: RuntimeOptions | None = None) -> None:
         from che_bench.run.device import resolve_device
@@ -73,7 +69,7 @@ class LocalBackend:
         self.workers = workers
         self.on_gpu = resolve_device(options.device).type == "cuda"
         self.devices = worker_devices(options.device, workers)
-        self.threads = options.threads or default_threads_per_worker(workers)
+        self.threads = options.threads or DEFAULT_THREADS
         # Workers draw no progress bars: their lines would interleave on one terminal.
         self.options = options.with_changes(progress=False)
         if options.portable_cpu:  # read as the workers import torch: they inherit it

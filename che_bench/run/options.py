@@ -19,6 +19,10 @@ from che_bench.train.history import DEFAULT_LOG_EVERY
 
 #: How often (in steps) training saves a checkpoint when it has a checkpoint directory.
 DEFAULT_CHECKPOINT_EVERY = 1000
+#: torch CPU threads of a run where ``--threads`` is not given (a run, a local sweep's
+#: workers): these models are small, and on a busy 2-core machine a second thread made a
+#: sweep's runs 20x slower (docs/usage.md).
+DEFAULT_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -26,8 +30,8 @@ class RuntimeOptions:
     """``device``, ``threads``, ``tf32``, ``deterministic``, ``portable_cpu`` and ``log_every``
     are the runtime settings of ``che_bench.settings`` (checked by their validators here,
     whoever builds the object); ``threads=None`` leaves the thread count to whoever runs the
-    runs (1 in this process, cores / workers in a local sweep's workers, the granted CPUs in a
-    Ray task).
+    runs (``DEFAULT_THREADS`` in this process and in a local sweep's workers, the granted CPUs
+    in a Ray task).
     ``trackers``: TensorBoard / W&B logging. ``progress``: progress bars. With
     ``checkpoint_dir`` runs checkpoint every ``checkpoint_every`` steps and resume; with
     ``models_dir`` completed runs keep their weights there."""
