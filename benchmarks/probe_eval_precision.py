@@ -1,0 +1,77 @@
+"""Issue 47's precision probe: a DeltaNet run's kept model (or its checkpoint, while it trains)
+evaluated under its own protocol in float32, under bf16 autocast (the xLSTM harness's
+validation, ``experiments/main.py``) and cast to bf16 (``eval-chomsky.py``, which drew the
+authors' per-length figures); and, per layer, how close beta = 2 sigmoid(x) comes to 2: under
+bf16 it rounds to exactly 2 (a reflection) for x >= 6.25.
+
+    python benchmarks/probe_eval_precision.py STORE RUN_ID [--beta-length N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+
+import numpy as np
+import torch
+
+from che_bench.commands.evaluate import _stored_runs
+from che_bench.eval.evaluation import evaluate
+from che_bench.run.kept_models import load_model
+from che_bench.store import ResultStore
+from che_bench.store.files import CHECKPOINTS, run_file
+from che_bench.train.checkpoints import checkpoint_model
+
+MODES = {
+    "float32": (lambda model: model, contextlib.nullcontext),
+    "bf16 autocast": (lambda model: model, lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
+    "bf16 weights": (lambda model: model.to(torch.bfloat16), contextlib.nullcontext),
+}
+
+
+def model_of(store: ResultStore, run_id: str):
+    runs, (config,) = _stored_runs(store, [run_id])
+    if runs.at[run_id, "status"] == "complete":
+        return config, config.steps, load_model(store.path, run_id)[1]
+    step, model = checkpoint_model(run_file(store.path, CHECKPOINTS, run_id), config)
+    return config, step, model
+
+
+def beta_preactivations(config, model, length: int) -> list[torch.Tensor]:
+    """Each DeltaNet layer's beta pre-activations on 64 test sequences of ``length``."""
+    batch = config.build_evaluation_task().sample(length, 64, np.random.default_rng(0))
+    layers = [module for module in model.modules() if hasattr(module, "beta_scale")]
+    outputs: list[torch.Tensor] = []
+    for layer in layers:
+        layer.project.register_forward_hook(lambda m, i, o: outputs.append(o))
+    with torch.no_grad():
+        model.eval()(torch.from_numpy(batch.inputs.copy()))
+    starts = [sum(layer.sizes[:3]) for layer in layers]
+    return [out[..., s : s + layer.sizes[3]].flatten()
+            for layer, out, s in zip(layers, outputs, starts, strict=True)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("store")
+    parser.add_argument("run_id")
+    parser.add_argument("--beta-length", type=int, default=101)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    config, step, model = model_of(ResultStore(args.store), args.run_id)
+    task, cpu = config.build_evaluation_task(), torch.device("cpu")
+    for name, (cast, context) in MODES.items():
+        with context():
+            (result,) = evaluate(cast(copy.deepcopy(model)), task, config, cpu, progress=False)
+        curve = " ".join(f"{n}:{100 * a:.1f}" for n, a in sorted(result.per_length.items()))
+        print(f"step {step}, {name}: score {result.score:.2%}; {curve}")
+    for index, x in enumerate(beta_preactivations(config, model, args.beta_length)):
+        quantiles = torch.quantile(x, torch.tensor([0.05, 0.5, 0.95, 1.0])).tolist()
+        print(f"layer {index}: beta's x at n = {args.beta_length}: 5/50/95/100% "
+              + ", ".join(f"{q:.2f}" for q in quantiles)
+              + f"; share x >= 6.25: {(x >= 6.25).float().mean():.4f}")
+
+
+if __name__ == "__main__":
+    main()
