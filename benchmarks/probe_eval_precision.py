@@ -48,8 +48,10 @@ def beta_preactivations(config, model, length: int) -> list[torch.Tensor]:
     with torch.no_grad():
         model.eval()(torch.from_numpy(batch.inputs.copy()))
     starts = [sum(layer.sizes[:3]) for layer in layers]
-    return [out[..., s : s + layer.sizes[3]].flatten()
-            for layer, out, s in zip(layers, outputs, starts, strict=True)]
+    return [
+        out[..., s : s + layer.sizes[3]].flatten()
+        for layer, out, s in zip(layers, outputs, starts, strict=True)
+    ]
 
 
 def main() -> None:
@@ -68,9 +70,11 @@ def main() -> None:
         print(f"step {step}, {name}: score {result.score:.2%}; {curve}")
     for index, x in enumerate(beta_preactivations(config, model, args.beta_length)):
         quantiles = torch.quantile(x, torch.tensor([0.05, 0.5, 0.95, 1.0])).tolist()
-        print(f"layer {index}: beta's x at n = {args.beta_length}: 5/50/95/100% "
-              + ", ".join(f"{q:.2f}" for q in quantiles)
-              + f"; share x >= 6.25: {(x >= 6.25).float().mean():.4f}")
+        print(
+            f"layer {index}: beta's x at n = {args.beta_length}: 5/50/95/100% "
+            + ", ".join(f"{q:.2f}" for q in quantiles)
+            + f"; share x >= 6.25: {(x >= 6.25).float().mean():.4f}"
+        )
 
 
 if __name__ == "__main__":
