@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import platform
 from collections.abc import Iterator, Mapping
@@ -86,7 +87,9 @@ def large_blocks_returned() -> Iterator[None]:
         mallopt(M_MMAP_THRESHOLD, kept)
 
 
+@functools.cache
 def _mallopt():
+    """libc's ``mallopt``, looked up once (``find_library`` reads the linker's cache)."""
     mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt

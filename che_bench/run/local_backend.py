@@ -9,10 +9,9 @@ is announced once, by the sweep, for all the runs it stops.
 Each worker runs one torch thread unless ``--threads`` says otherwise (``DEFAULT_THREADS``, as
 ``che-bench run``), and the workers split the CPUs this process may use
 (``che_bench.device_memory.available_cpus``) between them for the batch workers a wide pack
-starts. With a GPU named
-without an index (``--device auto`` or ``cuda``) and several GPUs visible, worker k runs on
-``cuda:{k mod GPUs}``, as Ray gives each task a GPU of its own; the workers on one GPU share its
-free memory equally.
+starts. With a GPU named without an index (``--device auto`` or ``cuda``) and several GPUs
+visible, worker k runs on ``cuda:{k mod GPUs}``, as Ray gives each task a GPU of its own; the
+workers on one GPU share its free memory equally.
 """
 
 from __future__ import annotations
