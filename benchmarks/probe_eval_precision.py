@@ -16,7 +16,6 @@ import copy
 import numpy as np
 import torch
 
-from che_bench.commands.evaluate import _stored_runs
 from che_bench.eval.evaluation import evaluate
 from che_bench.run.kept_models import load_model
 from che_bench.store import ResultStore
@@ -31,8 +30,9 @@ MODES = {
 
 
 def model_of(store: ResultStore, run_id: str):
-    runs, (config,) = _stored_runs(store, [run_id])
-    if runs.at[run_id, "status"] == "complete":
+    (status,) = store.runs([run_id])["status"]
+    config = store.run_configs([run_id])[run_id]
+    if status == "complete":
         return config, config.steps, load_model(store.path, run_id)[1]
     step, model = checkpoint_model(run_file(store.path, CHECKPOINTS, run_id), config)
     return config, step, model

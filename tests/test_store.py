@@ -97,6 +97,17 @@ def test_record_and_read_back(tmp_path):
     assert set(curves["split"]) == {"test", "train"}
 
 
+def test_run_configs_read_back_each_runs_recorded_config(tmp_path):
+    store = ResultStore(tmp_path / "s.sqlite")
+    started, complete = synthetic_result(seed=1), synthetic_result(kernel=3, seed=2)
+    store.mark_started(started.config)
+    store.record(complete)
+    assert store.run_configs([started.run_id, complete.run_id]) == {
+        started.run_id: started.config, complete.run_id: complete.config}
+    assert store.run_configs([complete.run_id]) == {complete.run_id: complete.config}
+    assert store.run_configs(["not-a-run"]) == {}
+
+
 def test_complete_run_is_not_reset_by_mark_started(tmp_path):
     store = ResultStore(tmp_path / "s.sqlite")
     result = synthetic_result()

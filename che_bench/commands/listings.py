@@ -122,16 +122,10 @@ STALE_TEXT = (
 
 def _stale(store, runs) -> set[str]:
     """The complete runs among ``runs`` whose plugin changed since (``che_bench.run.stale``)."""
-    from che_bench.config import RunConfig
     from che_bench.run.stale import stale_runs
 
-    complete = runs[runs["status"] == "complete"]
-    used = store.run_plugins(complete["run_id"])
-    with_plugins = {
-        run_id: RunConfig.from_dict(json.loads(config))
-        for run_id, config in zip(complete["run_id"], complete["config"], strict=True)
-        if used[run_id]
-    }
+    used = store.run_plugins(runs.loc[runs["status"] == "complete", "run_id"])
+    with_plugins = store.run_configs(run_id for run_id, plugins in used.items() if plugins)
     return set(stale_runs(with_plugins, store))
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from che_bench.config import RunConfig
 from che_bench.errors import CheBenchError
 from che_bench.protocol import EVAL_SEED, format_lengths
 from che_bench.store.schema import CONFIG_COLUMNS, RUN_COLUMNS
@@ -59,6 +60,13 @@ class StoreReads:
         with self._connect() as connection:
             rows = connection.execute(f"SELECT r.run_id, r.details FROM runs r {where}", params)
             return {run_id: json.loads(text or "{}") for run_id, text in rows}
+
+    def run_configs(self, run_ids: Iterable[str]) -> dict[str, RunConfig]:
+        """Each run's configuration as recorded when it started."""
+        where, params = run_filter("r", run_ids)
+        with self._connect() as connection:
+            rows = connection.execute(f"SELECT r.run_id, r.config FROM runs r {where}", params)
+            return {run_id: RunConfig.from_dict(json.loads(text)) for run_id, text in rows}
 
     def run_plugins(self, run_ids: Iterable[str]) -> dict[str, dict[str, Any] | None]:
         """The plugins each run recorded using (``che_bench.plugins.provenance_of``: {} for
