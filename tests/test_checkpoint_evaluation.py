@@ -80,6 +80,7 @@ def test_runs_lists_a_started_runs_checkpoint_or_its_absence(tmp_path, monkeypat
     stop_at(3, monkeypatch)
     assert main(["run", *TINY, "--steps", "8", "--store", str(store)]) == 130
     (checkpoint,) = (tmp_path / "store.checkpoints").iterdir()
+    monkeypatch.setenv("COLUMNS", "300")  # the status cell on one line
     for damage, status in ((b"not a checkpoint", "checkpoint unreadable"), (None, "incomplete")):
         if damage is None:
             checkpoint.unlink()

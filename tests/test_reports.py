@@ -15,6 +15,7 @@ import pytest
 from test_store import reevaluation, store_files, synthetic_result, v1_results, v1_store
 
 from che_bench.cli import main
+from che_bench.config import make_config
 from che_bench.errors import CheBenchError
 from che_bench.reports import paper
 from che_bench.reports.chance import EXACT_CHANCE_SEQUENCES, exact_match_chance, run_exact_chance
@@ -404,6 +405,25 @@ def _store_with_run_ids(path, run_ids: list[str], histories: list[list[float]]) 
                            "lr": 1e-3, "elapsed_s": float(i)} for i, accuracy in enumerate(accuracies)]
         store.record(result)
     return store
+
+
+def test_the_runs_listing_names_task_parameters_and_what_changed_from_the_preset(
+        tmp_path, monkeypatch, capsys):
+    store = ResultStore(tmp_path / "s.sqlite")
+    arch = {"arch": "deltanet", "arch_options": {"negative_eigenvalues": True}}
+    at_preset = make_config("modular_arithmetic", None, None, "state_tracking", **arch)
+    changed = make_config("modular_arithmetic", None, None, "state_tracking", steps=12000,
+                          batch_lengths="mixed", train_precision="bfloat16",
+                          task_params={"layout": "harness"}, **arch)
+    for config in (at_preset, changed):
+        store.mark_started(config)
+    monkeypatch.setenv("COLUMNS", "400")  # every column on one line
+    assert main(["runs", "--store", str(store.path)]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert "modular_arithmetic(layout=harness)" in rows[changed.run_id()]
+    assert 'batch_lengths="mixed", train_precision="bfloat16"' in rows[changed.run_id()]
+    assert "12000" in rows[changed.run_id()] and "steps=" not in rows[changed.run_id()]
+    assert all(text not in rows[at_preset.run_id()] for text in ("(layout", "batch_", "precision"))
 
 
 def test_listings_show_whole_ids_whether_runs_learned_and_count_in_the_singular(

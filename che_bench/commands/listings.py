@@ -22,6 +22,7 @@ RUN_COLUMNS = (
     "lr",
     "steps",
     "preset",
+    "changed from preset",
     "status",
     "score %",
     "in-dist. %",
@@ -45,7 +46,14 @@ EVALUATION_COLUMNS = (
 )
 NUMERIC_COLUMNS = {"params", "seed", "lr", "steps", "score %", "in-dist. %"}
 #: Columns of free text, wrapped at spaces where the terminal is narrow.
-WRAPPED_COLUMNS = {"model", "status", "finished / error", "protocol", "device"}
+WRAPPED_COLUMNS = {
+    "model",
+    "changed from preset",
+    "status",
+    "finished / error",
+    "protocol",
+    "device",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def runs_command(args: argparse.Namespace) -> int:
-    from che_bench.reports.labels import run_model_label, run_parameters
+    from che_bench.reports.labels import run_model_label, run_parameters, run_task_label
     from che_bench.reports.stuck import STUCK_TEXT, stuck_runs
     from che_bench.store.files import MODELS, run_file
 
@@ -85,13 +93,14 @@ def runs_command(args: argparse.Namespace) -> int:
     rows = [
         (
             run.run_id,
-            run.task,
+            run_task_label(run.config),
             run_model_label(run.config),
             _count(run_parameters(details[run.run_id])),
             run.seed,
             f"{run.lr:g}",
             run.steps,
             run.preset,
+            _changed_from_preset(run.config),
             _status(run, store.path, stale),
             _percent(run.score),
             _percent(run.train_accuracy),
@@ -127,6 +136,14 @@ def _stale(store, runs) -> set[str]:
     used = store.run_plugins(runs.loc[runs["status"] == "complete", "run_id"])
     with_plugins = store.run_configs(run_id for run_id, plugins in used.items() if plugins)
     return set(stale_runs(with_plugins, store))
+
+
+def _changed_from_preset(config: str) -> str:
+    """The settings a run changed from its preset as a suite spells them (``name=value, ...``),
+    besides those with a column of their own (seed, lr, steps)."""
+    from che_bench.reports.preset_changes import stored_changes
+
+    return ", ".join(f"{name}={value}" for name, value in stored_changes(config) if name != "steps")
 
 
 def _status(run, store_path, stale: set[str]) -> str:

@@ -79,6 +79,15 @@ def run_model_label(config: str | Mapping[str, Any]) -> str:
     return f"{label} · {options}" if options else label
 
 
+def run_task_label(config: str | Mapping[str, Any]) -> str:
+    """A run's task as tables name it: with the parameters that differ from the task's
+    defaults, e.g. ``modular_arithmetic(layout=harness)``."""
+    fields: Mapping[str, Any] = json.loads(config) if isinstance(config, str) else config
+    return _task_facts(fields["task"], json.dumps(fields.get("task_params") or {}, sort_keys=True))[
+        2
+    ]
+
+
 def run_parameters(details: Mapping[str, Any]) -> int | None:
     """A run's parameter count (one member) from its recorded details (``model.describe()``);
     None where none was recorded (a run that never built its model)."""

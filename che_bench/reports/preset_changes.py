@@ -36,6 +36,11 @@ def changes_from_preset(config: RunConfig) -> tuple[tuple[str, str], ...]:
     return _changes(json.dumps(config.to_dict(), sort_keys=True))
 
 
+def stored_changes(config: str) -> tuple[tuple[str, str], ...]:
+    """``changes_from_preset`` of a stored config (JSON)."""
+    return _changes(json.dumps(json.loads(config), sort_keys=True))
+
+
 @cache
 def _changes(text: str) -> tuple[tuple[str, str], ...]:
     """The (name, value) of each field where the stored config ``text`` differs from its
