@@ -4,7 +4,7 @@ validation, ``experiments/main.py``) and cast to bf16 (``eval-chomsky.py``, whic
 authors' per-length figures); and, per layer, how close beta = 2 sigmoid(x) comes to 2: under
 bf16 it rounds to exactly 2 (a reflection) for x >= 6.25.
 
-    python benchmarks/probe_eval_precision.py STORE RUN_ID [--beta-length N]
+    python benchmarks/probe_eval_precision.py STORE RUN_ID [--beta-length N] [--beta-only]
 """
 
 from __future__ import annotations
@@ -12,17 +12,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import numpy as np
 import torch
 
 from che_bench.eval.evaluation import evaluate
+from che_bench.model.base import BenchModel
 from che_bench.run.kept_models import load_model
 from che_bench.store import ResultStore
 from che_bench.store.files import CHECKPOINTS, run_file
 from che_bench.train.checkpoints import checkpoint_model
 
-MODES = {
+#: Each evaluation's (model cast, context).
+MODES: dict[
+    str, tuple[Callable[[BenchModel], BenchModel], Callable[[], AbstractContextManager]]
+] = {
     "float32": (lambda model: model, contextlib.nullcontext),
     "bf16 autocast": (lambda model: model, lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
     "bf16 weights": (lambda model: model.to(torch.bfloat16), contextlib.nullcontext),
@@ -59,11 +65,12 @@ def main() -> None:
     parser.add_argument("store")
     parser.add_argument("run_id")
     parser.add_argument("--beta-length", type=int, default=101)
+    parser.add_argument("--beta-only", action="store_true", help="beta's statistics alone")
     args = parser.parse_args()
     torch.set_num_threads(1)
     config, step, model = model_of(ResultStore(args.store), args.run_id)
     task, cpu = config.build_evaluation_task(), torch.device("cpu")
-    for name, (cast, context) in MODES.items():
+    for name, (cast, context) in ({} if args.beta_only else MODES).items():
         with context():
             (result,) = evaluate(cast(copy.deepcopy(model)), task, config, cpu, progress=False)
         curve = " ".join(f"{n}:{100 * a:.1f}" for n, a in sorted(result.per_length.items()))
