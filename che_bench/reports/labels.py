@@ -83,9 +83,9 @@ def run_task_label(config: str | Mapping[str, Any]) -> str:
     """A run's task as tables name it: with the parameters that differ from the task's
     defaults, e.g. ``modular_arithmetic(layout=harness)``."""
     fields: Mapping[str, Any] = json.loads(config) if isinstance(config, str) else config
-    return _task_facts(fields["task"], json.dumps(fields.get("task_params") or {}, sort_keys=True))[
-        2
-    ]
+    params = json.dumps(fields.get("task_params") or {}, sort_keys=True)
+    _, _, label = _task_facts(fields["task"], params)
+    return label
 
 
 def run_parameters(details: Mapping[str, Any]) -> int | None:
