@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from run_helpers import run_interrupted_at
 
-from che_bench.checks import run_estimate
+from che_bench.checks import run_estimate, speed
 from che_bench.checks.run_estimate import estimate_runs, representative_length
 from che_bench.cli import main
 from che_bench.config import make_config
@@ -43,8 +44,8 @@ def test_the_estimate_scales_the_timed_step_and_length_to_every_pack(tmp_path, m
     """Two packs, one resuming from its checkpoint at step 2: 6 + 4 steps at the timed step,
     and both evaluations at the timed seconds per unit of evaluate's cost."""
     timed = []
-    monkeypatch.setattr(run_estimate, "step_seconds", lambda configs, device, repeats, length:
-                        timed.append(("step", length)) or 0.25)
+    monkeypatch.setattr(run_estimate, "step_seconds", lambda configs, device, repeats, length,
+                        mixed_lengths: timed.append(("step", length)) or 0.25)
     monkeypatch.setattr(run_estimate, "_evaluation_unit_seconds", lambda configs, task, device,
                         length: timed.append(("eval", length)) or 1e-3)
     packs = [[make_config("parity_check", preset="smoke", seed=seed, **TINY)] for seed in (0, 1)]
@@ -60,6 +61,28 @@ def test_the_estimate_scales_the_timed_step_and_length_to_every_pack(tmp_path, m
         r"expected: about \d+ s in 2 packs, one after another at this machine's present speed "
         rf"\(training 2 s: 10 steps at 250 ms, timed at n = {estimate.train_length}; evaluation "
         rf"\d+ s, timed at n = {estimate.eval_length}\)", estimate.line())
+
+
+def test_a_mixed_length_run_is_timed_on_a_mixed_batch_in_its_precision(monkeypatch):
+    """Issue 47's runs: a mixed-length bf16 step computes every sequence to the batch's
+    longest, under autocast; timing a one-length float32 step at n = 24 had read 2.5x short."""
+    config = make_config("modular_arithmetic", preset="smoke", arch="deltanet", steps=6,
+                         batch_size=16, batch_lengths="mixed", train_precision="bfloat16",
+                         task_params={"layout": "harness"})
+    steps = []
+    monkeypatch.setattr(speed, "training_step", lambda *args, **keywords: steps.append(
+        (args[2].shape, keywords)))
+    monkeypatch.setattr(run_estimate, "_evaluation_unit_seconds", lambda *args: 1e-3)
+    estimate = estimate_runs([[config]], torch.device("cpu"), None)
+    assert estimate.mixed and len(steps) == 1 + run_estimate.TIMED_STEPS
+    (shape, keywords), *_ = steps
+    lengths = keywords["lengths"]
+    assert shape[:2] == (1, 16) and lengths.shape == (16,) and keywords["autocast"] == torch.bfloat16
+    # (lengths: each row's input tokens; layout=harness reads n - 1 of them at an odd n)
+    longest = config.build_task().sample(estimate.train_length, 1, np.random.default_rng(0))
+    assert 2 <= estimate.train_length <= 40 and int(lengths.min()) < int(lengths.max())
+    assert shape[2] == int(lengths.max()) == longest.inputs.shape[1]  # rows padded to it
+    assert f"timed on a mixed-length batch up to n = {estimate.train_length};" in estimate.line()
 
 
 def test_run_prints_its_expected_time_before_training_and_changes_no_number(tmp_path, capsys,

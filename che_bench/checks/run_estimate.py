@@ -6,7 +6,10 @@ to the run.
 * Training: the steps left times a step at the *representative* training length, the
   curriculum's length whose model input, squared, is nearest the mean of the squares. A step's
   cost grows with its tokens no faster than their square, so this is exact for the quadratic
-  part of the cost and a little above the mean for the linear part.
+  part of the cost and a little above the mean for the linear part. A run of mixed-length
+  batches (``batch_lengths = "mixed"``) times a step of one such batch, its lengths drawn from
+  the curriculum: each sequence is computed to the batch's longest. Either step runs in the
+  run's training precision.
 * Evaluation: evaluate's cost model (``che_bench.eval.reevaluation.evaluation_cost``:
   sequences x model tokens squared, over the lengths) times the seconds per unit of it timed at
   the representative evaluation length, chosen the same way.
@@ -33,6 +36,7 @@ from che_bench.errors import CheBenchError
 from che_bench.eval.evaluation import length_scores, use_evaluation_budget
 from che_bench.eval.reevaluation import evaluation_cost
 from che_bench.run.runner import build_pack_model, checkpoint_path
+from che_bench.settings import MIXED
 from che_bench.tasks.base import Task
 from che_bench.train.checkpoints import checkpoint_step
 from che_bench.train.progress import duration_text
@@ -51,10 +55,13 @@ class RunEstimate:
     #: Training steps left, over every pack.
     steps: int
     step_s: float
+    #: The timed step's length (a mixed batch: its longest).
     train_length: int
     #: Seconds of every pack's evaluation.
     eval_s: float
     eval_length: int
+    #: Whether the timed step was a mixed-length batch.
+    mixed: bool = False
 
     @property
     def train_s(self) -> float:
@@ -66,7 +73,8 @@ class RunEstimate:
         return (
             f"expected: about {duration_text(train_s + eval_s)}{packs} at this "
             f"machine's present speed (training {duration_text(train_s)}: "
-            f"{self.steps:,} steps at {1e3 * self.step_s:,.0f} ms, timed at n = "
+            f"{self.steps:,} steps at {1e3 * self.step_s:,.0f} ms, timed "
+            f"{'on a mixed-length batch up to' if self.mixed else 'at'} n = "
             f"{self.train_length}; evaluation {duration_text(eval_s)}, timed at n = "
             f"{self.eval_length})"
         )
@@ -102,10 +110,13 @@ def estimate_runs(
     timed step and evaluation length; a pack resuming from a checkpoint has fewer steps."""
     first = list(packs[0])
     config, task = first[0], first[0].build_task()
-    train_length = representative_length(task, curriculum_lengths(config, task))
+    drawn = curriculum_lengths(config, task)
+    # A mixed step: one batch's lengths, drawn from the curriculum's (a generator of its own).
+    mixed = mixed_lengths(config, drawn) if config.batch_lengths == MIXED else None
+    train_length = representative_length(task, drawn) if mixed is None else max(mixed)
     eval_length = representative_length(task, [*config.train_eval_lengths, *config.test_lengths])
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        step_s = step_seconds(first, device, TIMED_STEPS, length=train_length)
+        step_s = step_seconds(first, device, TIMED_STEPS, length=train_length, mixed_lengths=mixed)
         unit_s = _evaluation_unit_seconds(first, task, device, eval_length)
     return RunEstimate(
         packs=len(packs),
@@ -114,7 +125,14 @@ def estimate_runs(
         train_length=train_length,
         eval_s=unit_s * sum(evaluation_cost(pack[0]) for pack in packs),
         eval_length=eval_length,
+        mixed=mixed is not None,
     )
+
+
+def mixed_lengths(config: RunConfig, drawn: Sequence[int]) -> list[int]:
+    """One mixed-length batch's lengths: ``config.batch_size`` of the curriculum's ``drawn``."""
+    rng = np.random.default_rng(0)
+    return [int(n) for n in rng.choice(np.asarray(drawn), size=config.batch_size)]
 
 
 def _evaluation_unit_seconds(

@@ -8,6 +8,7 @@ import math
 import resource
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +20,16 @@ from che_bench.config import RunConfig, make_config
 from che_bench.run.packing import AUTO, resolve_width
 from che_bench.run.runner import build_pack_model
 from che_bench.settings import BY_NAME
+from che_bench.tasks.base import Task
+from che_bench.train.batches import mixed_batch
 from che_bench.train.optimizer import pack_optimizer
 from che_bench.train.progress import duration_text
-from che_bench.train.step import micro_batches_for, projected_modules, training_step
+from che_bench.train.step import (
+    micro_batches_for,
+    projected_modules,
+    training_autocast,
+    training_step,
+)
 
 PAPER_STEPS = BY_NAME["steps"].default_for("paper")
 
@@ -79,28 +87,56 @@ def step_seconds(
     repeats: int,
     warm_up: int = 1,
     length: int | None = None,
+    mixed_lengths: Sequence[int] | None = None,
 ) -> float:
-    """Median seconds of one training step of the pack ``configs`` at ``length`` (default
-    the longest training length), after ``warm_up`` untimed steps."""
+    """Median seconds of one training step of the pack ``configs``, in its training precision,
+    after ``warm_up`` untimed steps: on a batch of ``length`` (default the longest training
+    length), or with ``mixed_lengths``, on a mixed-length batch of these lengths."""
     task = configs[0].build_task()
     model = build_pack_model(task, configs).to(device).train()
     optimizer = pack_optimizer(model, configs)
     projected = projected_modules(model)
-    rngs = [np.random.default_rng(config.data_seed) for config in configs]
     length = configs[0].train_max_length if length is None else length
-    samples = [task.sample(length, configs[0].batch_size, rng) for rng in rngs]
-    inputs = torch.from_numpy(np.stack([s.inputs for s in samples])).to(device)
-    targets = torch.from_numpy(np.stack([s.targets for s in samples])).to(device)
+    inputs, targets, lengths = _timed_batch(task, configs, length, mixed_lengths)
+    inputs, targets = inputs.to(device), targets.to(device)
+    lengths = None if lengths is None else lengths.to(device)
     micro_batches = micro_batches_for(len(configs), device)
+    autocast = training_autocast(configs[0])
 
     def step() -> None:
-        training_step(model, optimizer, inputs, targets, projected, micro_batches)
+        training_step(
+            model,
+            optimizer,
+            inputs,
+            targets,
+            projected,
+            micro_batches,
+            lengths=lengths,
+            autocast=autocast,
+        )
         synchronize(device)  # the step's queued work, whole
 
     synchronize(device)  # the model's and the batches' copies, outside every timing
     for _ in range(warm_up):
         step()
     return median_seconds(step, repeats)
+
+
+def _timed_batch(
+    task: Task, configs: Sequence[RunConfig], length: int, mixed_lengths: Sequence[int] | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(inputs, targets, a mixed batch's lengths or None) of each member: ``length`` long, or
+    of ``mixed_lengths`` padded as a mixed-length step's (``che_bench.train.batches``)."""
+    rngs = [np.random.default_rng(config.data_seed) for config in configs]
+    if mixed_lengths is None:
+        samples = [task.sample(length, configs[0].batch_size, rng) for rng in rngs]
+        inputs = np.stack([sample.inputs for sample in samples])
+        targets = np.stack([sample.targets for sample in samples])
+        return torch.from_numpy(inputs), torch.from_numpy(targets), None
+    counts = sorted(Counter(mixed_lengths).items())
+    members = [mixed_batch(task, counts, rng) for rng in rngs]
+    inputs, targets = (np.stack([member[part] for member in members]) for part in (0, 1))
+    return torch.from_numpy(inputs), torch.from_numpy(targets), torch.from_numpy(members[0][3])
 
 
 def model_speed_line(arch: str, options: dict[str, Any], device: torch.device, threads: int) -> str:

@@ -42,7 +42,6 @@ import torch
 
 from che_bench.config import RunConfig
 from che_bench.model.base import BenchModel
-from che_bench.settings import BFLOAT16
 from che_bench.tasks.base import Task
 from che_bench.train.batches import BatchStream, PackBatch, batch_workers_for, on_device
 from che_bench.train.checkpoints import (
@@ -54,7 +53,12 @@ from che_bench.train.metrics import masked_counts
 from che_bench.train.optimizer import LrSchedule, PackOptimizer, pack_optimizer
 from che_bench.train.progress import say, training_progress
 from che_bench.train.readings import Readings, check_in
-from che_bench.train.step import micro_batches_for, projected_modules, training_step
+from che_bench.train.step import (
+    micro_batches_for,
+    projected_modules,
+    training_autocast,
+    training_step,
+)
 
 #: Host-device synchronisations: every step on a CPU (free there), every this many on a GPU.
 GPU_SYNC_EVERY = 50
@@ -160,7 +164,7 @@ class _PackRun:
         self.micro_batches = micro_batches_for(len(configs), device)
         # In-place tasks: unscored positions have no answer to learn.
         self.masks_loss = task.output_layout == "in_place"
-        self.autocast = torch.bfloat16 if configs[0].train_precision == BFLOAT16 else None
+        self.autocast = training_autocast(configs[0])
         self.step, self.seconds_before = _resume(
             checkpoints, configs, self.optimizer, stream, history, device
         )

@@ -10,8 +10,10 @@ from typing import Any, Protocol, cast
 
 import torch
 
+from che_bench.config import RunConfig
 from che_bench.encodings.base import Draws
 from che_bench.model.base import BenchModel
+from che_bench.settings import BFLOAT16
 from che_bench.train.metrics import token_loss
 from che_bench.train.optimizer import PackOptimizer
 
@@ -100,6 +102,11 @@ def forward_keywords(
     """The training forward's keywords: the teacher's targets, a mixed batch's lengths."""
     keywords = teacher_targets(model, targets)
     return keywords if lengths is None else {**keywords, "lengths": lengths}
+
+
+def training_autocast(config: RunConfig) -> torch.dtype | None:
+    """The dtype a run's training forward autocasts to (``train_precision``); None: float32."""
+    return torch.bfloat16 if config.train_precision == BFLOAT16 else None
 
 
 def autocast_to(
