@@ -4,6 +4,7 @@ checkpoint, with the numbers a complete run of that many steps gets, and nothing
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -55,6 +56,26 @@ def test_a_stopped_runs_checkpoint_scores_as_the_complete_run_of_that_many_steps
                  str(samples), "--samples-per-length", "2", "--store", str(store)]) == 0
     assert table_row(capsys.readouterr().out, "length") == ["60"]
     assert [json.loads(line)["length"] for line in samples.read_text().splitlines()] == [60, 60]
+
+
+def test_a_costlier_evaluation_of_a_checkpoint_states_its_cost(tmp_path, monkeypatch, capsys):
+    """A started run has no recorded evaluation time: the cost is stated as a ratio alone (it
+    crashed on the missing timings, NaN beside a complete run's in pandas' string column),
+    and one beyond the confirmation ratio needs --yes."""
+    store = tmp_path / "store.sqlite"
+    assert main(["run", *TINY, "--steps", "2", "--store", str(store)]) == 0
+    stop_at(3, monkeypatch)
+    assert main(["run", *TINY, "--steps", "8", "--store", str(store)]) == 130
+    stopped = ResultStore(store).runs().query("status == 'started'")["run_id"].item()
+    capsys.readouterr()
+    assert main(["evaluate", stopped, "--checkpoint", "--test-lengths", "41:50",
+                 "--store", str(store)]) == 0
+    stated = " ".join(capsys.readouterr().err.split())
+    assert re.fullmatch(r"che-bench: estimated cost: [\d.]+x the runs' own evaluation per run, "
+                        r"1 run\(s\)", stated)
+    assert main(["evaluate", stopped, "--checkpoint", "--test-lengths", "41:200",
+                 "--store", str(store)]) == 2
+    assert "pass --yes to start it" in capsys.readouterr().err
 
 
 def table_row(printed, name):

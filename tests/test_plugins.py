@@ -14,6 +14,7 @@ import pytest
 
 from che_bench import plugins
 from che_bench.cli import main
+from che_bench.config import make_config
 from che_bench.encodings import canonical_encoding_name, list_encodings
 from che_bench.encodings.base import ENCODINGS
 from che_bench.errors import CheBenchError
@@ -213,6 +214,8 @@ def test_a_store_of_plugin_runs_is_readable_without_the_plugin(example_on_path, 
     assert main(["--plugin", "che_bench_loglength", "run", "--task", "majority", "--pe",
                  "loglength", "--preset", "smoke", "--test-lengths", "41", "--no-progress",
                  *store]) == 0
+    # ... and one still training, with no versions recorded yet
+    ResultStore(store[1]).mark_started(make_config("majority", "loglength", None, "smoke", seed=1))
     forget_example_plugin()
     capsys.readouterr()
     assert main(["table", "--task", "majority", *store]) == 0

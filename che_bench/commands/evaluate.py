@@ -293,7 +293,8 @@ def _state_cost(originals, configs, runs, confirmed: bool) -> None:
     )
     if ratio <= STATE_COST_ABOVE:
         return
-    timings = [json.loads(text or "{}").get("eval_s") for text in runs["timings"]]
+    # (a started run has no timings: NULL, NaN in the frame)
+    timings = [json.loads(text).get("eval_s") for text in runs["timings"] if isinstance(text, str)]
     seconds = max((t for t in timings if t), default=None)
     estimate = "" if seconds is None else f" (~{_duration(ratio * seconds)} at the recorded speed)"
     message = (
