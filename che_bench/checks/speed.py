@@ -8,7 +8,6 @@ import math
 import resource
 import statistics
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +20,7 @@ from che_bench.run.packing import AUTO, resolve_width
 from che_bench.run.runner import build_pack_model
 from che_bench.settings import BY_NAME
 from che_bench.tasks.base import Task
-from che_bench.train.batches import mixed_batch
+from che_bench.train.batches import mixed_pack_batch
 from che_bench.train.optimizer import pack_optimizer
 from che_bench.train.progress import duration_text
 from che_bench.train.step import (
@@ -133,10 +132,8 @@ def _timed_batch(
         inputs = np.stack([sample.inputs for sample in samples])
         targets = np.stack([sample.targets for sample in samples])
         return torch.from_numpy(inputs), torch.from_numpy(targets), None
-    counts = sorted(Counter(mixed_lengths).items())
-    members = [mixed_batch(task, counts, rng) for rng in rngs]
-    inputs, targets = (np.stack([member[part] for member in members]) for part in (0, 1))
-    return torch.from_numpy(inputs), torch.from_numpy(targets), torch.from_numpy(members[0][3])
+    inputs, targets, _, lengths = mixed_pack_batch(task, mixed_lengths, rngs)
+    return torch.from_numpy(inputs), torch.from_numpy(targets), torch.from_numpy(lengths)
 
 
 def model_speed_line(arch: str, options: dict[str, Any], device: torch.device, threads: int) -> str:

@@ -224,6 +224,7 @@ def _stored_runs(store, run_ids: list[str]):
     """The stored rows (by run id) and the configs of ``run_ids``; a run whose plugin is not
     loaded here is a one-line error naming the plugin it recorded, and one whose plugin
     changed since is named on standard error (its model is rebuilt with the installed code)."""
+    from che_bench.config import RunConfig
     from che_bench.reports.unregistered import require_registered
     from che_bench.run.stale import stale_runs
 
@@ -231,8 +232,7 @@ def _stored_runs(store, run_ids: list[str]):
     recorded = store.run_plugins(run_ids)
     for run_id in run_ids:
         require_registered(run_id, json.loads(runs.at[run_id, "config"]), recorded[run_id])
-    stored = store.run_configs(run_ids)
-    configs = [stored[run_id] for run_id in run_ids]
+    configs = [RunConfig.from_dict(json.loads(runs.at[run_id, "config"])) for run_id in run_ids]
     for run_id, changes in stale_runs(dict(zip(run_ids, configs, strict=True)), store).items():
         print_wrapped(
             f"che-bench: run {run_id} is stale: {changes}; its model is rebuilt with the "

@@ -187,11 +187,8 @@ class BatchStream:
             length_rng = self.length_rng or self.data_rngs[0]
             drawn = [self.curriculum.length(self.step, length_rng) for _ in range(self.batch_size)]
             self.step += 1
-            counts = sorted(Counter(drawn).items())
-            members = [mixed_batch(self.task, counts, rng) for rng in self.data_rngs]
-            arrays = tuple(np.stack([member[part] for member in members]) for part in range(3))
-            lengths = members[0][3]
-            yield self._batch(int(lengths.max()), arrays, self.states(), lengths)
+            *arrays, lengths = mixed_pack_batch(self.task, drawn, self.data_rngs)
+            yield self._batch(int(lengths.max()), tuple(arrays), self.states(), lengths)
 
     def _from_workers(self) -> Iterator[PackBatch]:
         from che_bench.train.batch_workers import BatchWorkers
@@ -214,6 +211,18 @@ class BatchStream:
                 yield self._batch(length, arrays, {"length": length_state, "data": data_states})
         finally:
             workers.close()
+
+
+def mixed_pack_batch(
+    task: Task, drawn: Sequence[int], rngs: Sequence[np.random.Generator]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each member's mixed-length batch of the lengths ``drawn`` (one generator per member),
+    stacked: (inputs, targets, mask ``[M, B, L]``, input tokens per sequence ``[B]``, which the
+    members share)."""
+    counts = sorted(Counter(drawn).items())
+    members = [mixed_batch(task, counts, rng) for rng in rngs]
+    inputs, targets, mask = (np.stack([member[part] for member in members]) for part in range(3))
+    return inputs, targets, mask, members[0][3]
 
 
 def mixed_batch(
