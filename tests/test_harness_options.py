@@ -111,3 +111,32 @@ def test_a_harness_run_from_the_command_line(tmp_path, capsys):
     ]  # fmt: skip
     assert main(argv) == 0
     assert "parity_check(layout=harness)" in capsys.readouterr().out
+
+
+def test_fla_roundings_change_bf16_training_only_and_enter_the_run_id_only_when_set():
+    task = get_task("modular_arithmetic")
+    inputs = torch.from_numpy(task.sample(9, 8, np.random.default_rng(0)).inputs)
+    targets = torch.from_numpy(task.sample(9, 8, np.random.default_rng(0)).targets)[None]
+    config = make_config("modular_arithmetic", arch="deltanet", preset="smoke")
+    logits = {}
+    for dtype in (None, torch.bfloat16):
+        for roundings in (False, True):
+            torch.manual_seed(0)
+            model = build_architecture(
+                "deltanet", task, layers=1, width=16, heads=2, fla_roundings=roundings
+            )
+            optimizer = pack_optimizer(model, [config])
+            step = training_step(model, optimizer, inputs, targets, [], autocast=dtype)
+            assert torch.isfinite(step[0]).all()
+            logits[dtype, roundings] = step[1]
+    assert torch.equal(logits[None, False], logits[None, True])  # float32: nothing rounded
+    assert not torch.equal(logits[torch.bfloat16, False], logits[torch.bfloat16, True])
+    rounded = make_config(
+        "modular_arithmetic", arch="deltanet", preset="smoke", arch_options={"fla_roundings": True}
+    )
+    spelt = make_config(
+        "modular_arithmetic", arch="deltanet", preset="smoke", arch_options={"fla_roundings": False}
+    )
+    assert spelt.run_id() == config.run_id() != rounded.run_id()
+    with pytest.raises(CheBenchError, match="fla_roundings"):
+        make_config("parity_check", arch="gated_deltanet", arch_options={"fla_roundings": True})

@@ -109,17 +109,17 @@ def gated_delta_rule(
     # precision kernel, and the chunk products accumulate).
     with autocast_off(k.device.type):
         # Padding rows (k = v = beta = 0) leave the state alone; their outputs are cut off.
-        q = _chunked(q.float(), pad, tokens)
-        k, v = (_chunked(x.float(), pad * n, tokens * n) for x in (k, v))
-        beta = _chunked(beta.float().unsqueeze(-1), pad * n, tokens * n).squeeze(-1)
+        q = chunked(q.float(), pad, tokens)
+        k, v = (chunked(x.float(), pad * n, tokens * n) for x in (k, v))
+        beta = chunked(beta.float().unsqueeze(-1), pad * n, tokens * n).squeeze(-1)
         gate = None
         if log_decay is not None:
-            gate = _chunked(log_decay.float().unsqueeze(-1), pad * n, tokens * n).squeeze(-1)
+            gate = chunked(log_decay.float().unsqueeze(-1), pad * n, tokens * n).squeeze(-1)
         out = _chunkwise(q, k, v, beta, gate)
     return out.flatten(1, 2)[:, :steps].reshape(*lead, steps, v.shape[-1]).to(dtype)
 
 
-def _chunked(x: torch.Tensor, pad: int, size: int) -> torch.Tensor:
+def chunked(x: torch.Tensor, pad: int, size: int) -> torch.Tensor:
     """``[..., T, d]`` as ``[batch, chunks, size, d]``, padded with zeros at the end."""
     x = x.reshape(-1, *x.shape[-2:])
     if pad:

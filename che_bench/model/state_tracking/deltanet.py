@@ -43,12 +43,15 @@ from torch import nn
 from che_bench.members import MemberLinear, init_members_, per_member
 from che_bench.model.base import positive_int, switch
 from che_bench.model.state_tracking.delta_rule import chunk_limit, delta_product
+from che_bench.model.state_tracking.delta_rule_fla_rounded import fla_rounded_delta_rule
 from che_bench.model.state_tracking.delta_rule_native import native_delta_rule
 from che_bench.model.state_tracking.delta_rule_recurrent import recurrent_delta_product
 from che_bench.model.state_tracking.layers import MemberCausalConv1d, MemberRMSNorm
 from che_bench.model.state_tracking.position_wise import (
     EVERY_POSITION,
+    INIT_STD,
     PositionWise,
+    SwiGLU,
     at_read_positions,
     read_out_positions,
 )
@@ -58,8 +61,6 @@ from che_bench.model.state_tracking.stack import COMMON_DEFAULTS, StateTrackingM
 NORM_EPS = 1e-6
 #: The GR fork's xavier gain for the mixer's linear maps.
 MIXER_GAIN = 2**-2.5
-#: fla's ``initializer_range`` for the embedding, MLP and read-out.
-INIT_STD = 0.02
 CONV_SIZE = 4
 
 
@@ -68,16 +69,13 @@ def l2_normalise(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + 1e-6)
 
 
-def mlp_width(width: int) -> int:
-    """fla's SwiGLU width: 2/3 of 4 * width, rounded up to a multiple of 256 (128 -> 512)."""
-    return 256 * -(-int(width * 4 * 2 / 3) // 256)
-
-
 class DeltaMixer(nn.Module):
     """The delta-rule token mixer ``[M, B, T, width] -> [M, B, T, width]`` (module docstring).
     ``householder``: sub-steps per token; ``forget_gate``, ``output_gate``: whether it has
     them; ``negative_eigenvalues``: beta in (0, 2) instead of (0, 1); ``short_conv``: whether
-    it has the short convolution, ``channels_last_conv`` its layout (``MemberCausalConv1d``)."""
+    it has the short convolution, ``channels_last_conv`` its layout (``MemberCausalConv1d``);
+    ``fla_roundings``: inputs in half precision (autocast) take the rule with fla's chunk
+    kernel's roundings (``delta_rule_fla_rounded``), the harness's numerics."""
 
     def __init__(
         self,
@@ -91,9 +89,11 @@ class DeltaMixer(nn.Module):
         negative_eigenvalues: bool = False,
         channels_last_conv: bool = False,
         short_conv: bool = True,
+        fla_roundings: bool = False,
     ) -> None:
         super().__init__()
         self.heads, self.head_dim, self.householder = heads, width // heads, householder
+        self.fla_roundings = fla_roundings
         self.beta_scale = 2.0 if negative_eigenvalues else 1.0
         self.forget_gate, self.output_gate = forget_gate, output_gate
         n = householder
@@ -148,7 +148,9 @@ class DeltaMixer(nn.Module):
         if self.forget_gate:
             rate = F.softplus(gate_in + per_member(self.dt_bias, 4))
             log_decay = (-per_member(self.a_log, 4).exp() * rate).transpose(2, 3)
-        rule = delta_product if rule is None else rule  # looked up here: tests replace it
+        if rule is None:  # looked up here: tests replace them
+            rounded = self.fla_roundings and v.dtype != torch.float32
+            rule = fla_rounded_delta_rule if rounded else delta_product
         return rule(q, k, v, beta, log_decay).transpose(2, 3), out_gate
 
     def output(self, o: torch.Tensor, out_gate: torch.Tensor, ops: PositionWise) -> torch.Tensor:
@@ -170,24 +172,6 @@ def _init_dt_bias(bias: torch.Tensor) -> None:
     low, high = math.log(1e-3), math.log(0.1)
     dt = (torch.rand_like(bias) * (high - low) + low).exp().clamp(min=1e-4)
     bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
-
-
-class SwiGLU(nn.Module):
-    """fla's gated MLP: ``W_down(SiLU(gate) * up)`` with ``[gate, up] = W_gu x``, no biases."""
-
-    def __init__(self, members: int, width: int, layers: int) -> None:
-        super().__init__()
-        hidden = mlp_width(width)
-        self.up = MemberLinear(members, width, 2 * hidden, bias=False, init="torch")
-        self.down = MemberLinear(members, hidden, width, bias=False, init="torch")
-        init_members_(self.up.weight, lambda w: nn.init.normal_(w, std=INIT_STD))
-        # GPT-2's residual scaling, as the GR fork's ``_init_weights`` applies to down_proj.
-        down_std = INIT_STD / math.sqrt(2 * layers)
-        init_members_(self.down.weight, lambda w: nn.init.normal_(w, std=down_std))
-
-    def forward(self, x: torch.Tensor, ops: PositionWise = EVERY_POSITION) -> torch.Tensor:
-        gate, up = ops.linear(self.up, x).chunk(2, dim=-1)
-        return ops.last_linear(self.down, F.silu(gate) * up)
 
 
 class DeltaBlock(nn.Module):
@@ -344,11 +328,23 @@ class DeltaRuleModel(StateTrackingModel):
 class DeltaNet(DeltaRuleModel):
     """DeltaNet (Yang et al. 2024): short convs, L2-normalised q/k, the delta rule per head,
     per-head output RMSNorm, SwiGLU MLP; option negative_eigenvalues (beta in (0, 2)). Trained
-    in the chunkwise (WY) form (``delta_rule``)."""
+    in the chunkwise (WY) form (``delta_rule``); option fla_roundings: under bf16 autocast,
+    with the roundings of fla's chunk kernel (``delta_rule_fla_rounded``)."""
 
     name = "deltanet"
     label = "DeltaNet"
     every_position_weight_gradients = True
+    defaults: ClassVar[dict[str, Any]] = {**DeltaRuleModel.defaults, "fla_roundings": False}
+    #: fla_roundings rounds the same function otherwise under bf16 autocast, nowhere else.
+    inert_options = frozenset({*DeltaRuleModel.inert_options, "fla_roundings"})
+
+    def check_options(self, settings: dict[str, Any]) -> dict[str, Any]:
+        switch("fla_roundings", settings["fla_roundings"])
+        return super().check_options(settings)
+
+    @classmethod
+    def mixer_options(cls, settings: dict[str, Any]) -> dict[str, Any]:
+        return {**super().mixer_options(settings), "fla_roundings": settings["fla_roundings"]}
 
 
 class GatedDeltaNet(DeltaRuleModel):

@@ -24,17 +24,21 @@ those very operations finds them alike.
 
 A stage is written against ``PositionWise``: ``ops.linear(layer, x)``, ``ops.norm(layer, x)``
 and, for the map whose output is the stage's last term, ``ops.last_linear(layer, x)`` in place
-of ``layer(x)``, so one definition serves every mode.
+of ``layer(x)``, so one definition serves every mode, as the delta-rule models' MLP
+(``SwiGLU``) is.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from che_bench.members import MemberLinear, member_linear, per_member
+from che_bench.members import MemberLinear, init_members_, member_linear, per_member
 from che_bench.model.state_tracking.layers import MemberRMSNorm
 
 
@@ -166,3 +170,30 @@ def at_read_positions(stage: Stage, inputs: tuple[torch.Tensor, ...], read: int)
     with torch.no_grad():
         stage(*inputs, recorded)
     return stage(*at_read, _AtReadRows(recorded.inputs))
+
+
+#: fla's ``initializer_range`` for the embedding, MLP and read-out.
+INIT_STD = 0.02
+
+
+def mlp_width(width: int) -> int:
+    """fla's SwiGLU width: 2/3 of 4 * width, rounded up to a multiple of 256 (128 -> 512)."""
+    return 256 * -(-int(width * 4 * 2 / 3) // 256)
+
+
+class SwiGLU(nn.Module):
+    """fla's gated MLP: ``W_down(SiLU(gate) * up)`` with ``[gate, up] = W_gu x``, no biases."""
+
+    def __init__(self, members: int, width: int, layers: int) -> None:
+        super().__init__()
+        hidden = mlp_width(width)
+        self.up = MemberLinear(members, width, 2 * hidden, bias=False, init="torch")
+        self.down = MemberLinear(members, hidden, width, bias=False, init="torch")
+        init_members_(self.up.weight, lambda w: nn.init.normal_(w, std=INIT_STD))
+        # GPT-2's residual scaling, as the GR fork's ``_init_weights`` applies to down_proj.
+        down_std = INIT_STD / math.sqrt(2 * layers)
+        init_members_(self.down.weight, lambda w: nn.init.normal_(w, std=down_std))
+
+    def forward(self, x: torch.Tensor, ops: PositionWise = EVERY_POSITION) -> torch.Tensor:
+        gate, up = ops.linear(self.up, x).chunk(2, dim=-1)
+        return ops.last_linear(self.down, F.silu(gate) * up)
