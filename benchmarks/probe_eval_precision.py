@@ -1,8 +1,11 @@
 """Issue 47's precision probe: a DeltaNet run's kept model (or its checkpoint, while it trains)
 evaluated under its own protocol in float32, under bf16 autocast (the xLSTM harness's
-validation, ``experiments/main.py``) and cast to bf16 (``eval-chomsky.py``, which drew the
-authors' per-length figures); and, per layer, how close beta = 2 sigmoid(x) comes to 2: under
-bf16 it rounds to exactly 2 (a reflection) for x >= 6.25.
+validation, ``experiments/main.py``), under bf16 autocast with the delta rule rounded as fla's
+chunk kernel rounds (``fla_roundings``: the harness's validation numerics in full) and cast to
+bf16 (``eval-chomsky.py``, which drew the authors' per-length figures), without and with fla's
+roundings; and, per layer, how
+close beta = 2 sigmoid(x) comes to 2: under bf16 it rounds to exactly 2 (a reflection) for
+x >= 6.25.
 
     python benchmarks/probe_eval_precision.py STORE RUN_ID [--beta-length N] [--beta-only]
 """
@@ -20,18 +23,37 @@ import torch
 
 from che_bench.eval.evaluation import evaluate
 from che_bench.model.base import BenchModel
+from che_bench.model.state_tracking.deltanet import DeltaMixer
 from che_bench.run.kept_models import load_model
 from che_bench.store import ResultStore
 from che_bench.store.files import CHECKPOINTS, run_file
 from che_bench.train.checkpoints import checkpoint_model
+
+
+def with_fla_roundings(model: BenchModel) -> BenchModel:
+    """``model`` with every DeltaNet mixer rounding as fla's chunk kernel does in bf16."""
+    for module in model.modules():
+        if isinstance(module, DeltaMixer):
+            module.fla_roundings = True
+    return model
+
+
+def bf16_autocast() -> AbstractContextManager:
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
 
 #: Each evaluation's (model cast, context).
 MODES: dict[
     str, tuple[Callable[[BenchModel], BenchModel], Callable[[], AbstractContextManager]]
 ] = {
     "float32": (lambda model: model, contextlib.nullcontext),
-    "bf16 autocast": (lambda model: model, lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
+    "bf16 autocast": (lambda model: model, bf16_autocast),
+    "bf16 autocast, fla's roundings": (with_fla_roundings, bf16_autocast),
     "bf16 weights": (lambda model: model.to(torch.bfloat16), contextlib.nullcontext),
+    "bf16 weights, fla's roundings": (
+        lambda model: with_fla_roundings(model.to(torch.bfloat16)),
+        contextlib.nullcontext,
+    ),
 }
 
 
