@@ -1,6 +1,6 @@
 """DeltaNet's delta rule with fla's chunk kernel's roundings (``delta_rule_fla_rounded``): in
 float32 it is the plain recurrence; in bf16 it rounds where the kernel stores, checked on a
-two-token chunk written out by hand."""
+two-token chunk and on a state carried into the next chunk, written out by hand."""
 
 from __future__ import annotations
 
@@ -45,6 +45,25 @@ def test_a_two_token_chunk_in_bf16_rounds_where_the_kernel_stores():
     assert out.dtype == torch.bfloat16
     # float32 sums of a few terms, in whatever order, rounded to bf16: the same values
     torch.testing.assert_close(out[0, 0].float(), expected, atol=0, rtol=0)
+
+
+def test_the_next_chunk_reads_the_state_rounded():
+    """One write in the first chunk (beta = 0 at its other tokens) makes the float32 state
+    exactly ``S = k_0 r(b_0 v_0)^T`` (bf16 times bf16 is exact in float32). Token 64, alone in
+    the second chunk (T = I), corrects its value by the rounded state, ``U~ = r(r(b v) -
+    r(b k) r(S))``, and reads ``o = r(q r(S) + r(q . k) U~)``."""
+    q, k, v, beta = (x.bfloat16() for x in rule_inputs(65, beta_scale=2.0, heads=1, d=8)[:4])
+    beta[..., 1:64] = 0
+    out = fla_rounded_delta_rule(q, k, v, beta)
+
+    def r(x):
+        return x.bfloat16().float()
+
+    q, k, v, beta = (x.float()[0, 0] for x in (q, k, v, beta))
+    state = r(k[0][:, None] * r(beta[0] * v[0])[None, :])
+    fresh = r(r(beta[64] * v[64]) - r(beta[64] * k[64]) @ state)
+    expected = r(q[64] @ state + r(q[64] @ k[64]) * fresh)
+    torch.testing.assert_close(out[0, 0, 64].float(), expected, atol=0, rtol=0)
 
 
 def test_in_bf16_it_rounds_more_than_the_float32_rule():
