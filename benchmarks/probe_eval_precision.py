@@ -3,9 +3,8 @@ evaluated under its own protocol in float32, under bf16 autocast (the xLSTM harn
 validation, ``experiments/main.py``), under bf16 autocast with the delta rule rounded as fla's
 chunk kernel rounds (``fla_roundings``: the harness's validation numerics in full) and cast to
 bf16 (``eval-chomsky.py``, which drew the authors' per-length figures), without and with fla's
-roundings; and, per layer, how
-close beta = 2 sigmoid(x) comes to 2: under bf16 it rounds to exactly 2 (a reflection) for
-x >= 6.25.
+roundings; and, per layer, how close beta = 2 sigmoid(x) comes to 2: under bf16 it rounds to
+exactly 2 (a reflection) for x >= 6.25.
 
     python benchmarks/probe_eval_precision.py STORE RUN_ID [--beta-length N] [--beta-only]
 """

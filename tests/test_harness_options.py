@@ -64,18 +64,23 @@ def test_an_unknown_layout_is_refused():
         get_task("parity_check", layout="appended")
 
 
-def test_bf16_training_runs_the_forward_under_autocast_with_float32_weights():
+def tiny_training_step(autocast, **options):
+    """One training step of a tiny DeltaNet (seed 0) on modular arithmetic at n = 9:
+    (model, losses, logits), ``autocast`` None (float32) or a dtype."""
     task = get_task("modular_arithmetic")
+    batch = task.sample(9, 8, np.random.default_rng(0))
+    inputs, targets = torch.from_numpy(batch.inputs), torch.from_numpy(batch.targets)[None]
     config = make_config("modular_arithmetic", arch="deltanet", preset="smoke")
-    inputs = torch.from_numpy(task.sample(9, 8, np.random.default_rng(0)).inputs)
-    targets = torch.from_numpy(task.sample(9, 8, np.random.default_rng(0)).targets)[None]
+    torch.manual_seed(0)
+    model = build_architecture("deltanet", task, layers=1, width=16, heads=2, **options)
+    optimizer = pack_optimizer(model, [config])
+    return model, *training_step(model, optimizer, inputs, targets, [], autocast=autocast)
+
+
+def test_bf16_training_runs_the_forward_under_autocast_with_float32_weights():
     logits = {}
     for dtype in (None, torch.bfloat16):
-        torch.manual_seed(0)
-        model = build_architecture("deltanet", task, layers=1, width=16, heads=2)
-        losses, logits[dtype] = training_step(
-            model, pack_optimizer(model, [config]), inputs, targets, [], autocast=dtype
-        )
+        model, losses, logits[dtype] = tiny_training_step(dtype)
         assert torch.isfinite(losses).all() and logits[dtype].dtype == torch.float32
         assert all(p.dtype == torch.float32 for p in model.parameters())
     assert not torch.equal(logits[None], logits[torch.bfloat16])  # bf16 rounds otherwise
@@ -114,23 +119,14 @@ def test_a_harness_run_from_the_command_line(tmp_path, capsys):
 
 
 def test_fla_roundings_change_bf16_training_only_and_enter_the_run_id_only_when_set():
-    task = get_task("modular_arithmetic")
-    inputs = torch.from_numpy(task.sample(9, 8, np.random.default_rng(0)).inputs)
-    targets = torch.from_numpy(task.sample(9, 8, np.random.default_rng(0)).targets)[None]
-    config = make_config("modular_arithmetic", arch="deltanet", preset="smoke")
     logits = {}
     for dtype in (None, torch.bfloat16):
         for roundings in (False, True):
-            torch.manual_seed(0)
-            model = build_architecture(
-                "deltanet", task, layers=1, width=16, heads=2, fla_roundings=roundings
-            )
-            optimizer = pack_optimizer(model, [config])
-            step = training_step(model, optimizer, inputs, targets, [], autocast=dtype)
-            assert torch.isfinite(step[0]).all()
-            logits[dtype, roundings] = step[1]
+            _, losses, logits[dtype, roundings] = tiny_training_step(dtype, fla_roundings=roundings)
+            assert torch.isfinite(losses).all()
     assert torch.equal(logits[None, False], logits[None, True])  # float32: nothing rounded
     assert not torch.equal(logits[torch.bfloat16, False], logits[torch.bfloat16, True])
+    config = make_config("modular_arithmetic", arch="deltanet", preset="smoke")
     rounded = make_config(
         "modular_arithmetic", arch="deltanet", preset="smoke", arch_options={"fla_roundings": True}
     )

@@ -166,16 +166,22 @@ def _solve(
     with (docs/benchmarks.md)."""
     # unitriangular: the solve reads only the strictly lower part (the diagonal is 1).
     if inverse_first:
-        identity = torch.eye(inner.shape[-1], dtype=inner.dtype, device=inner.device)
-        inverse = torch.linalg.solve_triangular(
-            inner, identity.expand_as(inner), upper=False, unitriangular=True
-        )
+        inverse = unit_lower_inverse(inner)
         return inverse @ keys, inverse @ values
     # Right-hand sides laid out column-major, as LAPACK's solve takes them (no transposing copy).
     rhs = torch.cat([keys.mT, values.mT], dim=-2).mT
     solved = torch.linalg.solve_triangular(inner, rhs, upper=False, unitriangular=True)
     w, u = solved.split([keys.shape[-1], values.shape[-1]], dim=-1)
     return w, u
+
+
+def unit_lower_inverse(inner: torch.Tensor) -> torch.Tensor:
+    """``(I + strictly_lower(inner))^-1`` for each matrix of ``inner``: a unitriangular solve
+    against the identity, which reads only the strictly lower part."""
+    identity = torch.eye(inner.shape[-1], dtype=inner.dtype, device=inner.device)
+    return torch.linalg.solve_triangular(
+        inner, identity.expand_as(inner), upper=False, unitriangular=True
+    )
 
 
 def _in_chunk(

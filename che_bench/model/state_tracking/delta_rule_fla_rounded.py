@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from che_bench.encodings.common import autocast_off
-from che_bench.model.state_tracking.delta_rule import chunked
+from che_bench.model.state_tracking.delta_rule import chunked, unit_lower_inverse
 
 #: fla's chunk: 64 tokens (the harness's DeltaNet layer, ``chunk_size``), the last one short.
 FLA_CHUNK = 64
@@ -59,10 +59,8 @@ def fla_rounded_delta_rule(
         beta = chunked(beta.float().unsqueeze(-1), pad, size)
         upper = torch.ones(size, size, dtype=torch.bool, device=k.device).triu(1)
         keys, values = rounded(k * beta), rounded(v * beta)
-        inner = keys @ k.transpose(-1, -2)  # the solve reads its strictly lower part only
-        identity = torch.eye(size, dtype=inner.dtype, device=inner.device).expand_as(inner)
-        inverse = torch.linalg.solve_triangular(inner, identity, upper=False, unitriangular=True)
-        w, u = rounded(rounded(inverse) @ keys), rounded(rounded(inverse) @ values)
+        inverse = rounded(unit_lower_inverse(keys @ k.transpose(-1, -2)))
+        w, u = rounded(inverse @ keys), rounded(inverse @ values)
         scores = rounded((q @ k.transpose(-1, -2)).masked_fill_(upper, 0.0))
         out = torch.stack(list(_chunk_outputs(q, k, w, u, scores, rounded)), dim=1)
     return out.flatten(1, 2)[:, :steps].reshape(*lead, steps, width).to(dtype)
