@@ -6,8 +6,9 @@ single-output task, enough to see learning, far too short to reproduce the paper
 ``smoke`` only checks that everything runs (seconds). ``state_tracking`` is the xLSTM
 harness's formal-language protocol as Grazzi et al. (ICLR 2025) ran it, translated to CHE's
 tasks (docs/protocol.md). The protocol presets (``PROTOCOL_PRESETS``) are published
-state-tracking protocols, each a base preset with its own settings over it: DeltaProduct's
-(``deltaproduct``), flip-flop's splits (``flip_flop``) and their length-generalisation variant
+state-tracking protocols, each a base preset with its own settings over it: the xLSTM
+harness's whole pipeline (``state_tracking_harness``), DeltaProduct's (``deltaproduct``),
+flip-flop's splits (``flip_flop``) and their length-generalisation variant
 (``flip_flop_length``), Merrill et al.'s in-distribution one (``merrill``).
 """
 
@@ -36,6 +37,17 @@ PRESETS: dict[str, dict[str, Any]] = {name: preset_values(name) for name in PRES
 #: Published protocols (shared/spec/word_problems.md; docs/protocol.md): name -> (base preset,
 #: the settings it changes). An architecture's own settings under the base come between.
 PROTOCOL_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    # The xLSTM harness's whole pipeline over state_tracking (docs/protocol.md, issue 47):
+    # mixed-length batches, bf16 autocast, and its read-out and training lengths on the tasks
+    # that have them (parity, modular arithmetic; other tasks keep CHE's layout).
+    "state_tracking_harness": (
+        "state_tracking",
+        {
+            "batch_lengths": "mixed",
+            "train_precision": "bfloat16",
+            "task_params": {"layout": "harness"},
+        },
+    ),
     # DeltaProduct's state_tracking/ README (spec 2.2): train at length 128, test at 512; AdamW
     # (wd 1e-6), cosine to 0 over all steps (100 epochs of 49 batches of 2048 from 99,000); one
     # layer, 8 heads; 1,000 test sequences. A GPU budget.

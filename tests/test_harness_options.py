@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from che_bench.cli import main
+from che_bench.commands.command_lines import run_command_line
 from che_bench.config import make_config
 from che_bench.errors import CheBenchError
 from che_bench.model.architectures import build_architecture
@@ -136,3 +137,56 @@ def test_fla_roundings_change_bf16_training_only_and_enter_the_run_id_only_when_
     assert spelt.run_id() == config.run_id() != rounded.run_id()
     with pytest.raises(CheBenchError, match="fla_roundings"):
         make_config("parity_check", arch="gated_deltanet", arch_options={"fla_roundings": True})
+
+
+HARNESS_TASKS = ("parity_check", "modular_arithmetic")
+
+
+@pytest.mark.parametrize("task", [*HARNESS_TASKS, "even_pairs", "cycle_navigation"])
+def test_the_harness_preset_is_state_tracking_with_the_three_options(task):
+    """``state_tracking_harness`` trains as ``state_tracking`` with the harness's batches,
+    precision and, where the task has it, read-out: the same config but for the preset's name."""
+    by_preset = make_config(task, arch="deltanet", preset="state_tracking_harness")
+    layout = {"layout": "harness"} if task in HARNESS_TASKS else {}
+    by_flags = make_config(task, arch="deltanet", preset="state_tracking", task_params=layout,
+                           batch_lengths="mixed", train_precision="bfloat16")
+    assert by_preset.to_dict() == {**by_flags.to_dict(), "preset": "state_tracking_harness"}
+    assert by_preset.run_id() != by_flags.run_id()  # reports name the preset
+
+
+def test_the_harness_preset_s_read_out_gives_way_to_a_run_s_task_params():
+    che = make_config("modular_arithmetic", arch="mamba", preset="state_tracking_harness",
+                      task_params={"layout": "che", "modulus": 7})
+    assert che.task_params == {"modulus": 7}
+    other = make_config("modular_arithmetic", arch="mamba", preset="state_tracking_harness",
+                        task_params={"modulus": 7})
+    assert other.task_params == {"modulus": 7, "layout": "harness"}
+    for config in (che, other):  # the report's command gives the run back
+        argv = run_command_line(config.to_dict(), config.run_id())
+        assert argv is not None and ("layout=che" in argv) == (config is che)
+
+
+def test_the_harness_preset_refuses_a_model_that_cannot_read_mixed_batches():
+    with pytest.raises(CheBenchError, match="--batch-lengths one trains it"):
+        make_config("parity_check", preset="state_tracking_harness")
+    lstm = make_config("parity_check", arch="lstm", preset="state_tracking_harness",
+                       batch_lengths="one")
+    assert lstm.train_precision == "bfloat16" and lstm.task_params == {"layout": "harness"}
+
+
+def test_the_harness_preset_from_a_suite_and_the_command_line(tmp_path, capsys):
+    path = tmp_path / "harness.toml"
+    path.write_text('preset = "state_tracking_harness"\ntasks = ["parity_check", "even_pairs"]\n'
+                    'architectures = ["deltanet"]\n')
+    parity, even_pairs = load_suite(path).configs()
+    assert parity.task_params == {"layout": "harness"} and even_pairs.task_params == {}
+    assert {parity.batch_lengths, even_pairs.train_precision} == {"mixed", "bfloat16"}
+    argv = [
+        "run", "--task", "parity_check", "--arch", "deltanet", "--arch-option", "layers=1",
+        "--arch-option", "width=16", "--arch-option", "heads=2",
+        "--preset", "state_tracking_harness", "--steps", "2", "--batch-size", "4",
+        "--test-lengths", "41", "--eval-samples", "4", "--store", str(tmp_path / "s.sqlite"),
+        "--no-progress",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert "parity_check(layout=harness)" in capsys.readouterr().out

@@ -190,3 +190,13 @@ def test_the_preset_s_lengths_are_the_harness_s_translated():
         39, 39, 255)
     task = make_config("modular_arithmetic", preset="state_tracking").build_task()
     assert {task.input_length(n) for n in parse_lengths("39:255")} == set(range(39, 256, 2))
+
+
+@pytest.mark.parametrize("preset, differences", [
+    ("state_tracking_harness", ()), ("quick", ("preset quick", "1500 steps", "batch 32"))])
+def test_a_run_of_the_harness_preset_follows_grazzi_et_al_s_protocol(preset, differences):
+    config = make_config("modular_arithmetic", preset=preset, arch="deltanet",
+                         steps=100_000 if preset != "quick" else None, warmup_steps=10_000)
+    stored = run_settings(json.dumps(config.to_dict()), None)
+    assert tuple(grazzi.protocol_differences(stored))[:3] == differences
+    assert grazzi.published_task(stored) == "modular_arithmetic"

@@ -61,8 +61,10 @@ def _setting_arguments(setting: settings.Setting, config: dict[str, Any]) -> lis
     if config.get("arch", "transformer") != "transformer" and setting.name in TRANSFORMER_ONLY:
         return []
     value = settings.stored_value(config, setting)
+    if setting.name == "task_params":
+        value = _with_reference_values(config["task"], value, _preset_task_params(config))
     if setting.kind == settings.KEY_VALUES:
-        defaults = get_task(config["task"]).params() if setting.name == "task_params" else {}
+        defaults = _preset_task_params(config) if setting.name == "task_params" else {}
         return [
             item
             for key, item_value in sorted(value.items())
@@ -82,6 +84,25 @@ def _setting_arguments(setting: settings.Setting, config: dict[str, Any]) -> lis
     if setting.kind == settings.SWITCH:
         return [flag if value else "--no-" + flag[2:]]
     return [flag, str(value)]
+
+
+def _preset_task_params(config: dict[str, Any]) -> dict[str, Any]:
+    """The task's parameters under the run's preset alone (its read-out where it sets one)."""
+    from che_bench.tasks import get_task, listed_task_params
+
+    at_preset = _preset_value(settings.BY_NAME["task_params"], config)
+    return get_task(config["task"], **listed_task_params(config["task"], at_preset)).params()
+
+
+def _with_reference_values(
+    task: str, stored: dict[str, Any], at_preset: dict[str, Any]
+) -> dict[str, Any]:
+    """``stored`` with the reference value of each parameter the preset sets and the run's
+    record leaves out (a parameter recorded only away from it: CHE's ``layout``)."""
+    from che_bench.tasks import task_parameters
+
+    reference = task_parameters(task)
+    return {**{key: reference[key] for key in at_preset if key not in stored}, **stored}
 
 
 def _preset_value(setting: settings.Setting, config: dict[str, Any]) -> Any:

@@ -52,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="quick",
         choices=list(PRESETS),
         help="paper: published protocol (GPU); quick: CPU minutes; smoke: seconds; "
-        "state_tracking: the xLSTM harness's; deltaproduct, flip_flop, flip_flop_length, "
+        "state_tracking: the xLSTM harness's; state_tracking_harness: with its batches, "
+        "bf16 and read-out; deltaproduct, flip_flop, flip_flop_length, "
         "merrill: published state-tracking protocols (GPU; docs/protocol.md) "
         "(default: %(default)s)",
     )

@@ -90,7 +90,8 @@ def check_evaluation(config: Any) -> None:
         raise CheBenchError(
             f"architecture {config.arch!r} cannot train on mixed-length batches (batch_lengths "
             "mixed): only a causal model that reads each sequence's length can (the "
-            "state-tracking models: mamba, deltanet, gated_deltanet, deltaproduct, mlstm, slstm)"
+            "state-tracking models: mamba, deltanet, gated_deltanet, deltaproduct, mlstm, "
+            "slstm); --batch-lengths one trains it on one length per step"
         )
     longest = max(task.model_length(n) for n in lengths)
     if max_tokens is not None and longest > max_tokens:

@@ -40,8 +40,10 @@ __all__ = [
     "canonical_task_name",
     "get_task",
     "list_tasks",
+    "listed_task_params",
     "register_task",
     "single_class",
+    "task_parameters",
 ]
 
 # The CHE tasks in the order of the CHE tables, then the recall probes, then the state-tracking
@@ -90,12 +92,7 @@ def get_task(name: str, **params: object) -> Task:
     """A task instance; ``params`` override its reference parameters (CheBenchError if unknown,
     or refused with a CheBenchError or a ValueError)."""
     cls = TASKS.get(name)
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    accepted = [
-        p.name
-        for p in inspect.signature(cls.__init__).parameters.values()
-        if p.kind in named and p.name != "self"
-    ]
+    accepted = list(task_parameters(name))
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise CheBenchError(
@@ -103,3 +100,25 @@ def get_task(name: str, **params: object) -> Task:
             f"({accepted_text(accepted, 'parameters', 'has')})"
         )
     return TASKS.instantiate(cls, **params)
+
+
+def task_parameters(name: str) -> dict[str, object]:
+    """Task ``name``'s parameters, each with its reference value (its constructor's default)."""
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {
+        p.name: p.default
+        for p in inspect.signature(TASKS.get(name).__init__).parameters.values()
+        if p.kind in named and p.name != "self"
+    }
+
+
+def listed_task_params(name: str, params: dict[str, object]) -> dict[str, object]:
+    """The items of ``params`` that task ``name`` lists among its published settings
+    (``Task.listed_params``): where a protocol preset's task parameters apply (the xLSTM
+    harness's ``layout=harness`` to parity and modular arithmetic only)."""
+    listed = TASKS.get(name).listed_params
+    return {
+        key: value
+        for key, value in params.items()
+        if any(key in entry and entry[key] == value for entry in listed)
+    }
