@@ -256,12 +256,14 @@ def make_config(
     """
     from che_bench.model.architectures import architecture_overrides
     from che_bench.model.check import check_evaluation
-    from che_bench.tasks import get_task
+    from che_bench.tasks import get_task, listed_task_params
 
     overrides, pe = architecture_overrides(overrides, pe)  # the arch canonical, None dropped
     arch = overrides["arch"]
     values = _preset_with_overrides(preset, overrides, arch)
-    task_obj = get_task(task, **_task_params(task, preset, overrides))
+    # The given task parameters over the preset's where the task lists them (a read-out).
+    at_preset = listed_task_params(task, protocol.preset_settings(preset).get("task_params", {}))
+    task_obj = get_task(task, **{**at_preset, **dict(overrides.get("task_params", {}))})
     if arch == TRANSFORMER:
         model_fields = _transformer_fields(pe, kernel, values, overrides)
     else:
@@ -339,16 +341,6 @@ def _preset_with_overrides(preset: str, overrides: dict[str, Any], arch: str) ->
         overrides = {**overrides, "ffn": 4 * int(overrides["dim"])}
     values.update(overrides)
     return values
-
-
-def _task_params(task: str, preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The given task parameters over those the preset sets where the task lists them
-    (``tasks.listed_task_params``: a protocol preset's read-out applies to the tasks that
-    have it)."""
-    from che_bench.tasks import listed_task_params
-
-    at_preset = protocol.preset_settings(preset).get("task_params", {})
-    return {**listed_task_params(task, at_preset), **dict(overrides.get("task_params", {}))}
 
 
 def _checked_kernel(kernel: Any) -> int | None:

@@ -161,6 +161,9 @@ def test_the_harness_preset_s_read_out_gives_way_to_a_run_s_task_params():
     other = make_config("modular_arithmetic", arch="mamba", preset="state_tracking_harness",
                         task_params={"modulus": 7})
     assert other.task_params == {"modulus": 7, "layout": "harness"}
+    spelt = make_config("modular_arithmetic", arch="mamba", preset="state_tracking_harness",
+                        task_params={"layout": "harness"})
+    assert spelt.task_params == {"modulus": 5, "layout": "harness"}
     for config in (che, other):  # the report's command gives the run back
         argv = run_command_line(config.to_dict(), config.run_id())
         assert argv is not None and ("layout=che" in argv) == (config is che)
