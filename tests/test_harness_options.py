@@ -5,6 +5,7 @@ and the command line (mixed-length batches: ``tests/test_mixed_lengths.py``)."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -193,3 +194,17 @@ def test_the_harness_preset_from_a_suite_and_the_command_line(tmp_path, capsys):
     ]  # fmt: skip
     assert main(argv) == 0
     assert "parity_check(layout=harness)" in capsys.readouterr().out
+
+
+def test_the_shipped_harness_suite_is_the_affected_cells_under_the_preset():
+    """tasks/laptop_state_tracking_harness.toml: DeltaNet in both ranges, 3 seeds; its runs
+    are those of the `che-bench run` lines docs/results.md gives (the same run ids)."""
+    suite = Path(__file__).resolve().parents[1] / "tasks" / "laptop_state_tracking_harness.toml"
+    configs = load_suite(suite).configs()
+    assert len(configs) == 6 and {c.preset for c in configs} == {"state_tracking_harness"}
+    assert {(bool(c.arch_options), c.seed) for c in configs} == {
+        (negative, seed) for negative in (True, False) for seed in range(3)}
+    single = make_config("modular_arithmetic", arch="deltanet", preset="state_tracking_harness",
+                         steps=12000, test_lengths="42:242:20,256", seed=2,
+                         arch_options={"negative_eigenvalues": True})
+    assert single.run_id() in {c.run_id() for c in configs}
