@@ -61,10 +61,11 @@ def _setting_arguments(setting: settings.Setting, config: dict[str, Any]) -> lis
     if config.get("arch", "transformer") != "transformer" and setting.name in TRANSFORMER_ONLY:
         return []
     value = settings.stored_value(config, setting)
-    if setting.name == "task_params":
-        value = _with_reference_values(config["task"], value, _preset_task_params(config))
     if setting.kind == settings.KEY_VALUES:
-        defaults = _preset_task_params(config) if setting.name == "task_params" else {}
+        defaults: dict[str, Any] = {}
+        if setting.name == "task_params":
+            defaults = _preset_task_params(config)
+            value = _with_reference_values(config["task"], value, defaults)
         return [
             item
             for key, item_value in sorted(value.items())
