@@ -18,9 +18,10 @@ a module built for ``M`` members draws each member's slice as a one-member modul
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -68,14 +69,91 @@ def member_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``x [M, ..., fan_in]`` through each member's map ``weight [M, fan_out, fan_in]`` (and
-    ``bias [M, fan_out]``): one batched product."""
+    ``bias [M, fan_out]``): one batched product (``batched_product``)."""
     flat = x.reshape(x.shape[0], -1, weight.shape[2])
-    transposed = weight.transpose(1, 2)
-    if bias is None:
-        out = torch.bmm(flat, transposed)
-    else:
-        out = torch.baddbmm(bias[:, None], flat, transposed)
+    out = batched_product(flat, weight.transpose(1, 2), bias)
     return out.view(*x.shape[:-1], weight.shape[1])
+
+
+def batched_product(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``torch.bmm(a, b)``, or with ``bias [M, N]`` added to every row ``torch.baddbmm``; under
+    CPU bf16 autocast on a CPU whose torch has no native bf16 product, ``bf16_product``."""
+    if a.device.type == "cpu" and emulates_bf16_products():
+        return bf16_product(a, b, bias)
+    return torch.bmm(a, b) if bias is None else torch.baddbmm(bias[:, None], a, b)
+
+
+@functools.cache
+def native_bf16_products() -> bool:
+    """Whether torch's CPU matrix products in bf16 take oneDNN: on x86 a CPU with AVX-512 or
+    native bf16. Elsewhere (an AVX2 CPU, such as AMD's before Zen 4) they take a scalar
+    reference kernel, measured 35 times slower than float32's (AMD EPYC family 25 model 1,
+    torch 2.13: a [1216, 1024] x [1024, 128] product in 178 ms against 5 ms)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN
+        return False
+
+
+def emulates_bf16_products() -> bool:
+    """Whether CPU autocast is on, to bf16, where torch has no native bf16 product."""
+    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4
+        enabled, dtype = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+    else:
+        enabled, dtype = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+    return enabled and dtype == torch.bfloat16 and not native_bf16_products()
+
+
+def bf16_product(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``a @ b (+ bias[:, None])``, batched, as bf16 autocast computes it, forward and backward
+    (its operands and results rounded to bf16, its sums in float32) but by float32's product:
+    each result is autocast's but for the order of the float32 sums, which can move a
+    rounding by one bf16 unit."""
+    out: torch.Tensor = _Bf16Product.apply(a, b, bias)
+    return out
+
+
+def _rounded(t: torch.Tensor) -> torch.Tensor:
+    """``t`` rounded to bf16, held in float32 for float32's product."""
+    return t.to(torch.bfloat16).float()
+
+
+class _Bf16Product(torch.autograd.Function):
+    """``bf16_product``. Its backward is that of autocast's product run under autocast, as the
+    training step runs it: each gradient a float32-summed product of bf16 operands, rounded
+    to bf16, then cast to its input's dtype."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        with torch.autocast("cpu", enabled=False):
+            a16, b16 = _rounded(a), _rounded(b)
+            ctx.save_for_backward(a16, b16)
+            ctx.dtypes = a.dtype, b.dtype, None if bias is None else bias.dtype
+            if bias is None:
+                return torch.bmm(a16, b16).to(torch.bfloat16)
+            return torch.baddbmm(_rounded(bias)[:, None], a16, b16).to(torch.bfloat16)
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        a16, b16 = ctx.saved_tensors
+        a_dtype, b_dtype, bias_dtype = ctx.dtypes
+        needs_a, needs_b, needs_bias = ctx.needs_input_grad
+        grad_a = grad_b = grad_bias = None
+        with torch.autocast("cpu", enabled=False):
+            g = gradient.float()
+            if needs_a:
+                grad_a = torch.bmm(g, b16.transpose(1, 2)).to(torch.bfloat16).to(a_dtype)
+            if needs_b:
+                grad_b = torch.bmm(a16.transpose(1, 2), g).to(torch.bfloat16).to(b_dtype)
+            if needs_bias:
+                grad_bias = gradient.sum(1).to(bias_dtype)
+        return grad_a, grad_b, grad_bias
 
 
 class MemberLinear(nn.Module):

@@ -38,7 +38,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from che_bench.members import MemberLinear, init_members_, member_linear, per_member
+from che_bench.members import (
+    MemberLinear,
+    batched_product,
+    init_members_,
+    member_linear,
+    per_member,
+)
 from che_bench.model.state_tracking.layers import MemberRMSNorm
 
 
@@ -128,10 +134,10 @@ class _ReadRowsLinear(torch.autograd.Function):
     def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         weight, full = ctx.saved_tensors
         members, fan_out = weight.shape[:2]
-        grad_x = gradient.reshape(members, -1, fan_out).bmm(weight)
+        grad_x = batched_product(gradient.reshape(members, -1, fan_out), weight)
         padded = _every_position(gradient, (*full.shape[:-1], fan_out))
         flat = full.reshape(members, -1, full.shape[-1])
-        grad_weight = flat.transpose(1, 2).bmm(padded.view(members, -1, fan_out))
+        grad_weight = batched_product(flat.transpose(1, 2), padded.view(members, -1, fan_out))
         return grad_x.view(*gradient.shape[:-1], -1), grad_weight.transpose(1, 2), None
 
 
