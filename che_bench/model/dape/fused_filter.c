@@ -25,28 +25,33 @@
 /* The blocking follows the registers: a convolution's block of OUT outputs x BLOCK vectors of
  * keys keeps its OUT * BLOCK accumulators, BLOCK input vectors and a weight in registers, as
  * does a weights' gradient block its TILE accumulators. AVX-512 and AArch64 have 32 vector
- * registers (16 and 4 floats), AVX2 16 (8 floats): half the accumulators, each a vector half
- * as wide, so a quarter of the work per block, and every weight a separate broadcast load
- * (AVX-512 broadcasts it inside the multiply-add). Other targets (x86-64's default, SSE2)
- * block as AVX2 with 4-float vectors. */
+ * registers (16 and 4 floats): 8 x 3 blocks. AVX2 has 16 (8 floats), and every weight is a
+ * separate broadcast load (AVX-512 broadcasts it inside the multiply-add): 8 x 1 blocks, 8
+ * accumulators, one input vector and a weight, with registers to spare. Its 4 x 3 blocks
+ * took all 16 registers and spilled to the stack inside the block: 23-24 GFLOP/s against 34
+ * on an AMD EPYC Zen 3, the same sums. Other targets (x86-64's default, SSE2) block 4 x 3 on
+ * 4-float vectors. */
 #if defined(__AVX512F__)
 #define LANES 16 /* floats per vector register */
 #define OUT 8    /* output channels per register block: 24 accumulators of 32 registers */
+#define BLOCK 3  /* vectors of keys per register block */
 #define TILE 24  /* accumulators of a block of weight gradients */
 #elif defined(__aarch64__)
 #define LANES 4
 #define OUT 8
+#define BLOCK 3
 #define TILE 24
 #elif defined(__AVX__)
 #define LANES 8
-#define OUT 4 /* 12 accumulators of 16 registers */
+#define OUT 8
+#define BLOCK 1
 #define TILE 12
 #else
 #define LANES 4
 #define OUT 4
+#define BLOCK 3
 #define TILE 12
 #endif
-#define BLOCK 3 /* vectors of keys per register block */
 #define NEGATIVE_SLOPE 0.01f
 
 typedef float vec __attribute__((vector_size(4 * LANES), aligned(4), may_alias));
@@ -310,24 +315,21 @@ static inline int vectors_at(long j, long padded)
 }
 
 /* hidden[d][j ..] = the activation of addend[d][j ..] (`from`) + sum_{h, s} w1[h, s, d]
- * content[h][j + s ..] for nv vectors of keys at j, every d. Full blocks get code of
- * constant shape. */
+ * content[h][j + s ..] for the outs channels d = d0 .. d0 + outs and nv vectors of keys at j.
+ * Full blocks get code of constant shape. */
 static inline __attribute__((always_inline)) void hidden_columns(
     const struct hidden_terms *from, const float *content, long stride, const float *w1,
-    long heads, long width, long kernel, int nv, long j)
+    long heads, long width, long kernel, long d0, int outs, int nv, long j)
 {
-    for (long d0 = 0; d0 < width; d0 += OUT) {
-        int outs = width - d0 < OUT ? (int)(width - d0) : OUT;
-        const float *w = w1 + d0;
-        if (outs == OUT && nv == BLOCK)
-            hidden_block(from, d0, content, stride, w, width, heads, kernel, OUT, BLOCK, j);
-        else if (outs == OUT && nv == 2)
-            hidden_block(from, d0, content, stride, w, width, heads, kernel, OUT, 2, j);
-        else if (outs == OUT)
-            hidden_block(from, d0, content, stride, w, width, heads, kernel, OUT, 1, j);
-        else
-            hidden_block(from, d0, content, stride, w, width, heads, kernel, outs, nv, j);
-    }
+    const float *w = w1 + d0;
+    if (outs == OUT && nv == BLOCK)
+        hidden_block(from, d0, content, stride, w, width, heads, kernel, OUT, BLOCK, j);
+    else if (BLOCK > 2 && outs == OUT && nv == 2) /* BLOCK 3's remainders */
+        hidden_block(from, d0, content, stride, w, width, heads, kernel, OUT, 2, j);
+    else if (outs == OUT)
+        hidden_block(from, d0, content, stride, w, width, heads, kernel, OUT, 1, j);
+    else
+        hidden_block(from, d0, content, stride, w, width, heads, kernel, outs, nv, j);
 }
 
 /* The second convolution over a whole hidden row (at key -kernel / 2, zero-padded), added to
@@ -342,7 +344,7 @@ static void output_row(const struct output *to, const float *hidden, long stride
             int nv = vectors_at(j, padded);
             if (outs == OUT && nv == BLOCK)
                 output_block(to, h0, hidden, stride, w, heads, width, kernel, OUT, BLOCK, j);
-            else if (outs == OUT && nv == 2)
+            else if (BLOCK > 2 && outs == OUT && nv == 2) /* BLOCK 3's remainders */
                 output_block(to, h0, hidden, stride, w, heads, width, kernel, OUT, 2, j);
             else if (outs == OUT)
                 output_block(to, h0, hidden, stride, w, heads, width, kernel, OUT, 1, j);
@@ -456,8 +458,14 @@ static void hidden_row(const struct hidden_terms *terms, const float *in, long s
                        const float *w, long heads, long width, long kernel, long padded,
                        long span)
 {
-    for (long j = 0; j < padded; j += vectors_at(j, padded) * LANES)
-        hidden_columns(terms, in, stride, w, heads, width, kernel, vectors_at(j, padded), j);
+    /* Channels outer: a block's addend, gate and hidden rows are a few streams along the
+     * keys, which the hardware prefetches (keys outer, every channel's rows at once). */
+    for (long d0 = 0; d0 < width; d0 += OUT) {
+        int outs = width - d0 < OUT ? (int)(width - d0) : OUT;
+        for (long j = 0; j < padded; j += vectors_at(j, padded) * LANES)
+            hidden_columns(terms, in, stride, w, heads, width, kernel, d0, outs,
+                           vectors_at(j, padded), j);
+    }
     for (long d = 0; span > padded && d < width; d++)
         memset(terms->hidden + d * terms->hidden_stride + padded, 0,
                sizeof(float) * (span - padded));
