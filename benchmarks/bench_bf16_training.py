@@ -12,26 +12,19 @@ che-bench's takes over there, and this measures by how much it gains.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
 from che_bench import members
-from che_bench.checks.speed import step_seconds
+from che_bench.checks.speed import median_seconds, step_seconds
 from che_bench.config import make_config
 from che_bench.cpu import cpu_description
 
 
 def _median_seconds(work: Callable[[], object], repeats: int) -> float:
     work()  # warm-up
-    timings = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        work()
-        timings.append(time.perf_counter() - start)
-    return statistics.median(timings)
+    return median_seconds(work, repeats)
 
 
 def _product_seconds(repeats: int) -> dict[str, float]:
