@@ -194,13 +194,16 @@ def _walk(side: Side, first: int, last: int, target: Tensor) -> None:
 
 
 def product_into(target: Tensor, left: Tensor, right: Tensor) -> None:
-    """``target[...] = left @ right`` (without gradients) for a ``target`` of some rows of a
-    map, written into it; one row through a map of its own: MKL's product of one row written
-    among other rows rounds otherwise."""
+    """``target[...] = (left @ right)[..., :width]`` (without gradients; ``width`` the
+    target's columns) for a ``target`` of some rows of a map, written into it. One row goes
+    through a map of its own over all of ``right``'s columns, as autograd's form computes
+    it: MKL's product of one row rounds otherwise written among other rows (the Intel Xeon)
+    and over fewer columns (the AMD EPYC Zen 3, two keys of padding fewer)."""
+    width = target.shape[-1]
     if target.shape[-2] == 1:
-        target.copy_(left @ right)
+        target.copy_((left @ right)[..., :width])
     else:
-        torch.matmul(left, right, out=target)
+        torch.matmul(left, right[..., :width], out=target)
 
 
 @dataclass
@@ -246,9 +249,7 @@ class PreparedPath:
         scores = queries.new_empty(*queries.shape[:-3], stop - start, self.length)
         for index, block, low, high in blocks:
             part = scores[..., block * size + low - start : block * size + high - start, :]
-            product_into(
-                part, queries[..., index, low:high, :], keys[..., index, : self.length, :].mT
-            )
+            product_into(part, queries[..., index, low:high, :], keys[..., index, :, :].mT)
             own = slice(block * size, min(block * size + size, self.length))
             part[..., own] = local[..., index, low:high, : own.stop - own.start]
         return scores
